@@ -1,0 +1,1 @@
+"""weightswarm node agent: fetches model weights into a Hugging Face hub cache."""

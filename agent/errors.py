@@ -1,0 +1,110 @@
+"""Errors a person can act on.
+
+Every expected failure is a `WeightswarmError`: it carries typed fields, builds its own
+one-line message, and maps to a process exit code. The CLI prints `str(error)` and exits;
+no traceback for an expected failure. Messages never contain tokens, and response
+bodies are cut short (`snippet`) before they reach a message or a log.
+"""
+
+from __future__ import annotations
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_AUTH = 4
+EXIT_DISK = 5
+EXIT_INTEGRITY = 6
+EXIT_TIMEOUT = 7
+
+_MAX_SNIPPET = 200
+
+
+def snippet(body: bytes | str | None, limit: int = _MAX_SNIPPET) -> str:
+    """A short, single-line, printable excerpt of a response body for an error message."""
+    if not body:
+        return ""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class WeightswarmError(Exception):
+    """Base of every expected failure."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(WeightswarmError):
+    """A setting or argument is invalid."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotFoundError(WeightswarmError):
+    """The repo, revision or file does not exist (or is hidden from this token)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class AuthError(WeightswarmError):
+    """The origin refused the token (401/403)."""
+
+    exit_code = EXIT_AUTH
+
+
+class RateLimitedError(WeightswarmError):
+    """The origin kept answering 429 after the bounded retries."""
+
+
+class OriginError(WeightswarmError):
+    """The origin failed in a way retries did not fix (5xx, dropped connections, bad answers)."""
+
+
+class IntegrityError(WeightswarmError):
+    """Downloaded bytes do not match what the origin or the manifest promised."""
+
+    exit_code = EXIT_INTEGRITY
+
+
+class UnsafePathError(WeightswarmError):
+    """A repo path would escape the snapshot directory."""
+
+    exit_code = EXIT_INTEGRITY
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"refusing unsafe path in repo listing: {path!r}")
+        self.path = path
+
+
+class DiskSpaceError(WeightswarmError):
+    """Not enough free space for what must be written."""
+
+    exit_code = EXIT_DISK
+
+    def __init__(self, directory: str, needed: int, free: int) -> None:
+        super().__init__(
+            f"not enough disk space in {directory}: need {needed / 2**20:,.1f} MiB, "
+            f"{free / 2**20:,.1f} MiB free; free space or choose another --cache-dir"
+        )
+        self.directory = directory
+        self.needed = needed
+        self.free = free
+
+
+class CacheError(WeightswarmError):
+    """The cache directory cannot be used (permissions, not a directory, ...)."""
+
+    exit_code = EXIT_DISK
+
+
+class WaitTimeoutError(WeightswarmError):
+    """A bounded wait ran out."""
+
+    exit_code = EXIT_TIMEOUT

@@ -1,0 +1,31 @@
+"""Shared test helpers: bounded waits and free ports. No sleeps without a bound."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def loop_until(
+    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Call `predicate` until it returns a truthy value or `timeout` seconds pass (then fail)."""
+    deadline = time.monotonic() + timeout
+    last: T = predicate()
+    while not last:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+        last = predicate()
+    return last
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,1 @@
+"""weightswarm tracker: BitTorrent tracker, manifest registry and origin leases."""
