@@ -1,0 +1,124 @@
+"""Injected faults and bandwidth caps for the test hub.
+
+`Faults` is a plain mutable object that tests set between requests; the server takes
+from it under its lock, so the one-shot faults (status_queue, truncate_times, ...) are
+consumed exactly once each even with parallel connections.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Faults:
+    """Faults for file requests: `/resolve/...` and `/_cdn/...` (GET and HEAD)."""
+
+    status_queue: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    """Answer the next N file requests with these (status, headers) and a JSON error body, then normal."""
+
+    status_methods: frozenset[str] = frozenset({"GET", "HEAD"})
+    """Which methods take from status_queue (e.g. {"GET"} to let metadata HEADs through)."""
+
+    ignore_range: bool = False
+    """Answer 200 with the whole body even when a Range was asked (as some proxies do)."""
+
+    truncate_after: int | None = None
+    """Declare the full Content-Length but drop the connection after this many body bytes."""
+
+    truncate_times: int = 1
+    """How many responses truncate_after applies to; each truncated body consumes one."""
+
+    corrupt: bool = False
+    """Flip the first byte of every file body (so any hash of what was served mismatches)."""
+
+    corrupt_paths: set[str] = field(default_factory=set)
+    """Like corrupt, only for these repo file paths or sha256 blob ids."""
+
+    corrupt_times: int | None = None
+    """How many bodies to corrupt; None = every one."""
+
+    stall_seconds: float = 0.0
+    """Pause this long mid-body (after stall_after bytes) to trigger a client's read timeout."""
+
+    stall_after: int = 0
+    """Body bytes sent before the stall."""
+
+    stall_times: int = 1
+    """How many responses stall."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def reset(self) -> None:
+        """Back to no faults at all."""
+        with self._lock:
+            fresh = Faults()
+            for name in self.__dataclass_fields__:
+                if name != "_lock":
+                    setattr(self, name, getattr(fresh, name))
+
+    def take_status(self, method: str) -> tuple[int, dict[str, str]] | None:
+        with self._lock:
+            if self.status_queue and method in self.status_methods:
+                return self.status_queue.pop(0)
+            return None
+
+    def take_truncate(self) -> int | None:
+        with self._lock:
+            if self.truncate_after is None or self.truncate_times <= 0:
+                return None
+            self.truncate_times -= 1
+            return self.truncate_after
+
+    def take_corrupt(self, names: tuple[str, ...]) -> bool:
+        with self._lock:
+            hit = self.corrupt or any(n in self.corrupt_paths for n in names)
+            if not hit or (self.corrupt_times is not None and self.corrupt_times <= 0):
+                return False
+            if self.corrupt_times is not None:
+                self.corrupt_times -= 1
+            return True
+
+    def take_stall(self) -> tuple[int, float] | None:
+        with self._lock:
+            if self.stall_seconds <= 0 or self.stall_times <= 0:
+                return None
+            self.stall_times -= 1
+            return self.stall_after, self.stall_seconds
+
+
+class TokenBucket:
+    """Bytes per second with a small burst, shared by any number of threads.
+
+    A sender reserves what it is about to send and sleeps off the debt, so the long-run
+    rate is exact regardless of how many threads share the bucket; the burst (1/50 s of
+    rate, at least one chunk) bounds the error at the start of a transfer.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive bytes/s: {rate}")
+        self.rate = rate
+        self.capacity = burst if burst is not None else max(rate / 50, 16 * 1024)
+        self._tokens = self.capacity
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._tokens -= n
+            debt = -self._tokens
+        if debt > 0:
+            time.sleep(debt / self.rate)
+
+
+def chunk_for(rate: float | None) -> int:
+    """Write size for a throttled body: small enough that the cap is smooth, big enough to be cheap."""
+    if rate is None:
+        return 256 * 1024
+    return int(min(64 * 1024, max(1024, rate / 100)))

@@ -1,0 +1,583 @@
+"""A Hugging Face-compatible hub that serves a directory: for tests, benchmarks and air-gapped clusters.
+
+Routes (as huggingface.co, read-only, model repos):
+- `GET /api/models/{org}/{name}[/revision/{rev}]` model info (`?blobs=true` adds sizes and oids);
+- `GET /api/models/{org}/{name}/tree/{rev}[/{path}]` listing, paginated by a `Link: rel="next"` header;
+- `HEAD|GET /{org}/{name}/resolve/{rev}/{path}`: small files answered directly (ETag = git sha1),
+  LFS files redirected (302) to a signed `/_cdn/{sha256}?...` URL that needs no Authorization;
+- `GET /_weightswarm/stats` egress and request counters, `POST /_weightswarm/reset` zeroes them.
+
+Errors carry the Hub's `X-Error-Code` / `X-Error-Message` headers and a JSON `{"error": ...}` body,
+so `huggingface_hub` raises its usual exception classes. Access rules: a configured token grants
+every repo; an unknown token is refused (401); a private repo is invisible without a token (401
+RepoNotFound, as a missing repo); a gated repo lists without a token but its files answer 401
+GatedRepo. With no tokens configured every bearer token is accepted.
+
+The CDN route also repeats `X-Repo-Commit` / `X-Linked-Etag` / `X-Linked-Size`: recent
+`huggingface_hub` follows a same-origin redirect on its metadata HEAD and reads them from the
+final response (a real CDN is another host, where it stops at the 302).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, NamedTuple
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from agent.hub import listing
+from agent.hub.faults import Faults, TokenBucket, chunk_for
+from agent.hub.repos import FileEntry, RepoStore, Snapshot, safe_repo_path, valid_repo_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TREE_PAGE_SIZE = 1000
+"""Entries per tree page, as the Hub; tests pass a small one to exercise pagination."""
+
+CDN_URL_TTL = 24 * 3600.0
+"""Seconds a signed CDN URL stays valid: long enough for a slow multi-range download to reuse it."""
+
+IDLE_TIMEOUT = 300.0
+"""Seconds a keep-alive connection may sit idle (or a send may block) before the server drops it."""
+
+_SENDFILE_CHUNK = 8 * 2**20  # egress is counted per chunk, so keep chunks moderate
+INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
+
+
+class RequestRecord(NamedTuple):
+    """One request as the server saw it (path without the query string)."""
+
+    method: str
+    path: str
+    range: str | None
+    status: int
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+    """(start, end inclusive) for a single `bytes=` range, None to serve it all, "unsatisfiable" for 416.
+
+    Malformed or multi-range headers are ignored (RFC 9110 lets a server answer 200).
+    """
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first, sep, last = header[6:].strip().partition("-")
+    if not sep or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
+        return None
+    if first == "":
+        if last == "":
+            return None
+        n = int(last)
+        if n == 0 or size == 0:
+            return "unsatisfiable"
+        return max(0, size - n), size - 1
+    start = int(first)
+    end = size - 1 if last == "" else min(int(last), size - 1)
+    if last != "" and int(last) < start:
+        return None
+    if start >= size:
+        return "unsatisfiable"
+    return start, end
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    hub: HubServer
+
+
+class HubServer:
+    """The hub on a background thread. `with HubServer(root) as srv:` starts and stops it."""
+
+    def __init__(
+        self,
+        root: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tokens: Iterable[str] = (),
+        gated: Iterable[str] = (),
+        private: Iterable[str] = (),
+        rate_total: float | None = None,
+        rate_per_connection: float | None = None,
+        tree_page_size: int = DEFAULT_TREE_PAGE_SIZE,
+    ) -> None:
+        self.root = Path(root)
+        self.host = host
+        self.port = port
+        self.store = RepoStore(self.root)
+        self._tokens = tuple(t for t in tokens if t)
+        self.gated = frozenset(gated)
+        self.private = frozenset(private)
+        for repo_id in self.gated | self.private:
+            if not valid_repo_id(repo_id):
+                raise ValueError(f"not a repo id (org/name): {repo_id!r}")
+        self.rate_total = rate_total
+        self.rate_per_connection = rate_per_connection
+        self.total_bucket = TokenBucket(rate_total) if rate_total else None
+        if rate_per_connection is not None and rate_per_connection <= 0:
+            raise ValueError(f"rate_per_connection must be positive: {rate_per_connection}")
+        self.tree_page_size = max(1, tree_page_size)
+        self.faults = Faults()
+        self._secret = secrets.token_bytes(32)
+        self._lock = threading.Lock()
+        self._egress = 0
+        self._requests: list[RequestRecord] = []
+        self._connections: set[socket.socket] = set()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # tokens stay out of reprs
+        return f"HubServer(root={str(self.root)!r}, url={self.url if self._server else None!r})"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("hub server already started")
+        server = _Server((self.host, self.port), _Handler)
+        server.hub = self
+        self._server = server
+        self.port = int(server.server_address[1])
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="hub-server", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            conns = list(self._connections)
+        for conn in conns:  # idle keep-alive connections would otherwise hold their threads
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> HubServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # -- observation -------------------------------------------------------------------------------
+
+    @property
+    def egress_bytes(self) -> int:
+        """Body bytes sent so far, all responses except the /_weightswarm/ ones."""
+        with self._lock:
+            return self._egress
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        with self._lock:
+            return list(self._requests)
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._egress = 0
+            self._requests.clear()
+
+    def commit_for(self, repo_id: str, revision: str = "main") -> str:
+        snapshot = self.store.resolve(repo_id, revision)
+        if snapshot is None:
+            raise KeyError(f"no repo {repo_id!r} at {revision!r} under {self.root}")
+        return snapshot.commit
+
+    def warm(self) -> int:
+        """Hash every repo now, so first requests need not wait; returns how many repos were scanned."""
+        repo_ids = self.store.repo_ids()
+        for repo_id in repo_ids:
+            self.store.head(repo_id)
+        return len(repo_ids)
+
+    # -- used by the handler -----------------------------------------------------------------------
+
+    def _add_egress(self, n: int) -> None:
+        with self._lock:
+            self._egress += n
+
+    def _record(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._requests.append(record)
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._connections.add if add else self._connections.discard)(conn)
+
+    def check_token(self, header: str | None) -> bool | None:
+        """True: a valid token; False: anonymous; None: a token that must be refused."""
+        if not header:
+            return False
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        if not self._tokens:
+            return True
+        ok = False
+        for known in self._tokens:  # compare every one: timing says nothing about which matched
+            ok |= hmac.compare_digest(known.encode(), token.encode())
+        return True if ok else None
+
+    def _signature(self, sha256: str, repo_id: str, commit: str, path: str, expires: int) -> str:
+        msg = f"{sha256}|{repo_id}|{commit}|{path}|{expires}".encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
+
+    def cdn_location(self, base: str, snapshot: Snapshot, entry: FileEntry) -> str:
+        assert entry.sha256 is not None
+        expires = int(time.time() + CDN_URL_TTL)
+        params = {
+            "repo": snapshot.repo_id,
+            "commit": snapshot.commit,
+            "file": entry.path,
+            "expires": str(expires),
+            "sig": self._signature(entry.sha256, snapshot.repo_id, snapshot.commit, entry.path, expires),
+        }
+        return f"{base}/_cdn/{entry.sha256}?{urlencode(params)}"
+
+    def cdn_valid(self, sha256: str, query: dict[str, str]) -> bool:
+        try:
+            expires = int(query.get("expires", ""))
+        except ValueError:
+            return False
+        want = self._signature(
+            sha256, query.get("repo", ""), query.get("commit", ""), query.get("file", ""), expires
+        )
+        return expires >= time.time() and hmac.compare_digest(want, query.get("sig", ""))
+
+
+class _HttpError(Exception):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    timeout = IDLE_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.hub = self.server.hub
+        self.hub._track(self.connection, True)
+        rate = self.hub.rate_per_connection
+        self.conn_bucket = TokenBucket(rate) if rate else None
+
+    def finish(self) -> None:
+        self.hub._track(self.connection, False)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+        self.send_header("X-Request-Id", self._request_id)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    # -- dispatch ----------------------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        self._request_id = uuid.uuid4().hex
+        self._status = 0
+        split = urlsplit(self.path)
+        raw = split.path
+        query = dict(parse_qsl(split.query, keep_blank_values=True))
+        internal = raw.startswith("/_weightswarm/")
+        try:
+            self._route(method, raw, query)
+        except _HttpError as err:
+            self._send_error(err)
+        except OSError:  # the client went away or stopped reading: nothing left to tell it
+            self.close_connection = True
+        except Exception:
+            log.exception("hub: unexpected error on %s %s", method, raw)
+            if not self._status:
+                self._send_error(_HttpError(500, "Internal error"))
+            self.close_connection = True
+        if not internal:
+            self.hub._record(RequestRecord(method, raw, self.headers.get("Range"), self._status))
+
+    def _route(self, method: str, raw: str, query: dict[str, str]) -> None:
+        parts = raw.split("/")[1:]
+        if raw.startswith("/_weightswarm/"):
+            if raw == "/_weightswarm/stats" and method in ("GET", "HEAD"):
+                stats = {"egress_bytes": self.hub.egress_bytes, "requests": len(self.hub.requests)}
+                return self._send_json(200, stats, count=False)
+            if raw == "/_weightswarm/reset" and method == "POST":
+                self.hub.reset_counters()
+                return self._send_json(200, {"ok": True}, count=False)
+            raise _HttpError(404, "Not Found")
+        if method == "POST":
+            raise _HttpError(405, "Method Not Allowed")
+        if len(parts) >= 2 and parts[0] == "_cdn":
+            return self._cdn(method, parts[1], query)
+        if len(parts) >= 5 and parts[2] == "resolve":
+            repo_id = f"{unquote(parts[0])}/{unquote(parts[1])}"
+            return self._resolve(method, repo_id, unquote(parts[3]), unquote("/".join(parts[4:])))
+        if len(parts) >= 4 and parts[:2] == ["api", "models"]:
+            repo_id = f"{unquote(parts[2])}/{unquote(parts[3])}"
+            rest = parts[4:]
+            if not rest:
+                return self._model_info(repo_id, "main", query)
+            if len(rest) == 2 and rest[0] == "revision":
+                return self._model_info(repo_id, unquote(rest[1]), query)
+            if len(rest) >= 2 and rest[0] == "tree":
+                return self._tree(repo_id, unquote(rest[1]), unquote("/".join(rest[2:])), query)
+        raise _HttpError(404, "Not Found")
+
+    # -- access ------------------------------------------------------------------------------------
+
+    def _snapshot(self, repo_id: str, revision: str, content: bool) -> Snapshot:
+        authed = self.hub.check_token(self.headers.get("Authorization"))
+        if authed is None:
+            raise _HttpError(401, INVALID_CREDENTIALS)
+        hidden = repo_id in self.hub.private and not authed
+        if hidden or self.hub.store.repo_dir(repo_id) is None:
+            raise _HttpError(404 if authed else 401, "Repository not found", "RepoNotFound")
+        if content and repo_id in self.hub.gated and not authed:
+            raise _HttpError(
+                401,
+                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated.",
+                "GatedRepo",
+            )
+        snapshot = self.hub.store.resolve(repo_id, revision)
+        if snapshot is None:
+            raise _HttpError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
+        return snapshot
+
+    def _base_url(self) -> str:
+        host = self.headers.get("Host")
+        return f"http://{host}" if host else self.hub.url
+
+    # -- API routes --------------------------------------------------------------------------------
+
+    def _model_info(self, repo_id: str, revision: str, query: dict[str, str]) -> None:
+        snapshot = self._snapshot(repo_id, revision, content=False)
+        blobs = query.get("blobs", "").lower() in ("1", "true")
+        private, gated = repo_id in self.hub.private, repo_id in self.hub.gated
+        self._send_json(200, listing.model_info(snapshot, private=private, gated=gated, blobs=blobs))
+
+    def _tree(self, repo_id: str, revision: str, prefix: str, query: dict[str, str]) -> None:
+        snapshot = self._snapshot(repo_id, revision, content=False)
+        prefix = prefix.strip("/")
+        if prefix and not safe_repo_path(prefix):
+            raise _HttpError(400, f"Invalid path: {prefix!r}")
+        recursive = query.get("recursive", "").lower() in ("1", "true")
+        entries = listing.tree_entries(snapshot, prefix, recursive=recursive)
+        if entries is None:
+            raise _HttpError(404, f"{prefix} does not exist on {revision}", "EntryNotFound")
+        try:
+            start = max(0, int(query.get("cursor", "0") or 0))
+        except ValueError as exc:
+            raise _HttpError(400, "Invalid cursor") from exc
+        page = entries[start : start + self.hub.tree_page_size]
+        headers: dict[str, str] = {}
+        if start + self.hub.tree_page_size < len(entries):
+            next_query = dict(query, cursor=str(start + self.hub.tree_page_size))
+            path_part = "/" + quote(prefix, safe="") if prefix else ""
+            url = f"{self._base_url()}/api/models/{repo_id}/tree/{quote(revision, safe='')}{path_part}"
+            headers["Link"] = f'<{url}?{urlencode(next_query)}>; rel="next"'
+        self._send_json(200, page, headers=headers)
+
+    # -- file routes -------------------------------------------------------------------------------
+
+    def _injected_status(self, method: str) -> None:
+        fault = self.hub.faults.take_status(method)
+        if fault is not None:
+            status, headers = fault
+            raise _HttpError(status, f"injected fault: HTTP {status}", headers.get("X-Error-Code"), headers)
+
+    def _resolve(self, method: str, repo_id: str, revision: str, path: str) -> None:
+        self._injected_status(method)
+        if not safe_repo_path(path):
+            raise _HttpError(400, f"Invalid path: {path!r}")
+        snapshot = self._snapshot(repo_id, revision, content=True)
+        entry = snapshot.files.get(path)
+        headers = {"X-Repo-Commit": snapshot.commit}
+        if entry is None:
+            raise _HttpError(404, f"Entry not found: {path}", "EntryNotFound", headers)
+        if entry.sha256 is None:
+            headers["ETag"] = f'"{entry.oid}"'
+            return self._send_file(method, entry, headers, (entry.path, entry.oid))
+        location = self.hub.cdn_location(self._base_url(), snapshot, entry)
+        headers.update(
+            {
+                "ETag": f'"{entry.sha256}"',
+                "X-Linked-Etag": f'"{entry.sha256}"',
+                "X-Linked-Size": str(entry.size),
+                "Location": location,
+                "Content-Length": "0",
+            }
+        )
+        self.send_response(302)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
+    def _cdn(self, method: str, sha256: str, query: dict[str, str]) -> None:
+        self._injected_status(method)
+        if not self.hub.cdn_valid(sha256, query):
+            raise _HttpError(403, "Request has expired or its signature does not match")
+        entry = self.hub.store.blob(sha256)
+        if entry is None:
+            raise _HttpError(404, "Blob not found (its file changed on disk?)")
+        headers = {
+            "ETag": f'"{sha256}"',
+            "X-Repo-Commit": query.get("commit", ""),
+            "X-Linked-Etag": f'"{sha256}"',
+            "X-Linked-Size": str(entry.size),
+        }
+        self._send_file(method, entry, headers, (query.get("file", ""), sha256))
+
+    def _send_file(
+        self, method: str, entry: FileEntry, headers: dict[str, str], names: tuple[str, ...]
+    ) -> None:
+        try:
+            f = open(entry.abs_path, "rb")  # noqa: SIM115 - closed below; the fd pins the bytes we checked
+        except OSError as exc:
+            raise _HttpError(404, f"Entry not found: {entry.path}", "EntryNotFound", headers) from exc
+        with f:
+            st = os.fstat(f.fileno())
+            if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
+                msg = f"Entry changed on disk since this commit: {entry.path}"
+                raise _HttpError(404, msg, "EntryNotFound", headers)
+            rng = None if self.hub.faults.ignore_range else parse_range(self.headers.get("Range"), entry.size)
+            if rng == "unsatisfiable":
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{entry.size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            start, end = rng if isinstance(rng, tuple) else (0, entry.size - 1)
+            length = end - start + 1
+            self.send_response(206 if isinstance(rng, tuple) else 200)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(length))
+            if isinstance(rng, tuple):
+                self.send_header("Content-Range", f"bytes {start}-{end}/{entry.size}")
+            self.end_headers()
+            if method == "HEAD" or length == 0:
+                return
+            self._send_body(f, start, length, names)
+
+    def _send_body(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
+        faults = self.hub.faults
+        truncate = faults.take_truncate()
+        corrupt = faults.take_corrupt(names)
+        stall = faults.take_stall()
+        buckets = [b for b in (self.hub.total_bucket, self.conn_bucket) if b is not None]
+        if not (buckets or corrupt or stall or truncate is not None):
+            return self._sendfile(f, start, length)
+        limit = length if truncate is None else min(length, truncate)
+        rate = min((b.rate for b in buckets), default=None)
+        step = chunk_for(rate)
+        f.seek(start)
+        sent = 0
+        while sent < limit:
+            want = min(step, limit - sent)
+            if stall is not None and sent < stall[0]:
+                want = min(want, stall[0] - sent)
+            data = f.read(want)
+            if not data:
+                break
+            if corrupt and sent == 0:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
+            for bucket in buckets:
+                bucket.take(len(data))
+            self.wfile.write(data)
+            sent += len(data)
+            self.hub._add_egress(len(data))
+            if stall is not None and sent >= stall[0]:
+                time.sleep(stall[1])
+                stall = None
+        if stall is not None:  # stall_after beyond the body: stall at the end instead
+            time.sleep(stall[1])
+        if sent < length:  # a truncated body: the client sees the connection drop
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _sendfile(self, f: BinaryIO, start: int, length: int) -> None:
+        offset, end = start, start + length
+        while offset < end:
+            n = self.connection.sendfile(f, offset, min(_SENDFILE_CHUNK, end - offset))
+            if n == 0:
+                raise BrokenPipeError("file shrank while sending")
+            offset += n
+            self.hub._add_egress(n)
+
+    # -- responses ---------------------------------------------------------------------------------
+
+    def _send_json(
+        self, status: int, obj: Any, headers: dict[str, str] | None = None, count: bool = True
+    ) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+            if count:
+                self.hub._add_egress(len(body))
+
+    def _send_error(self, err: _HttpError) -> None:
+        headers = dict(err.headers)
+        headers.pop("Content-Length", None)
+        if err.code:
+            headers["X-Error-Code"] = err.code
+        # Header values must be one latin-1 line: paths in messages come from the client.
+        headers.setdefault("X-Error-Message", "".join(c if " " <= c <= "~" else "?" for c in err.message))
+        self._send_json(err.status, {"error": err.message}, headers=headers)
