@@ -1,10 +1,175 @@
-"""The `tracker` command line. Every option is also read from `WEIGHTSWARM_<OPTION>`."""
+"""The `tracker` command line. Every option is also read from `WEIGHTSWARM_<OPTION>`.
+
+Expected failures (unreadable token file, bad Redis URL, store down) print one line to
+stderr and exit non-zero, never a traceback.
+"""
 
 from __future__ import annotations
 
+import functools
+import gc
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
+
+from tracker.errors import TrackerError
+from tracker.settings import TrackerSettings, read_secret_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def env_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
+    """`click.option` whose value also comes from `WEIGHTSWARM_<OPTION>` (e.g. WEIGHTSWARM_TOKEN_FILE)."""
+    long_name = next(p for p in param_decls if p.startswith("--"))
+    attrs.setdefault("envvar", "WEIGHTSWARM_" + long_name[2:].replace("-", "_").upper())
+    attrs.setdefault("show_envvar", True)
+    return click.option(*param_decls, **attrs)
+
+
+def handle_errors(func: F) -> F:
+    """Turn an expected failure into one line on stderr and its exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TrackerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """weightswarm tracker: BitTorrent tracker, manifest registry and origin leases."""
+
+
+_path = click.Path(dir_okay=False, path_type=Path)
+
+
+@main.command()
+@env_option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@env_option("--port", default=6969, type=click.IntRange(0, 65535), show_default=True, help="TCP port.")
+@env_option(
+    "--db",
+    "db_path",
+    type=_path,
+    default=None,
+    help="SQLite file (the default store). Without --db and --redis: in memory, nothing durable.",
+)
+@env_option(
+    "--redis", "redis_url", default=None, help="redis://host:port/db: shared store for several replicas."
+)
+@env_option("--token-file", type=_path, default=None, help="File holding the bearer token that writes need.")
+@env_option(
+    "--insecure-no-token",
+    is_flag=True,
+    default=False,
+    help="Accept writes without a token (development only).",
+)
+@env_option(
+    "--read-token-file",
+    type=_path,
+    default=None,
+    help="File holding a token that manifest/blob reads need (private repos).",
+)
+@env_option(
+    "--announce-passkey-file",
+    type=_path,
+    default=None,
+    help="File holding a passkey that announce/scrape need (/announce/<passkey> or ?passkey=).",
+)
+@env_option(
+    "--interval",
+    default=30,
+    type=click.IntRange(1, 86400),
+    show_default=True,
+    help="Announce interval asked of clients, seconds; peers expire after 2.5 intervals.",
+)
+@env_option(
+    "--max-lease-holders",
+    default=1,
+    type=click.IntRange(1, 64),
+    show_default=True,
+    help="Nodes that may hold an origin lease on one blob at once.",
+)
+@env_option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@handle_errors
+def serve(
+    host: str,
+    port: int,
+    db_path: Path | None,
+    redis_url: str | None,
+    token_file: Path | None,
+    insecure_no_token: bool,
+    read_token_file: Path | None,
+    announce_passkey_file: Path | None,
+    interval: int,
+    max_lease_holders: int,
+    log_level: str,
+) -> None:
+    """Run the tracker: announce/scrape, manifest registry, origin leases, /metrics."""
+    import uvicorn
+
+    from tracker.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = TrackerSettings(
+        host=host,
+        port=port,
+        db_path=db_path,
+        redis_url=redis_url,
+        token=read_secret_file(token_file, "--token-file") if token_file else None,
+        insecure_no_token=insecure_no_token,
+        read_token=read_secret_file(read_token_file, "--read-token-file") if read_token_file else None,
+        announce_passkey=(
+            read_secret_file(announce_passkey_file, "--announce-passkey-file")
+            if announce_passkey_file
+            else None
+        ),
+        interval=interval,
+        min_interval=min(10, interval),
+        max_lease_holders=max_lease_holders,
+        log_level=log_level.upper(),
+    )
+    app = create_app(settings)
+    # Announces allocate many short-lived objects; the default gen-0 threshold (700) runs the
+    # collector every few requests and full collections show up as p99 spikes. Peer entries
+    # hold no reference cycles, so collecting less often costs little memory.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    store = "redis" if redis_url else (f"sqlite {db_path}" if db_path else "sqlite in memory")
+    logging.getLogger("tracker").info(
+        "serving on http://%s:%d (store: %s, interval %ds%s)",
+        host,
+        port,
+        store,
+        interval,
+        ", WRITES UNAUTHENTICATED" if settings.token is None else "",
+    )
+    # One worker on purpose: with the SQLite store live peers are in this process's memory,
+    # so a second worker would see half the swarm. For more throughput run replicas on --redis.
+    # access_log off: announce URLs can carry passkeys; tracker.access logs sanitized API paths.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level=log_level.lower(),
+        loop="auto",
+        http="auto",
+        lifespan="on",
+        server_header=False,
+    )

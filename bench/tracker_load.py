@@ -1,0 +1,178 @@
+"""Announce load: `tracker serve` (default SQLite store) vs opentracker, same wrk load, same run.
+
+    .venv/bin/python bench/tracker_load.py [--duration 10] [--blobs 2000] [--peers 1000]
+
+Starts both trackers on loopback ports, drives each with
+`wrk -t2 -c64 -d<duration>s --latency -s bench/announce.lua`, where the script spreads
+announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes), and
+prints announces/s, p50/p99 latency, the ratio, and how many nodes x blobs one replica
+carries at the announce interval (every node re-announces every blob once per interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited early with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"nothing listening on port {port} after {timeout}s")
+
+
+def run_wrk(port: int, duration: int, hashes: Path, peers: int) -> dict[str, int]:
+    env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(peers)}
+    cmd = [
+        "wrk",
+        "-t2",
+        "-c64",
+        f"-d{duration}s",
+        "--latency",
+        "-s",
+        str(HERE / "announce.lua"),
+        f"http://127.0.0.1:{port}/announce",
+    ]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=duration + 30, check=True
+    ).stdout
+    match = re.search(r"WSRESULT (.*)", out)
+    if not match:
+        raise SystemExit(f"wrk printed no result:\n{out}")
+    return {k: int(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=int, default=10, help="seconds of load per tracker")
+    ap.add_argument("--blobs", type=int, default=2000, help="distinct infohashes")
+    ap.add_argument("--peers", type=int, default=1000, help="distinct peer ids")
+    ap.add_argument("--interval", type=int, default=30, help="announce interval for the capacity line")
+    args = ap.parse_args()
+    for tool in ("wrk", "opentracker"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found: ./dev installs it (Debian package {tool})")
+
+    with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
+        work = Path(tmp)
+        hashes = work / "whitelist"
+        hashes.write_text("".join(secrets.token_hex(20) + "\n" for _ in range(args.blobs)))
+        token = work / "token"
+        token.write_text(secrets.token_hex(16))
+        os.chmod(tmp, 0o755)  # opentracker chroots into it and drops to 'nobody'
+        hashes.chmod(0o644)
+        results = {}
+
+        port = free_port()
+        ours = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tracker",
+                "serve",
+                "--port",
+                str(port),
+                "--db",
+                str(work / "t.db"),
+                "--token-file",
+                str(token),
+                "--log-level",
+                "WARNING",
+                "--interval",
+                str(args.interval),
+            ],
+            cwd=ROOT,
+        )
+        try:
+            wait_port(port, ours)
+            results["tracker serve (sqlite)"] = run_wrk(port, args.duration, hashes, args.peers)
+        finally:
+            stop(ours)
+
+        port = free_port()
+        ot = subprocess.Popen(
+            [
+                "opentracker",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-P",
+                str(port),
+                "-d",
+                tmp,
+                "-w",
+                "whitelist",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_port(port, ot)
+            results["opentracker"] = run_wrk(port, args.duration, hashes, args.peers)
+        finally:
+            stop(ot)
+
+    print(
+        f"\nwrk -t2 -c64 -d{args.duration}s, {args.blobs} infohashes x {args.peers} peer ids, loopback, "
+        f"{os.cpu_count()} CPUs (wrk shares them)\n"
+    )
+    print(f"{'tracker':<24} {'announces/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'timeouts':>8}")
+    rps = {}
+    for name, r in results.items():
+        rps[name] = r["requests"] / (r["duration_us"] / 1e6)
+        print(
+            f"{name:<24} {rps[name]:>12,.0f} {r['p50_us'] / 1000:>8.2f} {r['p99_us'] / 1000:>8.2f} "
+            f"{r['status_errors']:>8} {r['timeouts']:>8}"
+        )
+    if results["opentracker"]["socket_errors"]:
+        print(
+            "(opentracker closes the connection after every reply; wrk counts those as read errors "
+            "and reconnects)"
+        )
+    ours_rps = rps["tracker serve (sqlite)"]
+    print(f"\nratio tracker serve / opentracker: {ours_rps / rps['opentracker']:.2f}")
+    print(
+        f"one replica at interval {args.interval}s carries ~{ours_rps * args.interval:,.0f} node x blob "
+        f"announce slots (e.g. {ours_rps * args.interval / 100:,.0f} nodes x 100 blobs)"
+    )
+
+
+if __name__ == "__main__":
+    main()

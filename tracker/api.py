@@ -1,0 +1,327 @@
+"""The JSON API (FastAPI): manifests, metainfo, leases, health and metrics.
+
+/announce and /scrape are declared here too so that they appear in the OpenAPI
+document; in a running tracker the ASGI front in `tracker.app` answers them first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from tracker import announce as bt
+from tracker.auth import bearer, matches
+from tracker.errors import ConflictError, StoreUnavailableError, TrackerError, ValidationError
+from tracker.manifest import check_commit, check_repo, check_revision, validate_manifest
+from tracker.metainfo import check_blob_id, validate_info
+from tracker.metrics import Metrics
+from tracker.settings import TrackerSettings
+from tracker.store import LeaseState, Store, SwarmCounts
+
+BITTORRENT = "application/x-bittorrent"
+NODE_ID = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$"
+
+
+class LeaseRequest(BaseModel):
+    node_id: str = Field(pattern=NODE_ID, description="Stable id of the asking node (e.g. its node name).")
+    ttl: float = Field(
+        default=60, gt=0, le=3600, description="Seconds until the lease lapses without heartbeats."
+    )
+
+
+class HeartbeatRequest(BaseModel):
+    node_id: str = Field(pattern=NODE_ID)
+    ttl: float = Field(default=60, gt=0, le=3600)
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    path: str
+    size: int
+    blob_id: str
+    infohash: str | None
+
+
+class ManifestRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    revision: str | None = None
+    files: list[FileEntry]
+
+
+def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await store.close()
+
+    app = FastAPI(
+        title="weightswarm tracker",
+        version="0.1.0",
+        description="BitTorrent tracker (BEP 3/7/23/48), manifest registry and origin leases.",
+        lifespan=lifespan,
+    )
+
+    def unauthorized() -> HTTPException:
+        return HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    def require_write(request: Request) -> None:
+        if settings.token is None:  # only with --insecure-no-token
+            return
+        if not matches(bearer(request.headers.get("authorization")), settings.token):
+            raise unauthorized()
+
+    def require_read(request: Request) -> None:
+        if settings.read_token is None:
+            return
+        if not matches(bearer(request.headers.get("authorization")), settings.read_token, settings.token):
+            raise unauthorized()
+
+    write = [Depends(require_write)]
+    read = [Depends(require_read)]
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(_: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(ConflictError)
+    async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(TrackerError)
+    async def _unavailable(_: Request, exc: TrackerError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+    # -- BitTorrent (documented here; answered by the ASGI front) -------------------------
+    bt_doc = {
+        "responses": {
+            200: {"content": {"text/plain": {}}, "description": "bencoded dict; errors as `failure reason`"}
+        }
+    }
+
+    @app.get("/announce", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
+    @app.get("/announce/{passkey}", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
+    async def announce(request: Request) -> Response:
+        """BEP 3 announce. Query: info_hash, peer_id (20 raw bytes, percent-encoded), port, uploaded,
+        downloaded, left, event (started|completed|stopped), compact (default 1, BEP 23; IPv6
+        peers in `peers6`, BEP 7), no_peer_id, numwant (default 50, capped), ip (an IP literal,
+        honoured), passkey (or in the path) when the tracker requires one."""
+        client = request.client
+        body, _ = await bt.announce(
+            request.scope["query_string"], client.host if client else None, store, settings
+        )
+        return Response(body, media_type="text/plain")
+
+    @app.get("/scrape", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
+    @app.get("/scrape/{passkey}", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
+    async def scrape(request: Request) -> Response:
+        """BEP 48 scrape: one or more info_hash values; unknown torrents report zeros."""
+        return Response(
+            await bt.scrape(request.scope["query_string"], store, settings), media_type="text/plain"
+        )
+
+    # -- health --------------------------------------------------------------------------
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, str]:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    async def readyz() -> JSONResponse:
+        """The store answers."""
+        try:
+            await store.ping()
+        except StoreUnavailableError as exc:
+            return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", tags=["ops"], response_class=Response)
+    async def prometheus() -> Response:
+        """Prometheus exposition."""
+        return Response(await metrics.render(store), media_type="text/plain; version=0.0.4")
+
+    # -- blobs ---------------------------------------------------------------------------
+    async def blob_state(blob_id: str) -> dict[str, Any]:
+        meta = await store.get_metainfo(blob_id)
+        infohash = meta[0] if meta else None
+        counts = (
+            (await store.scrape([bytes.fromhex(infohash)]))[bytes.fromhex(infohash)]
+            if infohash
+            else SwarmCounts()
+        )
+        holders = await store.lease_holders(blob_id)
+        return {
+            "blob_id": blob_id,
+            "infohash": infohash,
+            "seeders": counts.complete,
+            "leechers": counts.incomplete,
+            "lease": {"holder": holders[0].node_id, "expires_in": holders[0].expires_in} if holders else None,
+            "holders": [h.node_id for h in holders],
+        }
+
+    @app.put(
+        "/v1/blobs/{blob_id}/metainfo",
+        tags=["blobs"],
+        dependencies=write,
+        openapi_extra={
+            "requestBody": {"content": {BITTORRENT: {"schema": {"type": "string", "format": "binary"}}}}
+        },
+    )
+    async def put_metainfo(
+        blob_id: str,
+        request: Request,
+        infohash: Annotated[str | None, Query(description="If given, must equal sha1 of the body.")] = None,
+    ) -> JSONResponse:
+        """Publish a blob's bencoded info dict (canonical bencode, `name` = blob id, consistent piece
+        table). Re-publishing the same bytes is a no-op (200); a different dict for the blob is 409."""
+        expected = infohash or request.headers.get("x-infohash")
+        ih = validate_info(blob_id, await request.body(), expected)
+        created = await store.put_metainfo(blob_id, ih, await request.body())
+        return JSONResponse({"infohash": ih}, status_code=201 if created else 200)
+
+    @app.get("/v1/blobs/{blob_id}/metainfo", tags=["blobs"], dependencies=read, response_class=Response)
+    async def get_metainfo(blob_id: str) -> Response:
+        """The bencoded info dict of a blob (404 if none was published)."""
+        meta = await store.get_metainfo(check_blob_id(blob_id))
+        if meta is None:
+            raise HTTPException(404, f"no metainfo for blob {blob_id}")
+        return Response(meta[1], media_type=BITTORRENT, headers={"x-infohash": meta[0]})
+
+    @app.get("/v1/blobs/{blob_id}", tags=["blobs"], dependencies=read)
+    async def get_blob(blob_id: str) -> dict[str, Any]:
+        """A blob's swarm state: infohash (or null), seeders, leechers, lease holder (or null)."""
+        return await blob_state(check_blob_id(blob_id))
+
+    @app.get("/v1/blobs/{blob_id}/wait", tags=["blobs"], dependencies=read)
+    async def wait_blob(
+        blob_id: str,
+        timeout: Annotated[float, Query(ge=0, description="Seconds; capped by the tracker.")] = 10.0,
+    ) -> dict[str, Any]:
+        """Long-poll: returns the blob state as soon as it has metainfo and a seeder, or changes
+        from what it was when the request came in, or when the (capped) timeout passes."""
+        check_blob_id(blob_id)
+        deadline = time.monotonic() + min(timeout, settings.max_wait)
+        first = await blob_state(blob_id)
+        key = _state_key(first)
+        state = first
+        while not (state["infohash"] and state["seeders"] > 0) and time.monotonic() < deadline:
+            await asyncio.sleep(min(settings.wait_poll, max(deadline - time.monotonic(), 0)))
+            state = await blob_state(blob_id)
+            if _state_key(state) != key:
+                break
+        return state
+
+    # -- leases --------------------------------------------------------------------------
+    def lease_json(state: LeaseState, node_id: str) -> dict[str, Any]:
+        metrics.lease_expiries.inc(state.expired)
+        return {
+            "granted": state.granted,
+            "holder": state.holders[0].node_id if state.holders else None,
+            "expires_in": state.expires_in(node_id)
+            if state.granted
+            else (state.holders[0].expires_in if state.holders else 0),
+            "holders": [h.node_id for h in state.holders],
+        }
+
+    @app.post("/v1/leases/{blob_id}", tags=["leases"], dependencies=write)
+    async def acquire(blob_id: str, body: LeaseRequest) -> dict[str, Any]:
+        """Ask for the origin lease on a blob. Granted to at most `max_lease_holders` nodes; the same
+        node asking again renews it. Others get granted=false and who holds it."""
+        ttl = min(body.ttl, settings.max_lease_ttl)
+        state = await store.acquire_lease(
+            check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders
+        )
+        (metrics.lease_grants if state.granted else metrics.lease_denials).inc()
+        return lease_json(state, body.node_id)
+
+    @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=write)
+    async def heartbeat(blob_id: str, body: HeartbeatRequest) -> dict[str, Any]:
+        """Keep a held lease alive. 404 if nobody holds it any more, 409 if others hold it now."""
+        state = await store.renew_lease(
+            check_blob_id(blob_id), body.node_id, min(body.ttl, settings.max_lease_ttl)
+        )
+        if not state.granted:
+            metrics.lease_expiries.inc(state.expired)
+            if state.holders:
+                raise HTTPException(
+                    409, f"lease on {blob_id} lost: held by {', '.join(lease_json(state, '')['holders'])}"
+                )
+            raise HTTPException(404, f"no lease on {blob_id} held by this node (expired?)")
+        return lease_json(state, body.node_id)
+
+    @app.delete("/v1/leases/{blob_id}", tags=["leases"], dependencies=write)
+    async def release(blob_id: str, node_id: Annotated[str, Query(pattern=NODE_ID)]) -> dict[str, bool]:
+        """Give a lease back (done, or failed) so another node can take it at once."""
+        return {"released": await store.release_lease(check_blob_id(blob_id), node_id)}
+
+    # -- manifests -----------------------------------------------------------------------
+    @app.put("/v1/manifests/{org}/{name}/{commit}", tags=["manifests"], dependencies=write, status_code=201)
+    async def put_manifest(org: str, name: str, commit: str, body: ManifestRequest) -> dict[str, Any]:
+        """Publish repo_id@commit → files (safe relative paths, sizes >= 0, hex blob ids).
+        `revision`, if given, then resolves to this commit (the latest publish wins)."""
+        repo_id, commit = check_repo(org, name), check_commit(commit)
+        revision, files = validate_manifest(body.model_dump(), settings.max_manifest_files)
+        await store.put_manifest(repo_id, commit, {"files": files}, revision)
+        return {"repo_id": repo_id, "commit": commit, "revision": revision, "files": len(files)}
+
+    @app.get("/v1/manifests/{org}/{name}/{commit}", tags=["manifests"], dependencies=read)
+    async def get_manifest(org: str, name: str, commit: str) -> dict[str, Any]:
+        """The manifest of repo_id@commit (404 if unknown)."""
+        repo_id, commit = check_repo(org, name), check_commit(commit)
+        manifest = await store.get_manifest(repo_id, commit)
+        if manifest is None:
+            raise HTTPException(404, f"no manifest for {repo_id}@{commit}")
+        return {"repo_id": repo_id, "commit": commit, **manifest}
+
+    @app.get("/v1/resolve/{org}/{name}/{revision:path}", tags=["manifests"], dependencies=read)
+    async def resolve(org: str, name: str, revision: str) -> dict[str, str]:
+        """The commit that repo_id@revision points at (the latest published with that revision)."""
+        repo_id, revision = check_repo(org, name), check_revision(revision)
+        commit = await store.resolve(repo_id, revision)
+        if commit is None:
+            raise HTTPException(404, f"unknown revision {repo_id}@{revision}")
+        return {"commit": commit}
+
+    @app.get("/v1/models", tags=["manifests"], dependencies=read)
+    async def models() -> dict[str, Any]:
+        """Every published model with its revisions, files and swarm health per commit
+        (seeders/leechers per blob; complete_copies = fewest seeders over its blobs)."""
+        entries = await store.list_models()
+        hashes = {
+            bytes.fromhex(f["infohash"])
+            for e in entries
+            for m in e.manifests.values()
+            for f in m["files"]
+            if f["infohash"]
+        }
+        counts = await store.scrape(sorted(hashes)) if hashes else {}
+        out = []
+        for entry in entries:
+            commits = []
+            for commit, manifest in entry.manifests.items():
+                files = []
+                for f in manifest["files"]:
+                    c = (
+                        counts.get(bytes.fromhex(f["infohash"]), SwarmCounts())
+                        if f["infohash"]
+                        else SwarmCounts()
+                    )
+                    files.append({**f, "seeders": c.complete, "leechers": c.incomplete})
+                copies = min((f["seeders"] for f in files), default=0)
+                commits.append({"commit": commit, "files": files, "complete_copies": copies})
+            out.append({"repo_id": entry.repo_id, "revisions": entry.revisions, "commits": commits})
+        return {"models": out}
+
+    return app
+
+
+def _state_key(state: dict[str, Any]) -> tuple[Any, ...]:
+    return state["infohash"], state["seeders"], state["leechers"], tuple(state["holders"])

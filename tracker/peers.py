@@ -1,0 +1,115 @@
+"""In-memory peer table for the single-process (SQLite) store.
+
+Live peers are soft state: every client re-announces within `interval`, so after a
+restart the table refills within one interval. Keeping them in dicts is what makes
+thousands of announces per second possible on a small machine.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from tracker.store import AnnounceResult, PeerAddr, StoreStats, SwarmCounts
+
+# peer_id -> (packed ip, port, expires at (monotonic))
+_Entries = dict[bytes, tuple[bytes, int, float]]
+
+
+class _Swarm:
+    __slots__ = ("seeders", "leechers", "downloaded", "next_sweep")
+
+    def __init__(self) -> None:
+        self.seeders: _Entries = {}
+        self.leechers: _Entries = {}
+        self.downloaded = 0
+        self.next_sweep = 0.0
+
+    def sweep(self, now: float) -> None:
+        for table in (self.seeders, self.leechers):
+            dead = [pid for pid, entry in table.items() if entry[2] <= now]
+            for pid in dead:
+                del table[pid]
+
+
+class PeerTable:
+    """Swarms by infohash; expired peers are swept lazily (per swarm, and globally now and then)."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._swarms: dict[bytes, _Swarm] = {}
+        self._next_global_sweep = time.monotonic() + ttl
+
+    def announce(
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+    ) -> AnnounceResult:
+        now = time.monotonic()
+        if now >= self._next_global_sweep:
+            self.sweep(now)
+        swarm = self._swarms.get(infohash)
+        if swarm is None:
+            if event == "stopped":
+                return AnnounceResult(0, 0, [])
+            swarm = self._swarms[infohash] = _Swarm()
+        if now >= swarm.next_sweep:
+            swarm.sweep(now)
+            # Sweeping a quarter TTL late keeps peers at most 1.25 TTL: cheap and close enough.
+            swarm.next_sweep = now + self.ttl / 4
+        peer_id, ip, port = peer
+        if event == "stopped":
+            swarm.seeders.pop(peer_id, None)
+            swarm.leechers.pop(peer_id, None)
+            return AnnounceResult(len(swarm.seeders), len(swarm.leechers), [])
+        mine, other = (swarm.seeders, swarm.leechers) if seeder else (swarm.leechers, swarm.seeders)
+        other.pop(peer_id, None)
+        if event == "completed":
+            swarm.downloaded += 1
+        mine[peer_id] = (ip, port, now + self.ttl)
+        peers: list[PeerAddr] = []
+        if numwant > 0:
+            # Seeders need only leechers; leechers get seeders first, then other leechers.
+            sources = (swarm.leechers,) if seeder else (swarm.seeders, swarm.leechers)
+            for table in sources:
+                _pick(table, peer_id, numwant - len(peers), now, peers)
+                if len(peers) >= numwant:
+                    break
+        return AnnounceResult(len(swarm.seeders), len(swarm.leechers), peers)
+
+    def counts(self, infohash: bytes) -> SwarmCounts:
+        swarm = self._swarms.get(infohash)
+        if swarm is None:
+            return SwarmCounts()
+        now = time.monotonic()
+        live_s = sum(1 for e in swarm.seeders.values() if e[2] > now)
+        live_l = sum(1 for e in swarm.leechers.values() if e[2] > now)
+        return SwarmCounts(live_s, live_l, swarm.downloaded)
+
+    def stats(self) -> StoreStats:
+        self.sweep(time.monotonic())
+        seeders = sum(len(s.seeders) for s in self._swarms.values())
+        leechers = sum(len(s.leechers) for s in self._swarms.values())
+        return StoreStats(torrents=len(self._swarms), peers=seeders + leechers, seeders=seeders)
+
+    def sweep(self, now: float) -> None:
+        for infohash in list(self._swarms):
+            swarm = self._swarms[infohash]
+            swarm.sweep(now)
+            if not swarm.seeders and not swarm.leechers:
+                del self._swarms[infohash]
+        self._next_global_sweep = now + self.ttl
+
+
+def _pick(table: _Entries, me: bytes, want: int, now: float, out: list[PeerAddr]) -> None:
+    if want <= 0 or not table:
+        return
+    ids = list(table)
+    if len(ids) > want + 1:
+        ids = random.sample(ids, want + 1)
+    added = 0
+    for pid in ids:
+        ip, port, expires = table[pid]
+        if pid != me and expires > now:
+            out.append((pid, ip, port))
+            added += 1
+            if added >= want:
+                return

@@ -1,0 +1,124 @@
+"""Tracker settings: one frozen dataclass, built once by the CLI and passed down.
+
+No other tracker module reads `os.environ`; `WEIGHTSWARM_<OPTION>` variables are handled
+by the CLI layer, and secrets are read from files here, once, at startup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracker.errors import ConfigError
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    """Everything `tracker serve` needs."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on. Default loopback; the chart sets 0.0.0.0."""
+
+    port: int = 6969
+    """TCP port for HTTP (announce, scrape, API, metrics). Default 6969, the customary tracker port."""
+
+    db_path: Path | None = None
+    """SQLite file for manifests, metainfo and leases (the default store). None = in-memory (tests, demo)."""
+
+    redis_url: str | None = None
+    """redis://host:port/db for the shared store; several replicas then serve one swarm view."""
+
+    token: str | None = field(default=None, repr=False)
+    """Bearer token that every write (PUT/POST/DELETE under /v1) needs. Never logged (repr=False)."""
+
+    insecure_no_token: bool = False
+    """Allow writes without a token. Off by default: a tracker that accepts anyone's metainfo
+    can be made to serve poisoned piece hashes, so running open must be an explicit choice."""
+
+    read_token: str | None = field(default=None, repr=False)
+    """If set, GETs under /v1 (manifests of private repos) need this or the write token."""
+
+    announce_passkey: str | None = field(default=None, repr=False)
+    """If set, /announce and /scrape need it (as /announce/<passkey> or ?passkey=)."""
+
+    interval: int = 30
+    """Seconds between announces we ask clients for. 30 s suits fast datacenter swarms."""
+
+    min_interval: int = 10
+    """Seconds a client must at least wait between announces (BEP 3 `min interval`)."""
+
+    peer_ttl_factor: float = 2.5
+    """A peer expires after interval x this seconds without an announce (two missed announces)."""
+
+    default_numwant: int = 50
+    """Peers returned when the client does not say how many it wants."""
+
+    max_numwant: int = 200
+    """Cap on `numwant`; more peers per response only costs bandwidth and CPU."""
+
+    max_scrape_hashes: int = 256
+    """Most info_hash values one scrape may ask about."""
+
+    max_lease_holders: int = 1
+    """Nodes that may hold an origin lease on one blob at once. 1 = the origin sees each byte once."""
+
+    max_lease_ttl: int = 600
+    """Longest lease TTL a node may ask for, seconds; heartbeats keep it alive."""
+
+    max_body_bytes: int = 4 * MiB
+    """Largest request body (metainfo, manifest). 4 MiB holds the piece hashes of a ~50 GB blob
+    at 256 KiB pieces; larger requests get 413."""
+
+    max_manifest_files: int = 100_000
+    """Most files one manifest may list."""
+
+    max_wait: float = 30.0
+    """Longest long-poll on /v1/blobs/<id>/wait, seconds; clients re-ask after it."""
+
+    wait_poll: float = 0.2
+    """How often a long-poll re-reads the store, seconds (the store may be shared with other replicas)."""
+
+    log_level: str = "INFO"
+    """Logging level of the tracker process."""
+
+    @property
+    def peer_ttl(self) -> float:
+        """Seconds after the last announce at which a peer is dropped."""
+        return self.interval * self.peer_ttl_factor
+
+    def __post_init__(self) -> None:
+        if self.db_path is not None and self.redis_url is not None:
+            raise ConfigError("choose one store: --db PATH or --redis URL, not both")
+        if not 1 <= self.interval <= 86400:
+            raise ConfigError(f"--interval must be between 1 and 86400 seconds: {self.interval}")
+        if not 0 <= self.min_interval <= self.interval:
+            raise ConfigError(f"min interval must be between 0 and --interval: {self.min_interval}")
+        if not 1 <= self.max_lease_holders <= 64:
+            raise ConfigError(f"--max-lease-holders must be between 1 and 64: {self.max_lease_holders}")
+        if self.token is None and not self.insecure_no_token:
+            raise ConfigError(
+                "no write token: pass --token-file FILE (or WEIGHTSWARM_TOKEN_FILE), "
+                "or --insecure-no-token to accept unauthenticated writes"
+            )
+
+
+def read_secret_file(path: Path, option: str) -> str:
+    """The first line of a secret file, stripped; a clear one-line error if unusable."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option} {path} is not UTF-8 text") from None
+    secret = text.splitlines()[0].strip() if text else ""
+    if not secret:
+        raise ConfigError(f"{option} {path} is empty")
+    if len(secret) < 8:
+        raise ConfigError(f"{option} {path} holds a secret shorter than 8 characters")
+    if any(c.isspace() or not c.isprintable() for c in secret):
+        raise ConfigError(f"{option} {path}: the secret must be one printable word without spaces")
+    return secret

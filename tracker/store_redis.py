@@ -1,0 +1,287 @@
+"""The shared store: everything in Redis, so several tracker replicas serve one swarm view.
+
+Peers live in per-torrent sorted sets scored by their expiry (milliseconds) plus a hash
+of their addresses; every key gets a PEXPIRE of one peer TTL on each announce, so a dead
+swarm vanishes by itself. An announce is one Lua script (one round trip, atomic).
+Leases are `max_holders` slot keys taken with SET NX PX: a holder that dies simply lets
+its key expire. Manifests and metainfo are plain keys without expiry (durable as far as
+the Redis persistence configuration makes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from tracker.errors import ConfigError, ConflictError, StoreUnavailableError
+from tracker.settings import TrackerSettings
+from tracker.store import (
+    AnnounceResult,
+    LeaseHolder,
+    LeaseState,
+    ModelEntry,
+    PeerAddr,
+    Store,
+    StoreStats,
+    SwarmCounts,
+)
+
+_ANNOUNCE = """
+local s, l, a, d, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local numwant, now, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+for _, key in ipairs({s, l}) do
+  local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 1000)
+  if #dead > 0 then
+    redis.call('ZREM', key, unpack(dead))
+    redis.call('HDEL', a, unpack(dead))
+  end
+end
+if event == 'stopped' then
+  redis.call('ZREM', s, pid)
+  redis.call('ZREM', l, pid)
+  redis.call('HDEL', a, pid)
+  return {redis.call('ZCARD', s), redis.call('ZCARD', l), {}}
+end
+local mine, other = l, s
+if seeder == '1' then mine, other = s, l end
+redis.call('ZREM', other, pid)
+redis.call('ZADD', mine, now + ttl, pid)
+redis.call('HSET', a, pid, addr)
+if event == 'completed' then redis.call('INCR', d) end
+for _, key in ipairs({s, l, a, d}) do redis.call('PEXPIRE', key, ttl) end
+redis.call('ZADD', t, now + ttl, ih)
+local out, n = {}, 0
+if numwant > 0 then
+  local sources = {s, l}
+  if seeder == '1' then sources = {l} end
+  for _, key in ipairs(sources) do
+    if n >= numwant then break end
+    local ids = redis.call('ZRANDMEMBER', key, numwant - n + 1)
+    for _, id in ipairs(ids) do
+      if id ~= pid and n < numwant then
+        local ad = redis.call('HGET', a, id)
+        if ad then
+          out[#out + 1] = id
+          out[#out + 1] = ad
+          n = n + 1
+        end
+      end
+    end
+  end
+end
+return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
+"""
+
+_LEASE_ACQUIRE = """
+local node, ttl = ARGV[1], ARGV[2]
+local function holders(granted)
+  local out = {granted}
+  for _, k in ipairs(KEYS) do
+    local v = redis.call('GET', k)
+    if v then out[#out + 1] = v; out[#out + 1] = redis.call('PTTL', k) end
+  end
+  return out
+end
+for _, k in ipairs(KEYS) do
+  if redis.call('GET', k) == node then redis.call('PEXPIRE', k, ttl); return holders(1) end
+end
+if ARGV[3] == 'renew' then return holders(0) end
+for _, k in ipairs(KEYS) do
+  if redis.call('SET', k, node, 'NX', 'PX', ttl) then return holders(1) end
+end
+return holders(0)
+"""
+
+_LEASE_RELEASE = """
+for _, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k); return 1 end
+end
+return 0
+"""
+
+_MAX_SLOTS = 64
+"""Lease slots probed when reading holders: covers any --max-lease-holders a replica may use."""
+
+
+class RedisStore(Store):
+    def __init__(self, settings: TrackerSettings, prefix: str = "ws:") -> None:
+        assert settings.redis_url is not None
+        url = settings.redis_url
+        try:
+            # A synchronous ping at construction turns "wrong URL / Redis down" into one
+            # line at startup rather than a failure on the first request.
+            probe = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+            try:
+                probe.ping()
+            finally:
+                probe.close()
+            self._r = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        except ValueError as exc:
+            raise ConfigError(f"bad --redis URL: {exc}") from None
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"cannot reach Redis at {_redact(url)}: {exc}") from None
+        self._p = prefix.encode()
+        self._ttl_ms = int(settings.peer_ttl * 1000)
+        self._announce = self._r.register_script(_ANNOUNCE)
+        self._lease = self._r.register_script(_LEASE_ACQUIRE)
+        self._release = self._r.register_script(_LEASE_RELEASE)
+
+    def _k(self, kind: bytes, key: bytes | str) -> bytes:
+        return self._p + kind + b":" + (key.encode() if isinstance(key, str) else key)
+
+    # -- swarm ---------------------------------------------------------------------------
+    async def announce(
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+    ) -> AnnounceResult:
+        peer_id, ip, port = peer
+        keys = [
+            self._k(b"s", infohash),
+            self._k(b"l", infohash),
+            self._k(b"a", infohash),
+            self._k(b"d", infohash),
+            self._p + b"torrents",
+        ]
+        args = [
+            peer_id,
+            ip + port.to_bytes(2, "big"),
+            b"1" if seeder else b"0",
+            event,
+            numwant,
+            _now_ms(),
+            self._ttl_ms,
+            infohash,
+        ]
+        complete, incomplete, flat = await self._announce(keys=keys, args=args)
+        peers: list[PeerAddr] = []
+        for i in range(0, len(flat), 2):
+            addr = bytes(flat[i + 1])
+            peers.append((bytes(flat[i]), addr[:-2], int.from_bytes(addr[-2:], "big")))
+        return AnnounceResult(int(complete), int(incomplete), peers)
+
+    async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:
+        now = _now_ms()
+        async with self._r.pipeline(transaction=False) as pipe:
+            for ih in infohashes:
+                pipe.zcount(self._k(b"s", ih), f"({now}", "+inf")
+                pipe.zcount(self._k(b"l", ih), f"({now}", "+inf")
+                pipe.get(self._k(b"d", ih))
+            raw = await pipe.execute()
+        return {
+            ih: SwarmCounts(int(raw[3 * i]), int(raw[3 * i + 1]), int(raw[3 * i + 2] or 0))
+            for i, ih in enumerate(infohashes)
+        }
+
+    async def stats(self) -> StoreStats:
+        now = _now_ms()
+        key = self._p + b"torrents"
+        await self._r.zremrangebyscore(key, "-inf", now)
+        torrents = [_b(t) for t in await self._r.zrange(key, 0, -1)]
+        counts = await self.scrape(torrents)
+        seeders = sum(c.complete for c in counts.values())
+        return StoreStats(len(torrents), seeders + sum(c.incomplete for c in counts.values()), seeders)
+
+    # -- metainfo ------------------------------------------------------------------------
+    async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
+        key = self._k(b"meta", blob_id)
+        if await self._r.set(key, info, nx=True):
+            return True
+        if await self._r.get(key) == info:
+            return False
+        raise ConflictError(f"blob {blob_id} already has a different info dict")
+
+    async def get_metainfo(self, blob_id: str) -> tuple[str, bytes] | None:
+        info = await self._r.get(self._k(b"meta", blob_id))
+        return (hashlib.sha1(_b(info)).hexdigest(), _b(info)) if info is not None else None
+
+    # -- leases --------------------------------------------------------------------------
+    def _slots(self, blob_id: str, n: int) -> list[bytes]:
+        return [self._k(b"lease", f"{blob_id}:{i}") for i in range(n)]
+
+    async def _lease_call(self, blob_id: str, node_id: str, ttl: float, slots: int, mode: str) -> LeaseState:
+        raw = await self._lease(keys=self._slots(blob_id, slots), args=[node_id, int(ttl * 1000), mode])
+        holders = [
+            LeaseHolder(bytes(raw[i]).decode(), round(max(int(raw[i + 1]), 0) / 1000, 3))
+            for i in range(1, len(raw), 2)
+        ]
+        return LeaseState(bool(int(raw[0])), sorted(holders, key=lambda h: h.expires_in))
+
+    async def acquire_lease(self, blob_id: str, node_id: str, ttl: float, max_holders: int) -> LeaseState:
+        return await self._lease_call(blob_id, node_id, ttl, max_holders, "acquire")
+
+    async def renew_lease(self, blob_id: str, node_id: str, ttl: float) -> LeaseState:
+        return await self._lease_call(blob_id, node_id, ttl, _MAX_SLOTS, "renew")
+
+    async def release_lease(self, blob_id: str, node_id: str) -> bool:
+        return bool(await self._release(keys=self._slots(blob_id, _MAX_SLOTS), args=[node_id]))
+
+    async def lease_holders(self, blob_id: str) -> list[LeaseHolder]:
+        state = await self._lease_call(blob_id, "\0", 1, _MAX_SLOTS, "renew")
+        return state.holders
+
+    # -- manifests -----------------------------------------------------------------------
+    async def put_manifest(
+        self, repo_id: str, commit: str, manifest: dict[str, Any], revision: str | None
+    ) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.set(self._k(b"man", f"{repo_id}@{commit}"), json.dumps(manifest, sort_keys=True))
+            pipe.sadd(self._p + b"repos", repo_id)
+            pipe.zadd(self._k(b"commits", repo_id), {commit: time.time()})
+            if revision is not None:
+                pipe.hset(self._k(b"refs", repo_id), revision, commit)
+            await pipe.execute()
+
+    async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
+        body = await self._r.get(self._k(b"man", f"{repo_id}@{commit}"))
+        return dict(json.loads(body)) if body is not None else None
+
+    async def resolve(self, repo_id: str, revision: str) -> str | None:
+        commit = await self._r.hget(self._k(b"refs", repo_id), revision)
+        return _b(commit).decode() if commit is not None else None
+
+    async def list_models(self) -> list[ModelEntry]:
+        out = []
+        for repo in sorted(_b(r).decode() for r in await self._r.smembers(self._p + b"repos")):
+            commits = [_b(c).decode() for c in await self._r.zrange(self._k(b"commits", repo), 0, -1)]
+            bodies = await self._r.mget([self._k(b"man", f"{repo}@{c}") for c in commits]) if commits else []
+            refs = await self._r.hgetall(self._k(b"refs", repo))
+            out.append(
+                ModelEntry(
+                    repo,
+                    {_b(k).decode(): _b(v).decode() for k, v in refs.items()},
+                    {c: json.loads(b) for c, b in zip(commits, bodies, strict=True) if b is not None},
+                )
+            )
+        return out
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def ping(self) -> None:
+        try:
+            await self._r.ping()
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+
+def _b(value: Any) -> bytes:
+    """Redis replies are bytes (decode_responses is off); typeshed only knows bytes | str."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _redact(url: str) -> str:
+    """The URL without its password (redis://:secret@host → redis://***@host)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
