@@ -108,3 +108,50 @@ class WaitTimeoutError(WeightswarmError):
     """A bounded wait ran out."""
 
     exit_code = EXIT_TIMEOUT
+
+
+class TrackerError(WeightswarmError):
+    """The tracker answered, but refused or failed the request (4xx other than 404, bad answers)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class TrackerUnavailableError(TrackerError):
+    """The tracker cannot be reached (connection refused, timeout, 5xx): fall back to the origin."""
+
+
+class DaemonError(WeightswarmError):
+    """The local agent daemon refused or failed a request, or cannot be reached."""
+
+
+class SwarmError(WeightswarmError):
+    """The BitTorrent layer refused a request (bad metainfo, missing blob, unknown torrent)."""
+
+
+class AnnotationError(WeightswarmError):
+    """A pod's `weightswarm.io/models` annotation (or an `org/name[@rev]` argument) is malformed."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, entry: str, reason: str) -> None:
+        shown = snippet(entry, 100) or "''"
+        super().__init__(f"bad model reference {shown!r}: {reason}; expected 'org/name[@rev], ...'")
+        self.entry = entry
+        self.reason = reason
+
+
+class CacheFullError(WeightswarmError):
+    """A requested model cannot fit under the cache limit even after evicting everything unpinned."""
+
+    exit_code = EXIT_DISK
+
+    def __init__(self, repo_id: str, needed: int, room: int, limit: str) -> None:
+        super().__init__(
+            f"{repo_id} needs {needed / 2**20:,.1f} MiB more in the cache, but only {room / 2**20:,.1f} MiB "
+            f"can be freed under {limit}; raise the limit, unpin models (--pin) or `agent rm` some"
+        )
+        self.repo_id = repo_id
+        self.needed = needed
+        self.room = room

@@ -92,6 +92,199 @@ class FetchSettings:
     """Parse headers of downloaded *.safetensors files and check index json shard lists."""
 
 
+DEFAULT_API_LISTEN = "127.0.0.1:7470"
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """`agent serve`: the node daemon's tracker, identity, API and fetch policy."""
+
+    tracker_url: str | None = None
+    """Base URL of the tracker (http://host:port), no trailing slash. None = origin only, no swarm."""
+
+    tracker_token: str | None = field(default=None, repr=False)
+    """Bearer token for tracker writes, read from --tracker-token-file. Never logged (repr=False)."""
+
+    node_name: str = "localhost"
+    """This node's name (default the hostname); with the BitTorrent port it forms the lease node id."""
+
+    api_listen: str = DEFAULT_API_LISTEN
+    """HOST:PORT of the local HTTP API (`agent fetch --agent`, `agent ls`). Loopback by default."""
+
+    tracker_connect_timeout: float = 3.0
+    """Seconds to connect to the tracker; short so a dead tracker falls back to the origin quickly."""
+
+    tracker_read_timeout: float = 10.0
+    """Seconds to wait for a tracker answer (the long-poll adds its own timeout on top)."""
+
+    wait_poll_seconds: float = 20.0
+    """Length of one `/v1/blobs/{id}/wait` long-poll; the tracker caps it (~30 s)."""
+
+    max_wait_seconds: float = 1800.0
+    """Longest a node waits for another node's origin download before fetching from the origin itself."""
+
+    lease_ttl: float = 30.0
+    """Origin lease time-to-live, seconds; renewed every ttl/3 while the holder downloads."""
+
+    tracker_probe_interval: float = 5.0
+    """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
+
+    shutdown_timeout: float = 10.0
+    """Seconds each component gets to stop at shutdown before the next one is stopped anyway."""
+
+    job_history: int = 200
+    """Finished jobs kept for `GET /v1/jobs/{id}`; older ones are forgotten first."""
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """The BitTorrent session (agent.swarm): tuned for a private datacenter swarm, not the internet."""
+
+    listen: str = "127.0.0.1:0"
+    """HOST:PORT libtorrent listens on (--bt-listen); port 0 = any free port. Loopback by default (tests)."""
+
+    upload_rate_limit: int = 0
+    """Bytes/s uploaded to all peers together; 0 = unlimited. Applies to private/loopback peers too."""
+
+    download_rate_limit: int = 0
+    """Bytes/s downloaded from peers and web seeds together; 0 = unlimited."""
+
+    connections_limit: int = 500
+    """Open peer connections, all torrents together. A node seeds many blobs to few peers."""
+
+    max_connections_per_torrent: int = 100
+    """Peer connections per blob torrent; -1 = unlimited. Bounds memory when one blob is hot."""
+
+    enable_dht: bool = False
+    """DHT: off; peers come from the cluster tracker, and blobs must not leak to the public DHT."""
+
+    enable_lsd: bool = False
+    """Local service discovery multicast: off (the tracker knows every peer; LSD is noise on a DC LAN)."""
+
+    enable_upnp: bool = False
+    """UPnP port mapping: off (nodes are not behind a home router)."""
+
+    enable_natpmp: bool = False
+    """NAT-PMP port mapping: off (as UPnP)."""
+
+    enable_utp: bool = False
+    """uTP (incoming and outgoing): off; its congestion control yields to TCP, pointless on a DC link."""
+
+    allow_multiple_connections_per_ip: bool = True
+    """Several agents behind one IP (tests, hostNetwork pods on one node) must be able to peer."""
+
+    send_buffer_watermark: int = 8 * MiB
+    """Bytes queued per peer before reading from disk pauses (default 500 KB): fills 10-100 Gb/s links."""
+
+    send_buffer_low_watermark: int = 1 * MiB
+    """Bytes per peer below which the send buffer is refilled, so a fast peer never drains it."""
+
+    max_queued_disk_bytes: int = 256 * MiB
+    """Bytes waiting for disk before peers are throttled (default 100 MiB): absorbs bursts on fast links."""
+
+    aio_threads: int = 8
+    """Disk I/O threads. NVMe serves many parallel reads; more threads than this gain little."""
+
+    hashing_threads: int = 4
+    """Piece-hashing threads (default 1): SHA-1 of a 10 Gb/s stream needs more than one core."""
+
+    request_queue_time: int = 3
+    """Seconds of outstanding requests per peer (queue depth = rate x this); 3 s keeps fast peers busy."""
+
+    max_out_request_queue: int = 1500
+    """Most block requests in flight to one peer (default 500): 1500 x 16 KiB = 24 MiB, a 10 Gb/s BDP."""
+
+    unchoke_slots_limit: int = -1
+    """Peers uploaded to at once; -1 = all. A private swarm has no free riders to punish with choking."""
+
+    seed_choke_fastest_upload: bool = True
+    """Seeds unchoke their fastest downloaders, not round robin (matters only if slots are limited)."""
+
+    peer_timeout: int = 30
+    """Seconds a silent peer is kept before it is dropped (default 120): DC peers are fast or gone."""
+
+    web_seed_retry: int = 5
+    """Seconds before a failed web seed (the origin) is tried again (default 30)."""
+
+    stall_timeout: float = 60.0
+    """Seconds with no payload progress before status() says 'stalled' (the daemon then uses the origin)."""
+
+    resume_interval: float = 30.0
+    """Seconds between periodic resume-data saves of torrents that changed; also saved on finish and close."""
+
+    file_pool_size: int = 512
+    """Open files kept by libtorrent (default 40): a node seeds hundreds of shards."""
+
+    alert_queue_size: int = 10000
+    """Alerts buffered between alert-loop turns before libtorrent drops them."""
+
+    ssrf_mitigation: bool = True
+    """libtorrent's SSRF guard: web seeds with a query string to localhost are refused. Tests turn it off."""
+
+    user_agent: str = "weightswarm/0.1"
+    """User-Agent for trackers and web seeds."""
+
+    peer_fingerprint: str = "-WS0100-"
+    """Start of the 20-byte peer id (Azureus style), so other clients can recognise our agents."""
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """The pod watcher and status reporter (agent.kube): which pods, how often, how patient."""
+
+    node_name: str = ""
+    """Node whose pods are watched (spec.nodeName; the chart passes the downward-API value). Required."""
+
+    namespace: str | None = None
+    """Watch only this namespace; None = all namespaces (needs a ClusterRole, not a Role)."""
+
+    kubeconfig: Path | None = None
+    """Kubeconfig file; None = in-cluster service account, else ~/.kube/config (for a laptop)."""
+
+    status_min_interval: float = 2.0
+    """Least seconds between status patches of one pod; progress in between is coalesced (latest wins).
+    A model reaching Ready or Failed is patched at once."""
+
+    watch_timeout: int = 300
+    """timeoutSeconds of one watch request; the server then ends it and the watcher re-watches.
+    Bounds how long a silently dead connection can go unnoticed."""
+
+    request_timeout: float = 30.0
+    """Seconds for a list, patch or event request (a watch waits watch_timeout plus this)."""
+
+    backoff_base: float = 1.0
+    """First reconnect delay in seconds after an API error or dropped watch; doubles, with jitter."""
+
+    backoff_max: float = 60.0
+    """Longest reconnect delay, seconds: an API server outage costs at most this much extra latency."""
+
+
+@dataclass(frozen=True)
+class OpsSettings:
+    """Node operations: the HF-compatible endpoint, cache eviction and pins (agent.nodeops)."""
+
+    cache_max_bytes: int | None = None
+    """Most bytes of blobs kept in the hub cache (--cache-max-bytes); None = no size limit."""
+
+    cache_max_disk_percent: float | None = None
+    """Evict while the cache filesystem is fuller than this percent (--cache-max-disk-percent); None = off."""
+
+    pins: tuple[str, ...] = ()
+    """`REPO[@REV]` entries never evicted (--pin, repeatable); no @REV pins every revision of the repo."""
+
+    eviction_interval: float = 30.0
+    """Seconds between eviction passes; a fetch that needs room also triggers one at once."""
+
+    access_ttl: float = 60.0
+    """Seconds a client token's access decision from the origin is reused (keyed by a hash of the token)."""
+
+    public_ttl: float = 600.0
+    """Seconds the origin's word that a repo is public (not gated, not private) is trusted without asking."""
+
+    hf_fetch_timeout: float = 3600.0
+    """Longest an HF-endpoint GET waits for its blob to arrive through the swarm/origin before 504."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the agent needs, built once by the CLI."""
@@ -104,6 +297,10 @@ class Settings:
 
     origin: OriginSettings = field(default_factory=OriginSettings)
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    swarm: SwarmSettings = field(default_factory=SwarmSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    ops: OpsSettings = field(default_factory=OpsSettings)
 
     @classmethod
     def from_env_defaults(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

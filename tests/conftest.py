@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,36 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def unused_tcp_port() -> int:
     return free_port()
+
+
+@pytest.fixture
+def mounted_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """Mount a small tmpfs (tests run as root in CI); skip cleanly where mounting is not permitted."""
+    mounts: list[Path] = []
+
+    def mount(path: Path, options: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+        if res.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounts):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+_OPT_IN_MARKERS = ("slow", "multinode")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`slow` and `multinode` tests are opt-in: they run only when `-m` names their marker."""
+    markexpr = config.getoption("markexpr", "") or ""
+    for name in _OPT_IN_MARKERS:
+        if name in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=f"opt-in: select with -m {name}")
+        for item in items:
+            if item.get_closest_marker(name) is not None:
+                item.add_marker(skip)

@@ -1,0 +1,150 @@
+"""Progress on stderr: a total line plus one per active file (bytes, bytes/s, ETA).
+
+On a TTY the block is redrawn in place (ANSI cursor-up) at most ~8 times a second; otherwise
+(CI logs, kubectl logs) a plain line per file start/finish and a total line every few seconds,
+so logs stay short. No dependency beyond the standard library. Thread-safe: download workers
+call `FileProgress.advance` from many threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+_TTY_INTERVAL = 0.12
+_PLAIN_INTERVAL = 5.0
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _eta(remaining: float, rate: float) -> str:
+    if rate <= 0:
+        return "--:--"
+    s = int(remaining / rate)
+    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+class FileProgress:
+    """One file's counters; created by `Progress.start_file`."""
+
+    def __init__(self, owner: Progress, name: str, size: int) -> None:
+        self._owner = owner
+        self.name = name
+        self.size = size
+        self.done = 0
+        self.started = time.monotonic()
+
+    def advance(self, n: int) -> None:
+        self._owner._advance(self, n)
+
+    def finish(self) -> None:
+        self._owner._finish(self)
+
+
+class Progress:
+    """Aggregate progress for one fetch. `Progress(quiet=True)` prints nothing."""
+
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.total = 0
+        self.done = 0
+        self._lock = threading.Lock()
+        self._active: list[FileProgress] = []
+        self._t0 = time.monotonic()
+        self._last_draw = 0.0
+        self._drawn_lines = 0
+
+    def set_total(self, total: int) -> None:
+        with self._lock:
+            self.total = total
+            self._t0 = time.monotonic()
+
+    def message(self, text: str) -> None:
+        """A plain line (above the bar on a TTY)."""
+        if self.quiet:
+            return
+        with self._lock:
+            self._clear()
+            print(text, file=self.stream, flush=True)
+            self._draw(force=True)
+
+    def start_file(self, name: str, size: int) -> FileProgress:
+        fp = FileProgress(self, name, size)
+        with self._lock:
+            self._active.append(fp)
+            if not self.tty and not self.quiet:
+                print(f"  fetching {name} ({human_bytes(size)})", file=self.stream, flush=True)
+        return fp
+
+    def close(self) -> None:
+        with self._lock:
+            self._clear()
+            if not self.quiet and self.total:
+                elapsed = max(time.monotonic() - self._t0, 1e-9)
+                print(
+                    f"  total {human_bytes(self.done)} in {elapsed:.1f}s "
+                    f"({human_bytes(self.done / elapsed)}/s)",
+                    file=self.stream,
+                    flush=True,
+                )
+
+    # --- internals (called with or taking the lock) ------------------------------------------------
+
+    def _advance(self, fp: FileProgress, n: int) -> None:
+        with self._lock:
+            fp.done += n
+            self.done += n
+            self._draw()
+
+    def _finish(self, fp: FileProgress) -> None:
+        with self._lock:
+            if fp in self._active:
+                self._active.remove(fp)
+            if not self.tty and not self.quiet:
+                elapsed = max(time.monotonic() - fp.started, 1e-9)
+                print(f"  done {fp.name} ({human_bytes(fp.done / elapsed)}/s)", file=self.stream, flush=True)
+            self._draw(force=True)
+
+    def _line(self, label: str, done: int, size: int, started: float) -> str:
+        elapsed = max(time.monotonic() - started, 1e-9)
+        rate = done / elapsed
+        pct = 100.0 * done / size if size else 100.0
+        return (
+            f"{label[:48]:<48} {pct:5.1f}% {human_bytes(done):>11} / {human_bytes(size):<11} "
+            f"{human_bytes(rate):>11}/s ETA {_eta(size - done, rate)}"
+        )
+
+    def _clear(self) -> None:
+        if self.tty and self._drawn_lines:
+            self.stream.write("\x1b[1A\x1b[2K" * self._drawn_lines)
+            self._drawn_lines = 0
+
+    def _draw(self, force: bool = False) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        interval = _TTY_INTERVAL if self.tty else _PLAIN_INTERVAL
+        if not force and now - self._last_draw < interval:
+            return
+        if not self.tty and force:
+            return  # plain mode: per-file lines are printed by start/finish; totals on the interval
+        self._last_draw = now
+        lines = [self._line("total", self.done, self.total, self._t0)]
+        if self.tty:
+            lines += [self._line("  " + f.name, f.done, f.size, f.started) for f in self._active[:8]]
+            self._clear()
+            self.stream.write("".join(line + "\n" for line in lines))
+            self.stream.flush()
+            self._drawn_lines = len(lines)
+        else:
+            print(lines[0], file=self.stream, flush=True)

@@ -1,0 +1,110 @@
+"""Helpers shared by the fetch tests: a small model on a real test hub, settings for it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from agent.cache import repo_folder_name
+from agent.hub.server import HubServer
+from agent.hub.testmodel import make_model
+from agent.settings import FetchSettings, OriginSettings, Settings
+
+MiB = 2**20
+REPO = "org/tiny"
+
+
+def model(
+    root: Path, repo_id: str = REPO, total: int = 6 * MiB, shards: int = 3, seed: int = 0
+) -> dict[str, bytes]:
+    """Write a model and return {repo path: bytes} of what the origin serves."""
+    make_model(root, repo_id, total_bytes=total, shards=shards, seed=seed)
+    return origin_files(root, repo_id)
+
+
+def origin_files(root: Path, repo_id: str = REPO) -> dict[str, bytes]:
+    base = root / repo_id
+    out = {}
+    for d, _, names in os.walk(base):
+        for n in names:
+            p = Path(d) / n
+            rel = p.relative_to(base).as_posix()
+            if rel.startswith(".") or rel.endswith(".incomplete"):
+                continue
+            out[rel] = p.read_bytes()
+    return out
+
+
+def settings_for(
+    tmp: Path,
+    url: str,
+    token: str | None = None,
+    chunk_size: int = 1 * MiB,
+    connections: int = 4,
+    files_at_once: int = 3,
+    max_retries: int = 5,
+    read_timeout: float = 10.0,
+    min_free: int = 0,
+    cache_dir: Path | None = None,
+) -> Settings:
+    return Settings(
+        cache_dir=cache_dir or tmp / "hub",
+        state_dir=tmp / "state",
+        origin=OriginSettings(
+            endpoint=url,
+            token=token,
+            max_retries=max_retries,
+            backoff_base=0.02,
+            backoff_max=2.0,
+            read_timeout=read_timeout,
+            connect_timeout=5.0,
+        ),
+        fetch=FetchSettings(
+            connections_per_file=connections,
+            files_at_once=files_at_once,
+            chunk_size=chunk_size,
+            min_free_bytes=min_free,
+        ),
+    )
+
+
+def repo_dir(cache_dir: Path, repo_id: str = REPO) -> Path:
+    return cache_dir / repo_folder_name(repo_id)
+
+
+def snapshot_contents(snapshot: Path) -> dict[str, bytes]:
+    out = {}
+    for d, _, names in os.walk(snapshot):
+        for n in names:
+            p = Path(d) / n
+            out[p.relative_to(snapshot).as_posix()] = p.read_bytes()
+    return out
+
+
+def leftovers(cache_dir: Path, state_dir: Path) -> list[str]:
+    """Partial files and resume records anywhere: what a failed fetch must not leave behind."""
+    found = [str(p) for p in cache_dir.rglob("*.incomplete")] if cache_dir.exists() else []
+    partials = state_dir / "partials"
+    if partials.exists():
+        found += [str(p) for p in partials.iterdir()]
+    return found
+
+
+def file_requests(srv: HubServer) -> list[str]:
+    """Paths of content requests (resolve / CDN) the origin answered."""
+    return [r.path for r in srv.requests if "/resolve/" in r.path or r.path.startswith("/_cdn/")]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def serve(root: Path, **kwargs: object) -> Iterator[HubServer]:
+    srv = HubServer(root, **kwargs)  # type: ignore[arg-type]
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
