@@ -129,6 +129,9 @@ class DaemonSettings:
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
+    reannounce_interval: float = 20.0
+    """Seconds between announces of every held blob; below the tracker's peer TTL (2.5 x its interval)."""
+
     shutdown_timeout: float = 10.0
     """Seconds each component gets to stop at shutdown before the next one is stopped anyway."""
 

@@ -1,0 +1,478 @@
+"""`agent serve`: the node daemon. Wiring and lifecycle, no policy (that is agent.swarm_fetch).
+
+Start-up, in order: the BitTorrent session; seeding of every complete blob already in the
+cache (libtorrent resume data, else the piece hashes in the blob's sidecar: no re-hash); the
+supervised background tasks (tracker probe / re-registration); the HTTP API last, so
+`/readyz` answers only when the node can serve. Shutdown runs the other way round, each
+step bounded by `daemon.shutdown_timeout`.
+
+Hooks for other components (the pod watcher, metrics): `Daemon.request_model(repo_id,
+revision) -> Job` (deduped while running) and `Job.status() -> JobStatus`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from agent import api
+from agent.cache import RepoCache, check_repo_id
+from agent.daemon_fetch import run_fetch_job
+from agent.errors import ConfigError, TrackerError, TrackerUnavailableError, WeightswarmError
+from agent.jobs import Job, JobKey, JobTable
+from agent.settings import Settings
+from agent.swarm import Swarm
+from agent.swarm_fetch import SwarmFetcher, encoded_info
+from agent.tracker_client import TrackerClient
+
+log = logging.getLogger(__name__)
+
+_RESTART_DELAY = (1.0, 30.0)
+"""Backoff bounds (seconds) before a failed background task runs again."""
+_JOBS_AT_ONCE = 4
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class Supervisor:
+    """Endless background tasks: a failure is logged at once and the task restarts after a backoff;
+    a task that returns while the daemon runs is an error too (it should loop until `stop`)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._threads: list[threading.Thread] = []
+        self._failing: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def spawn(self, name: str, task: Callable[[threading.Event], None]) -> None:
+        t = threading.Thread(target=self._run, args=(name, task), name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _run(self, name: str, task: Callable[[threading.Event], None]) -> None:
+        delay = _RESTART_DELAY[0]
+        while not self._stop.is_set():
+            try:
+                task(self._stop)
+                if self._stop.is_set():
+                    return
+                problem = "returned unexpectedly"
+                log.error("background task %s %s; restarting it in %.0fs", name, problem, delay)
+            except Exception as exc:
+                problem = f"failed: {type(exc).__name__}: {exc}"
+                log.exception("background task %s failed; restarting it in %.0fs", name, delay)
+            with self._lock:
+                self._failing[name] = problem
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, _RESTART_DELAY[1])
+            with self._lock:
+                self._failing.pop(name, None)
+
+    def problems(self) -> list[str]:
+        with self._lock:
+            return [f"{name} {problem}" for name, problem in self._failing.items()]
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("background task %s did not stop within %.0fs", t.name, timeout)
+
+
+class ApiServer:
+    """uvicorn in a thread, so the daemon owns the process's signals and its shutdown order."""
+
+    def __init__(self, app: Any, listen: str) -> None:
+        host, port = split_hostport(listen, "--api-listen")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.listen = listen
+        self._thread = threading.Thread(target=self._serve, name="api", daemon=True)
+        self._failed: BaseException | None = None
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except BaseException as exc:  # uvicorn exits the thread with SystemExit when it cannot bind
+            self._failed = exc
+
+    def start(self, timeout: float) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(f"cannot serve the agent API on {self.listen} (address in use?)")
+            time.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        for server in self.server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        raise RuntimeError("API server not started")
+
+    def stop(self, timeout: float) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("API server did not stop within %.0fs", timeout)
+
+
+class Daemon:
+    """One node's agent: BitTorrent session, tracker client, fetch jobs, API."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.jobs = JobTable(history=settings.daemon.job_history)
+        self._stop = threading.Event()
+        self._supervisor = Supervisor(self._stop)
+        self._held: dict[str, tuple[str, bytes]] = {}
+        """blob id -> (infohash, info) of every blob this node seeds: re-registered with the tracker."""
+        self._held_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
+        self._tracker_up: bool | None = None
+        self.swarm: Swarm | None = None
+        self.tracker: TrackerClient | None = None
+        self.fetcher: SwarmFetcher | None = None
+        self.api_server: ApiServer | None = None
+        self.node_id = ""
+        from agent.nodeops import NodeOps
+
+        self.ops = NodeOps(settings, self)
+        """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.nodeops)."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        for d in (s.cache_dir, s.state_dir):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot create {d}: {exc.strerror}") from None
+        self.swarm = Swarm(s.swarm, s.state_dir / "resume")
+        # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
+        self.node_id = f"{s.daemon.node_name}:{self.swarm.listen_port}"
+        if s.daemon.tracker_url:
+            self.tracker = TrackerClient(s.daemon.tracker_url, s.daemon.tracker_token, s.daemon)
+        self.fetcher = SwarmFetcher(s, self.swarm, self.tracker, self.node_id, self._remember)
+        started = time.monotonic()
+        restored = self._restore_seeding()
+        log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
+        if self.tracker is not None:
+            self._supervisor.spawn("tracker-probe", self._probe_tracker)
+        self.ops.start(self._supervisor.spawn)
+        self.api_server = ApiServer(api.create_app(self), s.daemon.api_listen)
+        self.api_server.start(timeout=s.daemon.shutdown_timeout)
+        log.info(
+            "agent %s serving the API on %s, BitTorrent on port %d",
+            self.node_id,
+            s.daemon.api_listen,
+            self.swarm.listen_port,
+        )
+
+    def stop(self) -> None:
+        """Ordered shutdown: API, jobs, background tasks, BitTorrent session (saves resume data), tracker."""
+        timeout = self.settings.daemon.shutdown_timeout
+        self._stop.set()
+        if self.api_server is not None:
+            self.api_server.stop(timeout)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._supervisor.join(timeout)
+        self.ops.stop()
+        if self.swarm is not None:
+            self.swarm.close(timeout)
+        if self.tracker is not None:
+            self.tracker.close()
+
+    @property
+    def api_host(self) -> str:
+        return split_hostport(self.settings.daemon.api_listen, "--api-listen")[0]
+
+    @property
+    def api_url(self) -> str:
+        assert self.api_server is not None
+        return f"http://{self.api_host}:{self.api_server.port}"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until `request_stop()`; True once stopping."""
+        return self._stop.wait(timeout)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- seeding --------------------------------------------------------------------------
+
+    def _remember(self, blob_id: str, infohash: str, info: bytes) -> None:
+        with self._held_lock:
+            self._held[blob_id] = (infohash, info)
+
+    def _restore_seeding(self) -> int:
+        """Seed every complete blob: resume data first, else the sidecar's piece hashes. No re-hash."""
+        assert self.swarm is not None
+        self.swarm.restore()
+        trackers = [self.tracker.announce_url] if self.tracker else []
+        count = 0
+        for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
+            repo_id = "/".join(repo_dir.name.split("--")[1:])
+            try:
+                cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, check_repo_id(repo_id))
+            except WeightswarmError:
+                continue
+            for blob in sorted(cache.blobs_dir.glob("*")):
+                if "." in blob.name:
+                    continue  # *.incomplete and temp files
+                digest = cache.read_sidecar(blob.name)
+                if digest is None or not cache.blob_is_complete(blob.name, digest.size):
+                    continue
+                try:
+                    info = encoded_info(blob.name, digest)
+                    ih = self.swarm.seed(blob, info, trackers)
+                except (WeightswarmError, ValueError) as exc:
+                    log.warning("not seeding %s: %s", blob, exc)
+                    continue
+                self._remember(blob.name, ih, info)
+                count += 1
+        return count
+
+    def _probe_tracker(self, stop: threading.Event) -> None:
+        """Watch the tracker; when it comes (back) up, re-register every blob this node holds."""
+        assert self.tracker is not None and self.swarm is not None
+        last_announce = time.monotonic()
+        while True:
+            up = self.tracker.healthy()
+            if up and not self._tracker_up:
+                self._reregister()
+                last_announce = time.monotonic()
+            elif up and time.monotonic() - last_announce >= self.settings.daemon.reannounce_interval:
+                # libtorrent waits at least its min_announce_interval (300 s) between announces,
+                # longer than the tracker keeps a silent peer (2.5 x its 30 s interval): without
+                # this, seeders vanish from the tracker and new nodes go to the origin instead.
+                self.swarm.force_reannounce()
+                last_announce = time.monotonic()
+            if self._tracker_up is not None and up != self._tracker_up:
+                log.warning("tracker %s is %s", self.tracker.base_url, "back" if up else "unreachable")
+            self._tracker_up = up
+            if stop.wait(self.settings.daemon.tracker_probe_interval):
+                return
+
+    def _reregister(self) -> None:
+        assert self.tracker is not None and self.swarm is not None
+        with self._held_lock:
+            held = list(self._held.items())
+        published = 0
+        for blob_id, (_ih, info) in held:
+            try:
+                self.tracker.put_metainfo(blob_id, info)
+                published += 1
+            except TrackerError as exc:
+                log.warning("re-registering blob %s failed: %s", blob_id, exc)
+                if isinstance(exc, TrackerUnavailableError):
+                    break  # down again: the probe loop retries the whole set when it is back
+        self.swarm.force_reannounce()
+        log.info("re-registered %d/%d blobs with the tracker", published, len(held))
+
+    # -- jobs (the hook for the API and the pod watcher) ----------------------------------
+
+    def request_model(
+        self, repo_id: str, revision: str = "main", include: Sequence[str] = (), exclude: Sequence[str] = ()
+    ) -> Job:
+        """Fetch a model into the cache through the swarm; a request equal to a running one joins it."""
+        check_repo_id(repo_id)
+        if self._stop.is_set():
+            raise ConfigError("the agent is shutting down")
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude))
+        job, new = self.jobs.get_or_create(key)
+        if new:
+            self._executor.submit(self._run_job, job)
+        return job
+
+    def _run_job(self, job: Job) -> None:
+        try:
+            run_fetch_job(self, job)
+        except WeightswarmError as exc:
+            log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
+            job.fail(str(exc))
+        except Exception as exc:
+            log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
+            job.fail(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.ops.job_finished(job)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        out = self._supervisor.problems()
+        if self.swarm is None or not self.swarm.healthy:
+            out.append("BitTorrent session not running")
+        if self._stop.is_set():
+            out.append("shutting down")
+        return out
+
+    def forget_blob(self, blob_id: str) -> None:
+        """Stop seeding a blob (eviction, `agent rm`, a corrupt copy) before its file is deleted."""
+        with self._held_lock:
+            held = self._held.pop(blob_id, None)
+        if held is not None and self.swarm is not None:
+            self.swarm.remove(held[0], delete_files=False)
+
+    def seed_blob(self, path: Path, blob_id: str, info: bytes) -> str:
+        """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
+        assert self.swarm is not None
+        ih = self.swarm.seed(path, info, [self.tracker.announce_url] if self.tracker else [])
+        self._remember(blob_id, ih, info)
+        return ih
+
+    def held_blobs(self) -> dict[str, str]:
+        with self._held_lock:
+            return {blob_id: ih for blob_id, (ih, _info) in self._held.items()}
+
+    def list_models(self) -> list[dict[str, Any]]:
+        """Models in the cache: revisions, snapshots with file counts and sizes, blobs seeded."""
+        held = self.held_blobs()
+        models: list[dict[str, Any]] = []
+        for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
+            repo_id = "/".join(repo_dir.name.split("--")[1:])
+            refs = {
+                str(p.relative_to(repo_dir / "refs")): p.read_text().strip()
+                for p in sorted((repo_dir / "refs").rglob("*"))
+                if p.is_file()
+            }
+            snapshots = []
+            for snap in sorted((repo_dir / "snapshots").glob("*")):
+                files = [p for p in snap.rglob("*") if p.is_symlink() or p.is_file()]
+                blobs = {Path(p.resolve()).name for p in files if p.exists()}
+                snapshots.append(
+                    {
+                        "commit": snap.name,
+                        "path": str(snap),
+                        "files": len(files),
+                        "bytes": sum(p.stat().st_size for p in files if p.exists()),
+                        "seeding": sum(1 for b in blobs if b in held),
+                    }
+                )
+            models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots})
+        return models
+
+
+def with_daemon_settings(settings: Settings, **changes: Any) -> Settings:
+    """A copy of `settings` with some `DaemonSettings` fields changed (the CLI and tests use it)."""
+    return dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **changes))
+
+
+def build_serve_settings(
+    *,
+    cache_dir: Path | None,
+    state_dir: Path | None,
+    tracker: str | None,
+    tracker_token_file: Path | None,
+    origin: str | None,
+    token: str | None,
+    bt_listen: str,
+    api_listen: str,
+    node_name: str | None,
+    upload_rate_limit: int | None = None,
+    download_rate_limit: int | None = None,
+    stall_timeout: float | None = None,
+    lease_ttl: float | None = None,
+    resume_interval: float | None = None,
+) -> Settings:
+    """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
+    split_hostport(bt_listen, "--bt-listen")
+    split_hostport(api_listen, "--api-listen")
+    tracker_token = None
+    if tracker_token_file is not None:
+        try:
+            tracker_token = tracker_token_file.read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read --tracker-token-file {tracker_token_file}: {exc.strerror}"
+            ) from None
+        if tracker_token is None:
+            raise ConfigError(f"--tracker-token-file {tracker_token_file} is empty")
+    if tracker and not tracker.startswith(("http://", "https://")):
+        raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
+    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+    swarm = dataclasses.replace(settings.swarm, listen=bt_listen)
+    if upload_rate_limit is not None:
+        swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
+    if download_rate_limit is not None:
+        swarm = dataclasses.replace(swarm, download_rate_limit=download_rate_limit)
+    if stall_timeout is not None:
+        swarm = dataclasses.replace(swarm, stall_timeout=stall_timeout)
+    if resume_interval is not None:
+        swarm = dataclasses.replace(swarm, resume_interval=resume_interval)
+    daemon = dataclasses.replace(
+        settings.daemon,
+        tracker_url=tracker.rstrip("/") if tracker else None,
+        tracker_token=tracker_token,
+        node_name=node_name or socket.gethostname(),
+        api_listen=api_listen,
+    )
+    if lease_ttl is not None:
+        daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)
+    origin_settings = dataclasses.replace(
+        settings.origin,
+        endpoint=(origin or settings.origin.endpoint).rstrip("/"),
+        token=token or settings.origin.token,
+    )
+    if _is_loopback(origin_settings.endpoint):
+        # libtorrent's SSRF mitigation refuses web seed URLs with a query string on loopback, and
+        # the Hub's signed CDN URLs have one: an operator who points the agent at a loopback origin
+        # (the demo, an air-gapped `agent serve-hub` on the node) means that origin to be used.
+        swarm = dataclasses.replace(swarm, ssrf_mitigation=False)
+    return dataclasses.replace(settings, swarm=swarm, daemon=daemon, origin=origin_settings)
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve_forever(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then shut down in order."""
+    daemon = Daemon(settings)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        daemon.start()
+        # One line on stdout so scripts know the daemon is ready and where (ports may be 0 = any).
+        assert daemon.api_server is not None and daemon.swarm is not None
+        print(
+            f"agent {daemon.node_id} ready: api http://{daemon.api_host}:{daemon.api_server.port} "
+            f"bt-port {daemon.swarm.listen_port}",
+            flush=True,
+        )
+        while not daemon.wait(1.0):
+            pass
+    finally:
+        daemon.stop()

@@ -1,0 +1,100 @@
+"""One daemon fetch job: plan at the origin, blobs through the swarm, snapshot in the hub cache.
+
+The origin fetch engine (agent.fetch) does the planning, the disk-space check, the snapshot
+links, the index checks and `refs/`; the swarm source (agent.swarm_fetch) decides per blob
+where the bytes come from and installs each blob itself (libtorrent finishes a blob in place
+under its final name, so there is no temp file for the engine to move).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent.cache import RepoCache
+from agent.download import OriginSource
+from agent.errors import TrackerError
+from agent.fetch import FetchEngine
+from agent.jobs import FileProgress, Job
+from agent.origin import OriginClient
+from agent.plan import FetchPlan, FileEntry
+from agent.progress import FileProgress as BarFile
+from agent.progress import Progress
+from agent.swarm_fetch import BlobOutcome, SwarmSource
+from agent.tracker_plan import plan_fetch
+
+if TYPE_CHECKING:
+    from agent.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+
+class JobProgress(Progress):
+    """The engine's progress sink, writing into a job instead of a terminal."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(quiet=True)
+        self.job = job
+
+    def _advance(self, fp: BarFile, n: int) -> None:
+        super()._advance(fp, n)
+        self.job.file_progress(fp.name, fp.done)
+
+
+class SwarmFetchEngine(FetchEngine):
+    """The engine with a source that installs blobs itself: no temp file to check and move."""
+
+    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+        fp = self.progress.start_file(entry.path, entry.size)
+        try:
+            self.source.fetch_blob(plan, entry, cache, fp)
+        finally:
+            fp.finish()
+
+
+def run_fetch_job(daemon: Daemon, job: Job) -> None:
+    settings = daemon.settings
+    assert daemon.fetcher is not None
+    f = settings.fetch
+    client = OriginClient(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
+    try:
+        key = job.key
+        plan = plan_fetch(client, daemon.tracker, key.repo_id, key.revision, key.include, key.exclude)
+        cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
+        daemon.ops.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
+        files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
+        for fp in files:
+            if cache.blob_is_complete(fp.blob_id, fp.size):
+                fp.done, fp.source = fp.size, "cache"
+        job.set_plan(plan.commit, files)
+        job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
+
+        def on_blob(entry: FileEntry, outcome: BlobOutcome, engine_bytes: int) -> None:
+            # Live counters: the API and the pod reporter see peers vs origin bytes as blobs land.
+            for e in plan.files:
+                if e.blob_id == entry.blob_id:
+                    job.file_progress(e.path, e.size, outcome.source)
+            job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
+
+        source = SwarmSource(daemon.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
+        result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
+        _publish_manifest(daemon, plan)
+        job.finish(str(result.snapshot_path))
+    finally:
+        client.close()
+
+
+def _publish_manifest(daemon: Daemon, plan: FetchPlan) -> None:
+    """Tell the tracker what this commit holds (its model list and swarm health use it)."""
+    tracker = daemon.tracker
+    if tracker is None:
+        return
+    held = daemon.held_blobs()
+    files = [
+        {"path": e.path, "size": e.size, "blob_id": e.blob_id, "infohash": held.get(e.blob_id)}
+        for e in plan.files
+    ]
+    try:
+        tracker.put_manifest(plan.repo_id, plan.commit, plan.revision, files)
+    except TrackerError as exc:
+        log.info("manifest of %s@%s not published: %s", plan.repo_id, plan.commit[:12], exc)

@@ -1,0 +1,464 @@
+"""The per-blob policy of the swarm: where each blob's bytes come from (ARCHITECTURE "Fetch flow").
+
+    1. complete in the local cache                          -> done (size + xxh3 sidecar, no re-hash)
+    2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers
+    3. metainfo known, no seeders                           -> ask for the origin lease; the holder
+       downloads with the origin (a resolved CDN URL) as a web seed, the others join the same swarm
+    4. metainfo unknown                                     -> ask for the origin lease; the holder
+       downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
+       and seeds; the others long-poll the tracker, then do 2
+    5. tracker unreachable                                  -> origin engine only; the blob is seeded
+       anyway and published when the tracker returns (the daemon's probe loop)
+    6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
+
+A blob finished by libtorrent is verified once end to end (sha256 / git sha1 against the blob id,
+which is what the origin promised) in the same pass that writes its xxh3 sidecar, before any
+snapshot link points at it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from agent.cache import BlobDigest, RepoCache, write_atomic
+from agent.download import OriginSource
+from agent.errors import (
+    IntegrityError,
+    SwarmError,
+    TrackerError,
+    TrackerUnavailableError,
+    WaitTimeoutError,
+    WeightswarmError,
+)
+from agent.hashing import BlobHasher, BlobHashes
+from agent.pieces import info_dict
+from agent.plan import FetchPlan, FileEntry
+from agent.progress import FileProgress
+from agent.safetensors_check import check_safetensors
+from agent.settings import Settings
+from agent.swarm import Swarm, WebSeed
+from agent.tracker_client import TrackerClient
+from tracker.bencode import bdecode, bencode
+
+log = logging.getLogger(__name__)
+
+BlobOrigin = Literal["cache", "peers", "origin"]
+_READ_BLOCK = 4 * 2**20
+_TICK = 0.5
+
+
+@dataclass(frozen=True)
+class BlobOutcome:
+    source: BlobOrigin
+    bytes_from_peers: int = 0
+    bytes_from_origin: int = 0
+    """Bytes libtorrent took from the origin as a web seed (origin-engine bytes are counted by it)."""
+
+
+OriginDownload = Callable[[], None]
+"""Runs the origin engine for this one blob; returns once `blobs/<id>` and its sidecar are installed."""
+WebSeedUrl = Callable[[], str]
+"""The URL a web seed may fetch the blob from without credentials (the Hub's redirect resolved)."""
+Progress = Callable[[int], None]
+"""Called with the bytes of this blob present so far."""
+
+
+class _Stalled(Exception):
+    pass
+
+
+def encoded_info(blob_id: str, digest: BlobDigest) -> bytes:
+    """The bencoded v1 info dict of a blob, rebuilt from its sidecar (its piece hashes live there)."""
+    return bencode(info_dict(blob_id, digest.size, digest.piece_length, digest.pieces))
+
+
+class SwarmFetcher:
+    """Obtains blobs for the daemon's jobs. Thread-safe; one per daemon."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        swarm: Swarm,
+        tracker: TrackerClient | None,
+        node_id: str,
+        on_seeding: Callable[[str, str, bytes], None],
+    ) -> None:
+        self.settings = settings
+        self.swarm = swarm
+        self.tracker = tracker
+        self.node_id = node_id
+        self._on_seeding = on_seeding
+        """(blob_id, infohash, info) for every blob this node starts seeding: the daemon remembers it."""
+        self._active: dict[str, bytes] = {}
+        """blob id -> info of libtorrent downloads in flight (to stop them before an origin fallback)."""
+        self._web_seeded: set[str] = set()
+        """Blobs whose torrent got the origin as a web seed (their bytes may be origin bytes)."""
+        self._blob_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @property
+    def trackers(self) -> list[str]:
+        return [self.tracker.announce_url] if self.tracker else []
+
+    def _lock_for(self, blob_id: str) -> threading.Lock:
+        # Two jobs wanting the same blob (two revisions sharing a shard) must not race on its files.
+        with self._locks_guard:
+            return self._blob_locks.setdefault(blob_id, threading.Lock())
+
+    # -- the policy -----------------------------------------------------------------------
+
+    def obtain(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        with self._lock_for(blob.blob_id):
+            if cache.blob_is_complete(blob.blob_id, blob.size):
+                self._seed_from_cache(cache, blob)
+                return BlobOutcome("cache")
+            if self.tracker is None:
+                return self._from_origin(cache, blob, origin_download, publish=False)
+            try:
+                return self._via_tracker(cache, blob, origin_download, web_seed_url, progress)
+            except TrackerUnavailableError as exc:
+                log.warning("%s; fetching %s from the origin", exc, blob.path)
+                return self._from_origin(
+                    cache, blob, origin_download, publish=False, info=self._known_info(blob)
+                )
+
+    def _via_tracker(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        assert self.tracker is not None
+        deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
+        peers_stalled = False
+        while True:
+            info = self.tracker.get_metainfo(blob.blob_id)
+            state = self.tracker.blob_state(blob.blob_id)
+            if info is not None:
+                self._check_info(blob, info)
+            if info is not None and state.seeders > 0 and not peers_stalled:
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
+                    peers_stalled = True
+                    continue
+            lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+            if lease.granted:
+                return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
+            if info is not None and peers_stalled is False:
+                # The holder is filling the swarm from the origin: take pieces from it as they arrive.
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    peers_stalled = True
+                    continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("waited too long for %s from node %s; using the origin", blob.path, lease.holder)
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
+            log.info("%s: node %s holds the origin lease; waiting for it", blob.path, lease.holder)
+            self.tracker.wait_blob(blob.blob_id, min(self.settings.daemon.wait_poll_seconds, left))
+            peers_stalled = False
+
+    def _as_lease_holder(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        info: bytes | None,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        assert self.tracker is not None
+        stop = threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(blob.blob_id, stop), name=f"lease-{blob.blob_id[:12]}", daemon=True
+        )
+        beat.start()
+        try:
+            if info is None:
+                return self._from_origin(cache, blob, origin_download, publish=True)
+            try:
+                seed = WebSeed(web_seed_url())
+                return self._from_swarm(cache, blob, info, seed, progress, stall_ok=False)
+            except (SwarmError, _Stalled) as exc:
+                log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
+        finally:
+            stop.set()
+            beat.join(timeout=5)
+            try:
+                self.tracker.release_lease(blob.blob_id, self.node_id)
+            except TrackerError as exc:
+                log.info("could not release the lease on %s: %s", blob.blob_id, exc)
+
+    def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
+        assert self.tracker is not None
+        while not stop.wait(self.settings.daemon.lease_ttl / 3):
+            try:
+                if not self.tracker.heartbeat(blob_id, self.node_id):
+                    log.warning("lost the origin lease on %s; finishing the download anyway", blob_id)
+                    return
+            except TrackerError as exc:
+                log.info("lease heartbeat for %s failed: %s", blob_id, exc)
+
+    # -- sources --------------------------------------------------------------------------
+
+    def _from_origin(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        publish: bool,
+        info: bytes | None = None,
+    ) -> BlobOutcome:
+        self._drop_torrent(info)
+        origin_download()
+        digest = cache.read_sidecar(blob.blob_id)
+        if digest is None:
+            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
+        info = encoded_info(blob.blob_id, digest)
+        self._seed(cache, blob, info, publish=publish)
+        # The origin engine's own counters say how many bytes it really pulled (resume included).
+        return BlobOutcome("origin")
+
+    def _from_swarm(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        info: bytes,
+        web_seed: WebSeed | None,
+        progress: Progress,
+        stall_ok: bool = True,
+    ) -> BlobOutcome:
+        with self._locks_guard:
+            self._active[blob.blob_id] = info
+            if web_seed is not None:
+                self._web_seeded.add(blob.blob_id)
+        ih = self.swarm.download(
+            cache.blobs_dir,
+            blob.blob_id,
+            info,
+            trackers=self.trackers,
+            web_seeds=[web_seed] if web_seed else [],
+            incomplete_name=cache.incomplete_path(blob.blob_id).name,
+        )
+        stall = self.settings.swarm.stall_timeout
+        last_done, last_change = -1, time.monotonic()
+        while True:
+            try:
+                st = self.swarm.wait(ih, _TICK)
+            except WaitTimeoutError:
+                st = self.swarm.status(ih)
+            progress(st.done)
+            if st.state == "error":
+                self._drop_torrent(info)
+                raise SwarmError(f"BitTorrent download of {blob.path} failed: {st.error}")
+            if st.state == "seeding":
+                break
+            now = time.monotonic()
+            if st.done != last_done:
+                last_done, last_change = st.done, now
+            elif now - last_change > (stall if stall_ok else 4 * stall):
+                raise _Stalled(f"no progress for {now - last_change:.0f}s ({st.num_peers} peers)")
+        with self._locks_guard:
+            self._active.pop(blob.blob_id, None)
+        self._verify_and_record(cache, blob, info, ih)
+        log.info(
+            "%s: %d bytes from peers, %d from web seeds",
+            blob.path,
+            st.bytes_from_peers,
+            st.bytes_from_web_seeds,
+        )
+        self._on_seeding(blob.blob_id, ih, info)
+        with self._locks_guard:
+            web_seeded = blob.blob_id in self._web_seeded
+            self._web_seeded.discard(blob.blob_id)
+        if not web_seeded:
+            # No web seed on this torrent: every payload byte came from a peer, whatever the
+            # swarm's sampled split says (it attributes unsampled bytes to web seeds).
+            return BlobOutcome("peers", bytes_from_peers=st.bytes_from_peers + st.bytes_from_web_seeds)
+        return BlobOutcome(
+            "peers" if st.bytes_from_web_seeds == 0 else "origin",
+            bytes_from_peers=st.bytes_from_peers,
+            bytes_from_origin=st.bytes_from_web_seeds,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check_info(self, blob: FileEntry, info: bytes) -> None:
+        try:
+            d = bdecode(info)
+        except ValueError:
+            raise IntegrityError(f"the tracker's metainfo for {blob.path} is not valid bencode") from None
+        if (
+            not isinstance(d, dict)
+            or d.get(b"name") != blob.blob_id.encode()
+            or d.get(b"length") != blob.size
+        ):
+            raise IntegrityError(
+                f"the tracker's metainfo for {blob.path} does not describe blob "
+                f"{blob.blob_id} of {blob.size} bytes"
+            )
+
+    def _verify_and_record(self, cache: RepoCache, blob: FileEntry, info: bytes, ih: str) -> None:
+        """One pass: the content id the origin promised, and the xxh3 sidecar for later cheap checks."""
+        path = cache.blob_path(blob.blob_id)
+        hasher = BlobHasher(blob.size, blob.is_lfs)
+        with open(path, "rb", buffering=0) as fh:
+            while chunk := fh.read(_READ_BLOCK):
+                hasher.update(chunk)
+        got = hasher.finish()
+        if got.content_id != blob.blob_id or got.size != blob.size:
+            self.swarm.remove(ih, delete_files=True)
+            path.unlink(missing_ok=True)
+            raise IntegrityError(
+                f"{blob.path}: the swarm's bytes hash to {got.content_id[:16]}…, "
+                f"expected {blob.blob_id[:16]}…; "
+                "discarded (the published metainfo is wrong)"
+            )
+        st = path.stat()
+        d = bdecode(info)
+        assert isinstance(d, dict)
+        piece_length, pieces = d[b"piece length"], d[b"pieces"]
+        assert isinstance(piece_length, int) and isinstance(pieces, bytes)
+        sidecar = BlobDigest(st.st_size, st.st_mtime_ns, got.xxh3, piece_length, pieces)
+        write_atomic(cache.sidecar_path(blob.blob_id), sidecar.to_json(), fsync=False)
+
+    def _seed(self, cache: RepoCache, blob: FileEntry, info: bytes, publish: bool) -> None:
+        ih = self.swarm.seed(cache.blob_path(blob.blob_id), info, self.trackers)
+        self._on_seeding(blob.blob_id, ih, info)
+        if publish and self.tracker is not None:
+            try:
+                self.tracker.put_metainfo(blob.blob_id, info)
+            except TrackerError as exc:
+                log.warning(
+                    "could not publish metainfo of %s (will retry when the tracker is back): %s",
+                    blob.path,
+                    exc,
+                )
+
+    def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
+        digest = cache.read_sidecar(blob.blob_id)
+        if digest is None:
+            return  # written by someone else (huggingface_hub): no piece hashes to seed with
+        try:
+            self._seed(cache, blob, encoded_info(blob.blob_id, digest), publish=False)
+        except (SwarmError, ValueError) as exc:
+            log.warning("not seeding %s: %s", blob.path, exc)
+
+    def _known_info(self, blob: FileEntry) -> bytes | None:
+        with self._locks_guard:
+            return self._active.get(blob.blob_id)
+
+    def _drop_torrent(self, info: bytes | None) -> None:
+        """Stop a libtorrent download of this blob so the origin engine owns its `.incomplete` file."""
+        if info is None:
+            return
+        name = bdecode(info).get(b"name", b"")
+        with self._locks_guard:
+            self._web_seeded.discard(name.decode() if isinstance(name, bytes) else "")
+        try:
+            self.swarm.remove(hashlib.sha1(info).hexdigest(), delete_files=False)
+        except WeightswarmError:
+            pass
+
+
+class SwarmSource:
+    """The swarm as a `BlobSource` for one fetch (agent.fetch): the policy above per blob.
+
+    Unlike the origin source it installs each blob itself (libtorrent renames the finished file
+    to `blobs/<id>`, and the origin path must publish and seed right after installing), so the
+    engine finds the blob complete and only links the snapshot.
+    """
+
+    name = "swarm"
+
+    def __init__(
+        self,
+        fetcher: SwarmFetcher,
+        origin: OriginSource,
+        verify_safetensors: bool = True,
+        on_blob: Callable[[FileEntry, BlobOutcome, int], None] | None = None,
+    ) -> None:
+        self.fetcher = fetcher
+        self.origin = origin
+        self.verify_safetensors = verify_safetensors
+        self._on_blob = on_blob
+        """Called as each blob completes: (entry, outcome, bytes the origin engine pulled for it)."""
+        self._lock = threading.Lock()
+        self.bytes_from_peers = 0
+        self.bytes_from_origin = 0
+        self.sources: dict[str, BlobOrigin] = {}
+        """repo path -> where its bytes came from, for job status."""
+
+    @property
+    def bytes_received(self) -> int:
+        with self._lock:
+            return self.bytes_from_peers + self.bytes_from_origin
+
+    @property
+    def bytes_resumed(self) -> int:
+        return self.origin.bytes_resumed
+
+    def fetch_blob(
+        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+    ) -> BlobHashes:
+        reported = 0
+
+        def on_progress(done: int) -> None:
+            nonlocal reported
+            if done > reported:
+                progress.advance(done - reported)
+                reported = done
+
+        def from_origin() -> None:
+            nonlocal reported
+            before = self.origin.bytes_received
+            hashes = self.origin.fetch_blob(plan, entry, cache, progress)
+            reported = entry.size
+            incomplete = cache.incomplete_path(entry.blob_id)
+            if self.verify_safetensors and entry.path.endswith(".safetensors"):
+                try:
+                    check_safetensors(incomplete, entry.path)
+                except IntegrityError:
+                    cache.discard_partial(entry.blob_id)  # as the engine: never install an unusable shard
+                    raise
+            digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
+            cache.install_blob(entry.blob_id, incomplete, digest)
+            cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
+            with self._lock:
+                self.bytes_from_origin += self.origin.bytes_received - before
+
+        def web_seed_url() -> str:
+            return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
+
+        engine_before = self.origin.bytes_received
+        outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
+        on_progress(entry.size)
+        with self._lock:
+            self.sources[entry.path] = outcome.source
+            self.bytes_from_peers += outcome.bytes_from_peers
+            self.bytes_from_origin += outcome.bytes_from_origin
+        if self._on_blob is not None:
+            self._on_blob(entry, outcome, self.origin.bytes_received - engine_before)
+        digest = cache.read_sidecar(entry.blob_id)
+        if digest is None:
+            raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
+        return BlobHashes(entry.blob_id, digest.size, digest.xxh3, digest.piece_length, digest.pieces)

@@ -1,0 +1,118 @@
+"""The daemon end to end on loopback: real origin, real tracker, real agents and libtorrent."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from agent.cache import RepoCache
+from tests import daemon_fixtures
+from tests.daemon_fixtures import (
+    assert_snapshot_verifies,
+    fetch_and_wait,
+    file_requests,
+    wait_until_seeded,
+)
+from tests.helpers import loop_until
+
+# The shared fixtures (pytest finds them as module attributes).
+origin = daemon_fixtures.origin
+tracker = daemon_fixtures.tracker
+make_agent = daemon_fixtures.make_agent
+
+
+def test_warm_fetch_takes_nothing_from_the_origin(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    status_a = fetch_and_wait(a, origin.repo_id)
+    assert_snapshot_verifies(status_a["snapshot"], origin)
+    assert status_a["bytes_from_origin"] >= origin.size * 0.99
+
+    wait_until_seeded(tracker, a)
+    origin.hub.reset_counters()
+    b = make_agent("b", origin, tracker)
+    status_b = fetch_and_wait(b, origin.repo_id)
+    assert_snapshot_verifies(status_b["snapshot"], origin)
+    # Only metadata (revision + tree listing) reached the origin; every file byte came from A.
+    assert file_requests(origin.hub) == []
+    assert origin.hub.egress_bytes < 16 * 1024
+    assert status_b["bytes_from_origin"] == 0
+    assert status_b["bytes_from_peers"] >= origin.size
+    assert all(f["source"] == "peers" for f in status_b["files"])
+
+
+def test_three_cold_agents_take_each_blob_from_the_origin_once(origin, tracker, make_agent):
+    agents = [make_agent(n, origin, tracker) for n in ("a", "b", "c")]
+    origin.hub.reset_counters()
+    jobs = [d.request_model(origin.repo_id, "main") for d in agents]
+    for job in jobs:
+        assert job.wait(120), job.status()
+    statuses = [j.status().to_json() for j in jobs]
+    for st in statuses:
+        assert st["phase"] == "Ready", st
+        assert_snapshot_verifies(st["snapshot"], origin)
+    assert origin.hub.egress_bytes <= 1.1 * origin.size, (origin.hub.egress_bytes, origin.size)
+    assert sum(st["bytes_from_peers"] for st in statuses) >= 2 * origin.size * 0.9
+
+
+def test_tracker_down_fetch_from_origin_then_reregister(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    tracker.stop()
+    status = fetch_and_wait(a, origin.repo_id)
+    assert_snapshot_verifies(status["snapshot"], origin)
+    assert status["bytes_from_origin"] >= origin.size * 0.99
+
+    tracker.start()
+    cache = RepoCache(a.settings.cache_dir, a.settings.state_dir, origin.repo_id)
+    blobs = {f["blob_id"] for f in status["files"]}
+    assert all(cache.blob_is_complete(f["blob_id"], f["size"]) for f in status["files"])
+    # Back up: the agent publishes what it holds and announces it as a seeder.
+    loop_until(
+        lambda: all(tracker.blob(b).get("infohash") and tracker.blob(b).get("seeders") for b in blobs),
+        timeout=60,
+        what="blobs re-registered",
+    )
+
+
+def test_api_fetch_jobs_models_and_probes(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    url = a.api_url
+    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+    loop_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=10)
+    resp = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id})
+    assert resp.status_code == 202
+    job_id = resp.json()["job_id"]
+    # A second identical request joins the running job.
+    again = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id}).json()
+    assert again["job_id"] == job_id or again["phase"] == "Ready"
+    st = loop_until(
+        lambda: (
+            (s := httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 2}, timeout=10).json())["phase"]
+            in ("Ready", "Failed")
+            and s
+        ),
+        timeout=90,
+    )
+    assert st["phase"] == "Ready", st
+    assert st["bytes_done"] == st["bytes_total"] == origin.size
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [m["repo_id"] for m in models] == [origin.repo_id]
+    assert models[0]["refs"]["main"] == st["commit"]
+    assert models[0]["snapshots"][0]["files"] == len(origin.files)
+    assert httpx.get(f"{url}/v1/jobs/nope").status_code == 404
+    bad = httpx.post(f"{url}/v1/fetch", json={"repo_id": "../etc"})
+    assert bad.status_code == 400 and "invalid repo id" in bad.json()["detail"]
+
+
+def test_concurrent_requests_for_one_model_share_a_job(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    jobs = []
+    threads = [
+        threading.Thread(target=lambda: jobs.append(a.request_model(origin.repo_id))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({j.id for j in jobs}) == 1
+    assert jobs[0].wait(90) and jobs[0].status().phase == "Ready"
