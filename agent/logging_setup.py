@@ -1,0 +1,83 @@
+"""Logging, set up once by the CLI group: text or one JSON object per line, secrets redacted.
+
+Tokens should never reach a log in the first place (settings keep them out of reprs, errors cut
+response bodies short); the `RedactSecrets` filter is the belt to those braces: it rewrites
+`Authorization: ...`, `Bearer ...` and `hf_...` token shapes in every record that is emitted,
+whatever module produced it (uvicorn, httpx, libraries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from typing import Any
+
+LOG_FORMATS = ("text", "json")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_SECRET_PATTERNS = (
+    (
+        re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)(?:bearer\s+|basic\s+|token\s+)?[^\s'\",}]+"),
+        r"\1[REDACTED]",
+    ),
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[REDACTED]"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{8,}\b"), "hf_[REDACTED]"),
+)
+
+
+def redact(text: str) -> str:
+    for pattern, repl in _SECRET_PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Formats the message once, redacted, so no argument can smuggle a token past the formatter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to logging's own error report
+            return True
+        cleaned = redact(message)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        record.msg, record.args = cleaned, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (RFC 3339 UTC), level, logger, msg, and exc when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exc"] = redact(record.exc_text)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(level: str = "WARNING", fmt: str = "text") -> None:
+    """Replace the root logger's handlers with one stderr handler in the chosen format."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {LOG_FORMATS}, got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.addFilter(RedactSecrets())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
