@@ -7,6 +7,7 @@ stderr and exit non-zero (see `agent.errors`), never a traceback.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -208,25 +209,69 @@ def _daemon_for_fetch(agent_url: str | None, explicit_local: bool) -> str | None
 @env_option("--cache-max-disk-percent", type=click.FloatRange(1, 100), metavar="PERCENT",
             help="Evict LRU blobs while the cache filesystem is fuller than this.")
 @env_option("--pin", "pins", multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
+@env_option("--kube", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+            help="Watch this node's pods for weightswarm.io/models and report status on them "
+                 "(auto = on inside a cluster, i.e. when KUBERNETES_SERVICE_HOST is set).")
+@env_option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False),
+            help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
+@env_option("--watch-namespace", metavar="NAMESPACE",
+            help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
 @handle_errors
 def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str | None,
                   tracker_token_file: Path | None, origin: str | None, token: str | None, bt_listen: str,
                   api_listen: str, node_name: str | None, upload_rate_limit: int | None,
                   download_rate_limit: int | None, stall_timeout: float | None,
                   lease_ttl: float | None, resume_interval: float | None, cache_max_bytes: str | None,
-                  cache_max_disk_percent: float | None, pins: tuple[str, ...]) -> None:
+                  cache_max_disk_percent: float | None, pins: tuple[str, ...], kube: str,
+                  kubeconfig: Path | None, watch_namespace: str | None) -> None:
     """Run the node daemon: seed the cache, fetch through the swarm, serve the local API."""
     from agent.daemon import build_serve_settings, serve_forever
+
+    # The one place that decides "am I in a cluster": kubelet sets this in every container.
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
     settings = build_serve_settings(
         cache_dir=cache_dir, state_dir=state_dir, tracker=tracker, tracker_token_file=tracker_token_file,
         origin=origin, token=token, bt_listen=bt_listen, api_listen=api_listen, node_name=node_name,
         upload_rate_limit=upload_rate_limit, download_rate_limit=download_rate_limit,
         stall_timeout=stall_timeout, lease_ttl=lease_ttl, resume_interval=resume_interval,
+        kube=kube == "on" or (kube == "auto" and in_cluster), kubeconfig=kubeconfig,
+        watch_namespace=watch_namespace,
     )
     from agent.ops_cli import with_ops_settings
 
     serve_forever(with_ops_settings(settings, cache_max_bytes, cache_max_disk_percent, pins))
+
+
+@main.command("wait")
+@click.argument("model", metavar="REPO_ID[@REV]")
+@env_option("--timeout", default=3600.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
+            help="Give up (exit 7) when the model is not complete by then.")
+@env_option("--agent", "agent_url", default="127.0.0.1:7470", show_default=True, metavar="URL",
+            help="The node's agent (in a pod: the chart's node-local agent Service).")
+@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="Hub cache checked directly while the agent is unreachable "
+                 "[default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
+@env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
+@handle_errors
+def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | None, quiet: bool) -> None:
+    """Block until REPO_ID[@REV] is complete on this node (an init container's job); print its path last.
+
+    Asks the agent to fetch it (so no pod annotation is needed) and shows its progress; while the
+    agent is unreachable, checks the hub cache itself. Exit 0 when complete, non-zero with the
+    reason on failure or timeout.
+    """
+    from agent.agent_client import agent_url as normalise
+    from agent.podrequests import parse_model_ref
+    from agent.progress import Progress
+    from agent.settings import Settings
+    from agent.wait import wait_for_model
+
+    ref = parse_model_ref(model.strip())
+    settings = Settings.from_env_defaults(cache_dir=cache_dir)
+    snapshot = wait_for_model(ref, timeout=timeout, agent_url=normalise(agent_url),
+                              cache_dir=settings.cache_dir, progress=Progress(quiet=quiet))
+    click.echo(str(snapshot))
 
 
 @main.command("ls")

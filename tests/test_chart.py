@@ -226,6 +226,9 @@ def test_agent_env_uses_the_downward_api_and_config_map(chart: Any) -> None:
     tracker_port = objects[("Service", TRACKER)]["spec"]["ports"][0]["port"]
     assert config["WEIGHTSWARM_TRACKER"] == f"http://{TRACKER}.{NAMESPACE}.svc:{tracker_port}"
     assert config["HF_ENDPOINT"] == config["WEIGHTSWARM_ORIGIN"] == "https://huggingface.co"
+    assert config["WEIGHTSWARM_KUBE"] == "on"  # the pod watcher runs in every agent
+    off = {"agent": {"config": {"WEIGHTSWARM_KUBE": "off"}}}
+    assert render(chart, off)[("ConfigMap", AGENT)]["data"]["WEIGHTSWARM_KUBE"] == "off"
     assert all(re.fullmatch(r"[A-Z_][A-Z0-9_]*", k) for k in config)
 
 
@@ -485,6 +488,8 @@ def test_vllm_example_is_valid_and_points_at_the_chart(chart: Any) -> None:
     )
     port = agent_service["spec"]["ports"][0]["port"]
     assert wait["command"][6] == f"http://{agent_service['metadata']['name']}.weightswarm.svc:{port}"
+    assert wait["command"][7:] == ["--cache-dir", "/models"]  # the offline fallback reads the hostPath
+    assert wait["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
     vllm = container(spec, "vllm")
     assert vllm["command"] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
     assert {e["name"]: e["value"] for e in vllm["env"]} == {"HF_HUB_CACHE": "/models", "HF_HUB_OFFLINE": "1"}
