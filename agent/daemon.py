@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -36,6 +36,9 @@ from agent.settings import Settings
 from agent.swarm import Swarm
 from agent.swarm_fetch import SwarmFetcher, encoded_info
 from agent.tracker_client import TrackerClient
+
+if TYPE_CHECKING:
+    from agent.podsync import PodSync
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +164,8 @@ class Daemon:
 
         self.ops = NodeOps(settings, self)
         """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.nodeops)."""
+        self.podsync: PodSync | None = None
+        """The pod watcher and status reporter (agent.podsync.PodSync) when `settings.kube.enabled`."""
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -183,6 +188,11 @@ class Daemon:
         if self.tracker is not None:
             self._supervisor.spawn("tracker-probe", self._probe_tracker)
         self.ops.start(self._supervisor.spawn)
+        if s.kube.enabled:
+            from agent.podsync import PodSync  # loads the kubernetes client only when it is used
+
+            self.podsync = PodSync(s.kube, self)
+            self.podsync.start(self._supervisor.spawn)
         self.api_server = ApiServer(api.create_app(self), s.daemon.api_listen)
         self.api_server.start(timeout=s.daemon.shutdown_timeout)
         log.info(
@@ -199,7 +209,9 @@ class Daemon:
         if self.api_server is not None:
             self.api_server.stop(timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._supervisor.join(timeout)
+        self._supervisor.join(timeout)  # the pod watcher and status loop stop here...
+        if self.podsync is not None:
+            self.podsync.close(timeout)  # ...then the last statuses are flushed to the pods
         self.ops.stop()
         if self.swarm is not None:
             self.swarm.close(timeout)
@@ -257,20 +269,19 @@ class Daemon:
         return count
 
     def _probe_tracker(self, stop: threading.Event) -> None:
-        """Watch the tracker; when it comes (back) up, re-register every blob this node holds."""
+        """Watch the tracker; when it comes (back) up, re-register every blob this node holds.
+
+        Periodic announces are libtorrent's own (at the tracker's `interval`, see
+        `SwarmSettings.min_announce_interval`). This loop only shortens an outage: libtorrent
+        backs off after failed announces, so without the forced re-announce on down→up a node
+        could stay unlisted long after the tracker is back, and metainfo published while it
+        was down would be missing.
+        """
         assert self.tracker is not None and self.swarm is not None
-        last_announce = time.monotonic()
         while True:
             up = self.tracker.healthy()
             if up and not self._tracker_up:
                 self._reregister()
-                last_announce = time.monotonic()
-            elif up and time.monotonic() - last_announce >= self.settings.daemon.reannounce_interval:
-                # libtorrent waits at least its min_announce_interval (300 s) between announces,
-                # longer than the tracker keeps a silent peer (2.5 x its 30 s interval): without
-                # this, seeders vanish from the tracker and new nodes go to the origin instead.
-                self.swarm.force_reannounce()
-                last_announce = time.monotonic()
             if self._tracker_up is not None and up != self._tracker_up:
                 log.warning("tracker %s is %s", self.tracker.base_url, "back" if up else "unreachable")
             self._tracker_up = up
@@ -397,6 +408,9 @@ def build_serve_settings(
     stall_timeout: float | None = None,
     lease_ttl: float | None = None,
     resume_interval: float | None = None,
+    kube: bool = False,
+    kubeconfig: Path | None = None,
+    watch_namespace: str | None = None,
 ) -> Settings:
     """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
     split_hostport(bt_listen, "--bt-listen")
@@ -442,7 +456,15 @@ def build_serve_settings(
         # the Hub's signed CDN URLs have one: an operator who points the agent at a loopback origin
         # (the demo, an air-gapped `agent serve-hub` on the node) means that origin to be used.
         swarm = dataclasses.replace(swarm, ssrf_mitigation=False)
-    return dataclasses.replace(settings, swarm=swarm, daemon=daemon, origin=origin_settings)
+    # The watcher needs the real node name (the downward API's spec.nodeName), not the hostname:
+    # left empty without --node-name, so the watcher refuses to start with an actionable line.
+    kube_settings = dataclasses.replace(
+        settings.kube, enabled=kube, node_name=node_name or "", kubeconfig=kubeconfig,
+        namespace=watch_namespace or None,
+    )
+    return dataclasses.replace(
+        settings, swarm=swarm, daemon=daemon, origin=origin_settings, kube=kube_settings
+    )
 
 
 def _is_loopback(url: str) -> bool:

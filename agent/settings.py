@@ -129,9 +129,6 @@ class DaemonSettings:
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
-    reannounce_interval: float = 20.0
-    """Seconds between announces of every held blob; below the tracker's peer TTL (2.5 x its interval)."""
-
     shutdown_timeout: float = 10.0
     """Seconds each component gets to stop at shutdown before the next one is stopped anyway."""
 
@@ -209,6 +206,31 @@ class SwarmSettings:
     web_seed_retry: int = 5
     """Seconds before a failed web seed (the origin) is tried again (default 30)."""
 
+    min_announce_interval: int = 1
+    """Floor, seconds, under the tracker's announce `interval` (libtorrent's default 300). libtorrent
+    announces every max(interval, this); 300 s outlived our tracker's peer TTL (2.5 x 30 s), so
+    seeders vanished from it. 1 s: the cluster's own tracker sets the pace with its `interval`."""
+
+    tracker_backoff: int = 100
+    """Percent by which the retry delay after failed announces grows (libtorrent default 250: up to an
+    hour). Slower growth keeps a node findable soon after a tracker outage."""
+
+    tracker_completion_timeout: int = 10
+    """Seconds an announce may take in all before it counts as failed (default 30); a cluster
+    tracker answers in milliseconds, and a failed one is retried."""
+
+    tracker_receive_timeout: int = 5
+    """Seconds without data from the tracker before an announce counts as failed (default 10)."""
+
+    stop_tracker_timeout: int = 2
+    """Seconds shutdown waits for the final `stopped` announces (default 5): a clean stop leaves the
+    tracker's peer lists at once, and a dead tracker delays shutdown only this much."""
+
+    seeder_grace: float = 3.0
+    """Seconds an origin-lease holder whose metainfo is known first waits for its own announce to
+    find a seeder, before adding the origin as web seed. Closes the race between a seeder's announce
+    and our tracker query; with truly no seeders the announce reply ends the wait in milliseconds."""
+
     stall_timeout: float = 60.0
     """Seconds with no payload progress before status() says 'stalled' (the daemon then uses the origin)."""
 
@@ -235,6 +257,9 @@ class SwarmSettings:
 class KubeSettings:
     """The pod watcher and status reporter (agent.kube): which pods, how often, how patient."""
 
+    enabled: bool = False
+    """Watch this node's pods and report on them (--kube; `auto` = on when running in a cluster)."""
+
     node_name: str = ""
     """Node whose pods are watched (spec.nodeName; the chart passes the downward-API value). Required."""
 
@@ -260,6 +285,10 @@ class KubeSettings:
 
     backoff_max: float = 60.0
     """Longest reconnect delay, seconds: an API server outage costs at most this much extra latency."""
+
+    poll_interval: float = 1.0
+    """Seconds between looks at the fetch jobs pods wait for (agent.podsync); the status patches
+    themselves are further limited by status_min_interval."""
 
 
 @dataclass(frozen=True)

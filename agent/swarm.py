@@ -15,8 +15,17 @@ resolves the Hub's redirect itself and passes the final signed CDN URL, which ne
 auth. (See `WebSeed`.)
 
 Resume data lives in `resume_dir/<infohash>.resume` (libtorrent's bencoded format plus
-our key `weightswarm-final-name`), written atomically. Web seed URLs are stripped from it:
-signed URLs expire and are credentials of a sort.
+our keys `weightswarm-final-name` and `weightswarm-clean`), written atomically. Web seed URLs
+are stripped from it: signed URLs expire and are credentials of a sort.
+
+Crash safety: only `close()` writes resume data marked clean (after pausing the session, so
+it is the last word). An unfinished download whose resume data is not clean (the process was
+killed) is re-checked against its piece hashes when it is added again: every verified piece
+the `.incomplete` file holds counts, not just those in the last periodic save.
+
+Announces: libtorrent obeys the tracker's `interval` only above its `min_announce_interval`
+(default 300 s, longer than our tracker keeps a silent peer), so SwarmSettings lowers that
+floor; seeders then stay listed with no re-announce loop of our own.
 
 Thread safety: libtorrent's session and handles are thread-safe; our per-torrent records
 are guarded by one lock, and waiters sleep on its condition.
@@ -46,6 +55,7 @@ log = logging.getLogger(__name__)
 RESUME_SUFFIX = ".resume"
 INCOMPLETE_SUFFIX = ".incomplete"
 _FINAL_NAME_KEY = b"weightswarm-final-name"
+_CLEAN_KEY = b"weightswarm-clean"
 _TICK = 0.25  # seconds: alert wait bound, so close() stops the loop promptly
 _POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
 _CLOSE_TIMEOUT = 10.0
@@ -88,6 +98,8 @@ class BlobStatus:
     banned_peers: int
     error: str | None
     last_progress_monotonic: float
+    swarm_seeders: int = -1
+    """Seeders the tracker counted in its last announce reply to this torrent; -1 = no reply yet."""
 
     @property
     def complete(self) -> bool:
@@ -158,6 +170,11 @@ def _settings_pack(s: SwarmSettings) -> dict[str, Any]:
             else lt.seed_choking_algorithm_t.round_robin
         ),
         "peer_timeout": s.peer_timeout,
+        "min_announce_interval": s.min_announce_interval,
+        "tracker_backoff": s.tracker_backoff,
+        "tracker_completion_timeout": s.tracker_completion_timeout,
+        "tracker_receive_timeout": s.tracker_receive_timeout,
+        "stop_tracker_timeout": s.stop_tracker_timeout,
         "urlseed_wait_retry": s.web_seed_retry,
         "file_pool_size": s.file_pool_size,
         "alert_queue_size": s.alert_queue_size,
@@ -238,6 +255,8 @@ class Swarm:
         self._pending_saves: set[str] = set()
         self._stop = threading.Event()
         self._closed = False
+        self._final_saves = False
+        """Set by close() once the session is paused: resume data saved from then on is clean."""
         self.loop_failures = 0
         """Times the alert loop failed and was restarted (each one is logged with its traceback)."""
         try:
@@ -275,6 +294,7 @@ class Swarm:
             return
         self._closed = True
         self._ses.pause()
+        self._final_saves = True
         with self._lock:
             records = list(self._torrents.values())
         for rec in records:
@@ -364,8 +384,10 @@ class Swarm:
             return ih
         incomplete = incomplete_name or blob_id + INCOMPLETE_SUFFIX
         dest_dir.mkdir(parents=True, exist_ok=True)
-        resumed = self._resume_params(ih)
-        atp = resumed if resumed is not None and resumed.ti is not None else lt.add_torrent_params()
+        resumed, clean = self._read_resume(ih)
+        if resumed is not None and resumed.ti is None:
+            resumed = None
+        atp = resumed if resumed is not None else lt.add_torrent_params()
         atp.ti = ti
         atp.save_path = str(dest_dir)
         atp.renamed_files = {0: incomplete}
@@ -373,13 +395,17 @@ class Swarm:
         # Web seeds travel in `ti` (with their headers); atp.url_seeds would add them again bare.
         atp.url_seeds = []
         rec = self._add(atp, ih, dest_dir, blob_id, incomplete, complete=False)
+        if resumed is not None and not clean:
+            self._recheck(rec)
         rec.web_seeded = bool(web_seeds)
         for host, port in peers:
             rec.handle.connect_peer((host, port))
         return ih
 
     def restore(self) -> list[str]:
-        """Re-add every torrent in resume_dir whose data file exists, without re-hashing it."""
+        """Re-add every torrent in resume_dir whose data file exists, without re-hashing it.
+
+        Exception: an unfinished download left by a crash is re-checked (see the module docstring)."""
         restored: list[str] = []
         for path in sorted(self.resume_dir.glob("*" + RESUME_SUFFIX)):
             ih = path.name[: -len(RESUME_SUFFIX)]
@@ -389,7 +415,8 @@ class Swarm:
             try:
                 raw = path.read_bytes()
                 atp = lt.read_resume_data(raw)
-                final = _bdecode_dict(raw).get(_FINAL_NAME_KEY)
+                ours = _bdecode_dict(raw)
+                final = ours.get(_FINAL_NAME_KEY)
             except (OSError, RuntimeError) as exc:
                 log.warning("skipping unreadable resume file %s: %s", path, exc)
                 continue
@@ -406,16 +433,30 @@ class Swarm:
             # Only a verified (or seeded) blob ever has its final name: that is completeness.
             complete = current == final_name
             atp.flags &= ~(lt.torrent_flags.paused | lt.torrent_flags.auto_managed)
-            self._add(atp, ih, save_path, final_name, current, complete=complete)
+            rec = self._add(atp, ih, save_path, final_name, current, complete=complete)
+            if not complete and not ours.get(_CLEAN_KEY):
+                self._recheck(rec)
             restored.append(ih)
         return restored
 
     def _resume_params(self, ih: str) -> Any:
+        return self._read_resume(ih)[0]
+
+    def _read_resume(self, ih: str) -> tuple[Any, bool]:
+        """(libtorrent's add_torrent_params or None, whether close() wrote it)."""
         path = self.resume_dir / (ih + RESUME_SUFFIX)
         try:
-            return lt.read_resume_data(path.read_bytes())
+            raw = path.read_bytes()
+            return lt.read_resume_data(raw), bool(_bdecode_dict(raw).get(_CLEAN_KEY))
         except (OSError, RuntimeError):
-            return None
+            return None, False
+
+    def _recheck(self, rec: _Torrent) -> None:
+        # The resume data predates the crash: pieces verified after its last save are on disk but
+        # not in it. Hashing the partial file (holes read as zeros, fast) recovers all of them;
+        # re-downloading them from peers would cost the network what a local read costs the disk.
+        log.info("re-checking unfinished %s after an unclean stop", rec.current_name)
+        rec.handle.force_recheck()
 
     def _add(self, atp: Any, ih: str, save_path: Path, final: str, current: str, complete: bool) -> _Torrent:
         if self._closed:
@@ -474,6 +515,7 @@ class Swarm:
                 banned_peers=rec.banned_peers,
                 error=rec.error or (st.errc.message() if st.errc.value() else None),
                 last_progress_monotonic=rec.last_progress,
+                swarm_seeders=int(st.num_complete),
             )
 
     def _state(self, rec: _Torrent, st: Any) -> str:
@@ -696,6 +738,8 @@ class Swarm:
             for key in (b"url-list", b"httpseeds"):
                 data.pop(key, None)
             data[_FINAL_NAME_KEY] = rec.final_name.encode()
+            # close() pauses the session before its saves, so those describe the files exactly.
+            data[_CLEAN_KEY] = 1 if self._final_saves else 0
             try:
                 _atomic_write(self.resume_dir / (rec.infohash + RESUME_SUFFIX), lt.bencode(data))
             except OSError as exc:

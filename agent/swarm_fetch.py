@@ -3,7 +3,9 @@
     1. complete in the local cache                          -> done (size + xxh3 sidecar, no re-hash)
     2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers
     3. metainfo known, no seeders                           -> ask for the origin lease; the holder
-       downloads with the origin (a resolved CDN URL) as a web seed, the others join the same swarm
+       joins the swarm first and, unless its own announce finds a seeder within
+       `swarm.seeder_grace` (then it gives the lease back and does 2), adds the origin (a resolved
+       CDN URL) as a web seed; the others join the same swarm
     4. metainfo unknown                                     -> ask for the origin lease; the holder
        downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
        and seeds; the others long-poll the tracker, then do 2
@@ -159,6 +161,20 @@ class SwarmFetcher:
                     peers_stalled = True
                     continue
             lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+            if (
+                lease.granted
+                and info is not None
+                and not peers_stalled
+                and self._seeder_appeared(blob, info, cache)
+            ):
+                # The tracker's count was a snapshot: a seeder announced (or restarted) since.
+                log.info("%s: a seeder appeared; giving the origin lease back", blob.path)
+                self._release(blob.blob_id)
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    peers_stalled = True
+                    continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
             if info is not None and peers_stalled is False:
@@ -203,10 +219,43 @@ class SwarmFetcher:
         finally:
             stop.set()
             beat.join(timeout=5)
+            self._release(blob.blob_id)
+
+    def _release(self, blob_id: str) -> None:
+        assert self.tracker is not None
+        try:
+            self.tracker.release_lease(blob_id, self.node_id)
+        except TrackerError as exc:
+            log.info("could not release the lease on %s: %s", blob_id, exc)
+
+    def _seeder_appeared(self, blob: FileEntry, info: bytes, cache: RepoCache) -> bool:
+        """Join the blob's swarm without the origin and say whether a seeder shows up.
+
+        True as soon as libtorrent is connected to a seed or the tracker's announce reply counts
+        one; False once the reply counts none and no seed is connected, or after
+        `swarm.seeder_grace` seconds. A torrent restored after a restart may have found its
+        seeders long ago, which this sees at once.
+        """
+        with self._locks_guard:
+            self._active[blob.blob_id] = info
+        ih = self.swarm.download(
+            cache.blobs_dir,
+            blob.blob_id,
+            info,
+            trackers=self.trackers,
+            incomplete_name=cache.incomplete_path(blob.blob_id).name,
+        )
+        deadline = time.monotonic() + self.settings.swarm.seeder_grace
+        while True:
+            st = self.swarm.status(ih)
+            if st.num_seeds > 0 or st.swarm_seeders > 0 or st.state == "seeding":
+                return True
+            if st.swarm_seeders == 0 or st.state == "error" or time.monotonic() >= deadline:
+                return False
             try:
-                self.tracker.release_lease(blob.blob_id, self.node_id)
-            except TrackerError as exc:
-                log.info("could not release the lease on %s: %s", blob.blob_id, exc)
+                self.swarm.wait(ih, 0.1)
+            except WaitTimeoutError:
+                pass
 
     def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
         assert self.tracker is not None

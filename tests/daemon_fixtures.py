@@ -125,9 +125,7 @@ def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProces
         stall_timeout=float(swarm.pop("stall_timeout", 20.0)),
         lease_ttl=9.0,
     )
-    daemon = dataclasses.replace(
-        settings.daemon, tracker_probe_interval=0.5, wait_poll_seconds=5.0, reannounce_interval=1.5
-    )
+    daemon = dataclasses.replace(settings.daemon, tracker_probe_interval=0.5, wait_poll_seconds=5.0)
     fetch = dataclasses.replace(settings.fetch, chunk_size=256 * 1024)
     swarm_settings = dataclasses.replace(settings.swarm, **swarm)  # type: ignore[arg-type]
     return dataclasses.replace(settings, daemon=daemon, fetch=fetch, swarm=swarm_settings)

@@ -19,7 +19,9 @@ from agent.pieces import PieceHasher, info_dict
 from agent.settings import SwarmSettings
 from agent.swarm import Swarm, WebSeed
 from tests.helpers import loop_until
+from tests.test_tracker_fixtures import TOKEN, run_server
 from tracker.bencode import bencode
+from tracker.settings import TrackerSettings
 
 MiB = 2**20
 PIECE = 256 * 1024
@@ -381,3 +383,39 @@ def test_restart_time_with_a_large_cache(tmp_path, swarms):
     print(f"\nrestart: {count} blobs, {count * size / 2**30:.2f} GiB -> seeding in {elapsed:.3f}s")
     assert len(restored) == count
     assert elapsed < count * 1.0
+
+
+def _announces(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("tracker_announces_total{") and 'event="error"' not in line
+    )
+
+
+def test_seeder_stays_listed_announcing_at_the_trackers_interval(tmp_path, swarms):
+    """libtorrent's 300 s announce floor outlived the tracker's peer TTL; now the tracker sets the pace."""
+    interval = 2
+    with run_server(TrackerSettings(token=TOKEN, interval=interval, min_interval=1)) as tracker:
+        ttl = interval * 2.5
+        blob = make_blob(256 * 1024, 30)
+        seeder = open_swarm(swarms, tmp_path / "s-state")
+        ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [f"{tracker.url}/announce"])
+        key = bytes.fromhex(ih)
+
+        def seeders() -> int:
+            return int(tracker.scrape(key)[b"files"][key][b"complete"])
+
+        loop_until(lambda: seeders() == 1, timeout=30, what="first announce")
+        before = _announces(tracker.http.get("/metrics").text)
+        started = time.monotonic()
+        window = 2 * ttl  # five intervals: a peer that announced only once would have expired twice
+        while time.monotonic() - started < window:
+            assert seeders() == 1, f"seeder dropped after {time.monotonic() - started:.1f}s"
+            time.sleep(0.2)  # sampling cadence, not synchronisation
+        announced = _announces(tracker.http.get("/metrics").text) - before
+        # About one announce per interval: the tracker's pace, neither libtorrent's floor nor a storm.
+        assert window / interval - 2 <= announced <= window / interval + 3, announced
+
+        seeder.close()  # a clean stop sends "stopped": the tracker drops the seeder at once
+        loop_until(lambda: seeders() == 0, timeout=10, what="stopped announce")

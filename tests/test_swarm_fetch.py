@@ -14,6 +14,7 @@ from tests.daemon_fixtures import (
     file_requests,
     wait_until_seeded,
 )
+from tests.helpers import loop_until
 
 origin = daemon_fixtures.origin
 tracker = daemon_fixtures.tracker
@@ -96,3 +97,51 @@ def test_stalled_peers_fall_back_to_the_origin(tmp_path, origin, tracker, make_a
     assert_snapshot_verifies(status["snapshot"], origin)
     assert status["bytes_from_origin"] > 0 and status["bytes_from_peers"] == 0
     assert os.path.isdir(status["snapshot"])
+
+
+def test_lease_holder_takes_a_seeder_its_own_swarm_found_over_the_origin(
+    tmp_path, origin, tracker, make_agent
+):
+    """The tracker's seeder count is a snapshot: 0 when asked, yet a seeder is reachable (one that
+    announced a moment later, or, as built here, one a torrent restored after a restart already
+    knows). The lease holder must take the bytes from it, not pull them from the origin."""
+    from agent.settings import SwarmSettings
+    from agent.swarm import Swarm
+    from agent.swarm_fetch import encoded_info
+
+    a = make_agent("a", origin, tracker)
+    fetch_and_wait(a, origin.repo_id)
+    cache_a = RepoCache(a.settings.cache_dir, a.settings.state_dir, origin.repo_id)
+    shard = max(origin.files, key=lambda p: len(origin.files[p]))
+    blob_id = next(b for b in a.held_blobs() if cache_a.blob_path(b).read_bytes() == origin.files[shard])
+    digest = cache_a.read_sidecar(blob_id)
+    assert digest is not None
+    info = encoded_info(blob_id, digest)
+    seed_dir = tmp_path / "hidden"
+    seed_dir.mkdir()
+    (seed_dir / blob_id).write_bytes(origin.files[shard])
+    a.stop()  # "stopped": the tracker keeps the metainfo and counts no seeders
+
+    # A seeder the tracker does not know (no announce), slow enough to still be needed when the job runs.
+    with Swarm(SwarmSettings(upload_rate_limit=200_000), tmp_path / "hidden-state") as hidden:
+        hidden.seed(seed_dir / blob_id, info, [])
+        b = make_agent("b", origin, tracker)
+        assert b.swarm is not None
+        cache_b = RepoCache(b.settings.cache_dir, b.settings.state_dir, origin.repo_id)
+        ih = b.swarm.download(
+            cache_b.blobs_dir,
+            blob_id,
+            info,
+            trackers=[f"{tracker.url}/announce"],
+            peers=[("127.0.0.1", hidden.listen_port)],
+            incomplete_name=cache_b.incomplete_path(blob_id).name,
+        )
+        loop_until(lambda: b.swarm.status(ih).num_seeds > 0, timeout=30, what="B connected to the seeder")
+        assert int(tracker.blob(blob_id).get("seeders") or 0) == 0
+        origin.hub.reset_counters()
+        status = fetch_and_wait(b, origin.repo_id, timeout=120)
+
+    assert_snapshot_verifies(status["snapshot"], origin)
+    assert next(f for f in status["files"] if f["path"] == shard)["source"] == "peers"
+    assert [r for r in file_requests(origin.hub) if blob_id in r.path or shard in r.path] == []
+    assert tracker.blob(blob_id).get("lease") is None  # given back, not left to expire
