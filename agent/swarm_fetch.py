@@ -454,6 +454,7 @@ class SwarmSource:
         self._lock = threading.Lock()
         self.bytes_from_peers = 0
         self.bytes_from_origin = 0
+        self._resumed = 0
         self.sources: dict[str, BlobOrigin] = {}
         """repo path -> where its bytes came from, for job status."""
 
@@ -464,7 +465,8 @@ class SwarmSource:
 
     @property
     def bytes_resumed(self) -> int:
-        return self.origin.bytes_resumed
+        with self._lock:
+            return self._resumed
 
     def fetch_blob(
         self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
@@ -477,10 +479,21 @@ class SwarmSource:
                 progress.advance(done - reported)
                 reported = done
 
+        engine_bytes = 0
+
         def from_origin() -> None:
-            nonlocal reported
-            before = self.origin.bytes_received
-            hashes = self.origin.fetch_blob(plan, entry, cache, progress)
+            nonlocal reported, engine_bytes
+            # A source of its own per blob: the shared one's counters also move with the other
+            # blobs downloading at the same time, which would count their bytes here too.
+            origin = self.origin
+            one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
+            try:
+                hashes = one.fetch_blob(plan, entry, cache, progress)
+            finally:
+                engine_bytes = one.bytes_received
+                with self._lock:
+                    self.bytes_from_origin += one.bytes_received
+                    self._resumed += one.bytes_resumed
             reported = entry.size
             incomplete = cache.incomplete_path(entry.blob_id)
             if self.verify_safetensors and entry.path.endswith(".safetensors"):
@@ -492,13 +505,10 @@ class SwarmSource:
             digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
             cache.install_blob(entry.blob_id, incomplete, digest)
             cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
-            with self._lock:
-                self.bytes_from_origin += self.origin.bytes_received - before
 
         def web_seed_url() -> str:
             return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
 
-        engine_before = self.origin.bytes_received
         outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
         on_progress(entry.size)
         with self._lock:
@@ -506,7 +516,7 @@ class SwarmSource:
             self.bytes_from_peers += outcome.bytes_from_peers
             self.bytes_from_origin += outcome.bytes_from_origin
         if self._on_blob is not None:
-            self._on_blob(entry, outcome, self.origin.bytes_received - engine_before)
+            self._on_blob(entry, outcome, engine_bytes)
         digest = cache.read_sidecar(entry.blob_id)
         if digest is None:
             raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
