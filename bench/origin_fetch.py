@@ -7,17 +7,25 @@ What it does:
      (b) uncapped on loopback;
   3. into a fresh cache each time, times:
      - `agent fetch` (subprocess, default settings: 8 connections per file, 4 files at once);
-     - `huggingface_hub.snapshot_download` (subprocess, default settings, no hf_transfer);
+     - `huggingface_hub.snapshot_download` (subprocess, default settings: plain HTTP, 8 files at
+       once, one connection each; hf_transfer is not installed and HF_HUB_ENABLE_HF_TRANSFER is
+       cleared; hf_xet is installed but unused, since the test hub sends no Xet headers);
      - `aria2c -x 16 -s 16`, all files from one input file (resolve URLs; aria2c follows the
        302 to the CDN URL), default -j 5 files at once;
      - (b only) `curl -s -L -o`, the files one after another (sequentially), one connection each;
-  4. prints wall seconds per tool (best of --runs) and the ratios agent/aria2c, agent/hf, agent/curl.
+  4. runs the tools interleaved (run 1 of each, then run 2 of each, ...) so a busy neighbour
+     hurts all alike, and prints the median wall seconds per tool over --runs, every run's
+     time, and the ratios agent/aria2c, agent/hf, agent/curl.
+
+`--agent-checkout DIR` times `python -m agent` from another checkout (e.g. an older commit
+unpacked with `git archive`) against the same origin: a before/after of the fetch engine.
 
 Targets (issue 2): (a) agent <= aria2c and >= 3x faster than huggingface_hub; (b) within 1.2x of curl.
 
 Usage:
   .venv/bin/python bench/origin_fetch.py                      # 2 GiB, both scenarios
-  .venv/bin/python bench/origin_fetch.py --size 512MiB --runs 2
+  .venv/bin/python bench/origin_fetch.py --size 512MiB --runs 3
+  .venv/bin/python bench/origin_fetch.py --workdir /tmp/wsb  # keep the generated model between runs
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,13 +86,17 @@ def files_of(url: str) -> list[tuple[str, int]]:
         return [(e["path"], e["size"]) for e in json.load(r) if e["type"] == "file"]
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = HERE) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=HERE)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cwd)
     elapsed = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed ({res.returncode}): {res.stderr[-2000:]}")
     return elapsed
+
+
+AGENT_CWD = HERE
+"""Checkout whose `agent` package `python -m agent fetch` runs (--agent-checkout)."""
 
 
 def run_agent(work: Path, url: str) -> float:
@@ -98,7 +112,8 @@ def run_agent(work: Path, url: str) -> float:
             "--state-dir",
             str(work / "state"),
             "--quiet",
-        ]
+        ],
+        cwd=AGENT_CWD,
     )
 
 
@@ -148,15 +163,16 @@ def run_curl(work: Path, url: str, files: list[tuple[str, int]]) -> float:
     return time.perf_counter() - t0
 
 
-def best(fn, runs: int, scratch: Path, *args: object) -> float:
-    times = []
-    for _ in range(runs):
-        work = Path(tempfile.mkdtemp(dir=scratch))
-        try:
-            times.append(fn(work, *args))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return min(times)
+def once(fn, scratch: Path, *args: object) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(wall seconds, CPU seconds user+system of the tool's processes) of one run in a fresh dir."""
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        wall = float(fn(work, *args))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -164,10 +180,14 @@ def main() -> None:
     ap.add_argument("--size", default="2GiB", help="model tensor bytes (default 2GiB)")
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--rate-per-connection", default="40MB", help="cap for scenario (a)")
-    ap.add_argument("--runs", type=int, default=1, help="runs per tool; the best is reported")
+    ap.add_argument("--runs", type=int, default=3, help="runs per tool; the median is reported")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--skip-hf", action="store_true", help="skip huggingface_hub (slow when capped)")
+    ap.add_argument("--agent-checkout", type=Path, default=None, help="run `agent` from this checkout")
     args = ap.parse_args()
+    global AGENT_CWD
+    if args.agent_checkout is not None:
+        AGENT_CWD = args.agent_checkout.resolve()
     if shutil.which("aria2c") is None or shutil.which("curl") is None:
         raise SystemExit("needs aria2c and curl (Debian packages aria2, curl)")
 
@@ -190,18 +210,37 @@ def main() -> None:
         try:
             files = files_of(url)
             total = sum(s for _, s in files)
-            row: dict[str, object] = {"scenario": label, "bytes": total}
-            row["agent"] = best(run_agent, args.runs, scratch, url)
-            row["aria2c"] = best(run_aria2, args.runs, scratch, url, files)
+            tools: dict[str, tuple[object, ...]] = {
+                "agent": (run_agent, url),
+                "aria2c": (run_aria2, url, files),
+            }
             if not args.skip_hf:
-                row["hf"] = best(run_hf, args.runs, scratch, url)
+                tools["hf"] = (run_hf, url)
             if cap is None:
-                row["curl"] = best(run_curl, args.runs, scratch, url, files)
+                tools["curl"] = (run_curl, url, files)
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in tools}
+            for _ in range(args.runs):
+                for name, (fn, *fargs) in tools.items():
+                    times[name].append(once(fn, scratch, *fargs))
+            row: dict[str, object] = {"scenario": label, "bytes": total}
+            for name, ts in times.items():
+                row[name] = statistics.median(w for w, _ in ts)
+                cpu = statistics.median(c for _, c in ts)
+                # On a shared machine wall time follows the neighbours; CPU seconds are steadier.
+                print(
+                    f"{label}: {name} wall {' '.join(f'{w:.2f}' for w, _ in ts)} s; "
+                    f"median CPU {cpu:.2f} s (user+sys)",
+                    file=sys.stderr,
+                )
             rows.append(row)
         finally:
             stop(proc)
 
-    print(f"\nmodel: {args.size} in {args.shards} shards; {os.cpu_count()} CPUs; best of {args.runs} run(s)")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"\nmodel: {args.size} in {args.shards} shards; {os.cpu_count()} CPUs; "
+        f"median of {args.runs} run(s); load average at the end {load}"
+    )
     print(
         f"{'scenario':<42} {'agent s':>8} {'aria2c s':>9} {'hf s':>8} {'curl s':>8} "
         f"{'agent MB/s':>10} {'ag/aria2':>9} {'ag/hf':>7} {'ag/curl':>8}"
