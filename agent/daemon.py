@@ -36,6 +36,7 @@ from agent.settings import Settings
 from agent.swarm import Swarm
 from agent.swarm_fetch import SwarmFetcher, encoded_info
 from agent.tracker_client import TrackerClient
+from agent.verify import seedable_digest
 
 if TYPE_CHECKING:
     from agent.podsync import PodSync
@@ -153,6 +154,8 @@ class Daemon:
         self._held: dict[str, tuple[str, bytes]] = {}
         """blob id -> (infohash, info) of every blob this node seeds: re-registered with the tracker."""
         self._held_lock = threading.Lock()
+        self._needs_pieces: list[tuple[RepoCache, str]] = []
+        """Complete blobs found at start-up without piece hashes (see `_backfill_pieces`)."""
         self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
         self._tracker_up: bool | None = None
         self.swarm: Swarm | None = None
@@ -185,6 +188,7 @@ class Daemon:
         started = time.monotonic()
         restored = self._restore_seeding()
         log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
+        self._supervisor.spawn("backfill-pieces", self._backfill_pieces)
         if self.tracker is not None:
             self._supervisor.spawn("tracker-probe", self._probe_tracker)
         self.ops.start(self._supervisor.spawn)
@@ -241,11 +245,16 @@ class Daemon:
             self._held[blob_id] = (infohash, info)
 
     def _restore_seeding(self) -> int:
-        """Seed every complete blob: resume data first, else the sidecar's piece hashes. No re-hash."""
+        """Seed every complete blob: resume data first, else the sidecar's piece hashes. No re-hash.
+
+        Blobs without piece hashes (a standalone `agent fetch`, huggingface_hub) are left to the
+        `backfill-pieces` task, so a large cache of those does not delay start-up.
+        """
         assert self.swarm is not None
         self.swarm.restore()
         trackers = [self.tracker.announce_url] if self.tracker else []
         count = 0
+        self._needs_pieces.clear()
         for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
             repo_id = "/".join(repo_dir.name.split("--")[1:])
             try:
@@ -256,7 +265,10 @@ class Daemon:
                 if "." in blob.name:
                     continue  # *.incomplete and temp files
                 digest = cache.read_sidecar(blob.name)
-                if digest is None or not cache.blob_is_complete(blob.name, digest.size):
+                if digest is None or not digest.pieces:
+                    self._needs_pieces.append((cache, blob.name))
+                    continue
+                if not cache.blob_is_complete(blob.name, digest.size):
                     continue
                 try:
                     info = encoded_info(blob.name, digest)
@@ -267,6 +279,26 @@ class Daemon:
                 self._remember(blob.name, ih, info)
                 count += 1
         return count
+
+    def _backfill_pieces(self, stop: threading.Event) -> None:
+        """Hash, verify and then seed the blobs that start-up found without piece hashes."""
+        assert self.swarm is not None
+        trackers = [self.tracker.announce_url] if self.tracker else []
+        while self._needs_pieces and not stop.is_set():
+            cache, blob_id = self._needs_pieces.pop()
+            digest = seedable_digest(cache, blob_id)
+            if digest is None or blob_id in self.held_blobs():
+                continue
+            info = encoded_info(blob_id, digest)
+            try:
+                self._remember(blob_id, self.swarm.seed(cache.blob_path(blob_id), info, trackers), info)
+                if self.tracker is not None:
+                    self.tracker.put_metainfo(blob_id, info)  # peers find a blob through its metainfo
+            except TrackerError as exc:
+                log.warning("publishing blob %s failed (the tracker probe retries): %s", blob_id[:16], exc)
+            except (WeightswarmError, ValueError) as exc:
+                log.warning("not seeding %s: %s", blob_id[:16], exc)
+        stop.wait()  # a supervised task must not return; there is nothing left to do
 
     def _probe_tracker(self, stop: threading.Event) -> None:
         """Watch the tracker; when it comes (back) up, re-register every blob this node holds.

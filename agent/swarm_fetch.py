@@ -46,6 +46,7 @@ from agent.safetensors_check import check_safetensors
 from agent.settings import Settings
 from agent.swarm import Swarm, WebSeed
 from agent.tracker_client import TrackerClient
+from agent.verify import seedable_digest
 from tracker.bencode import bdecode, bencode
 
 log = logging.getLogger(__name__)
@@ -404,9 +405,9 @@ class SwarmFetcher:
                 )
 
     def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
-        digest = cache.read_sidecar(blob.blob_id)
+        digest = seedable_digest(cache, blob.blob_id)
         if digest is None:
-            return  # written by someone else (huggingface_hub): no piece hashes to seed with
+            return
         try:
             self._seed(cache, blob, encoded_info(blob.blob_id, digest), publish=False)
         except (SwarmError, ValueError) as exc:

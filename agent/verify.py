@@ -67,6 +67,23 @@ def rehash(cache: RepoCache, blob_id: str) -> tuple[bool, str]:
     return True, ""
 
 
+def seedable_digest(cache: RepoCache, blob_id: str) -> BlobDigest | None:
+    """The blob's sidecar with BitTorrent piece hashes, re-hashing the blob once if it has none.
+
+    A standalone `agent fetch` skips piece hashes (nothing publishes them) and huggingface_hub
+    writes no sidecar at all; such a blob is verified in full and gets a complete sidecar the
+    first time it must be seeded. None when the blob is missing or does not match its id.
+    """
+    digest = cache.read_sidecar(blob_id)
+    if digest is not None and digest.pieces:
+        return digest
+    ok, problem = rehash(cache, blob_id)
+    if not ok:
+        log.warning("not seeding blob %s: %s", blob_id[:16], problem)
+        return None
+    return cache.read_sidecar(blob_id)
+
+
 def verify_cache(
     settings: Settings, ref: str | None = None, on_blob: Callable[[BlobCheck], None] | None = None
 ) -> list[BlobCheck]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import httpx
@@ -116,3 +117,28 @@ def test_concurrent_requests_for_one_model_share_a_job(origin, tracker, make_age
         t.join()
     assert len({j.id for j in jobs}) == 1
     assert jobs[0].wait(90) and jobs[0].status().phase == "Ready"
+
+
+def test_a_standalone_fetched_cache_is_hashed_once_then_seeded(tmp_path, origin, tracker, make_agent):
+    # `agent fetch` without a daemon writes no piece hashes; `agent serve` on that cache must still
+    # seed it (after one verifying re-hash in the background), so peers never go to the origin.
+    from agent.fetch import fetch_snapshot
+    from agent.settings import Settings
+
+    settings = Settings.from_env_defaults(
+        cache_dir=tmp_path / "a" / "hub", state_dir=tmp_path / "a" / "state"
+    )
+    origin_settings = dataclasses.replace(settings.origin, endpoint=origin.hub.url)
+    settings = dataclasses.replace(settings, origin=origin_settings)
+    fetch_snapshot(settings, origin.repo_id)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, origin.repo_id)
+    assert any(not cache.read_sidecar(b.name).pieces for b in cache.blobs_dir.iterdir())
+
+    a = make_agent("a", origin, tracker)
+    loop_until(lambda: len(a.held_blobs()) == len(origin.files), timeout=30, what="A seeds the cache")
+    assert all(cache.read_sidecar(b.name).pieces for b in cache.blobs_dir.iterdir())
+    wait_until_seeded(tracker, a)
+    origin.hub.reset_counters()
+    status_b = fetch_and_wait(make_agent("b", origin, tracker), origin.repo_id)
+    assert_snapshot_verifies(status_b["snapshot"], origin)
+    assert file_requests(origin.hub) == [] and status_b["bytes_from_origin"] == 0
