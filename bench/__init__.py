@@ -1,0 +1,1 @@
+"""Benchmarks and the multi-node harness (scripts, not timed tests; see README "Benchmarks")."""

@@ -1,0 +1,341 @@
+"""The weightswarm stack inside a `bench.netns.Cluster`: origin, tracker, agents, fetchers.
+
+Shared by the swarm benchmark (`bench/swarm.py`) and the opt-in multi-node test. Every
+process is started with `Cluster.spawn` (so teardown stops it by PID) and every wait is
+bounded. The controller lives in the host namespace, which has no route into the cluster,
+so it talks to the servers with `curl` run inside a member namespace (`Cluster.run`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import psutil
+
+from bench.netns import Cluster, Proc
+
+BIN = Path(sys.executable).parent
+ORIGIN_PORT = 8080
+TRACKER_PORT = 7480
+BT_PORT = 6881
+API = "http://127.0.0.1:7470"  # each node's own loopback: every namespace has its own
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for spawned commands: ours minus any ambient HF/weightswarm setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WEIGHTSWARM_", "HF_", "HUGGING_FACE_"))}
+    env["PATH"] = f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: str
+    size: int
+    blob_id: str
+
+
+@dataclass(frozen=True)
+class Model:
+    repo_id: str
+    commit: str
+    files: tuple[ModelFile, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass
+class FetchResult:
+    """Per-node completion times (seconds from the common start) and what went wrong."""
+
+    times: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    snapshots: dict[str, str] = field(default_factory=dict)
+    peak_rss: int = 0
+    cpu_busy: float = 0.0
+
+
+class Stack:
+    """Origin + tracker + per-node agents in a cluster; node dirs under `workdir/nodes/<node>`."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, hub_root: Path, logdir: Path | None = None) -> None:
+        self.c = cluster
+        self.workdir = workdir
+        self.logdir = logdir or workdir / "logs"
+        self.log_prefix = ""
+        """Prefixed to log names (e.g. "weightswarm-cold-"), so a later phase keeps earlier logs."""
+        self.hub_root = hub_root
+        self.env = clean_env()
+        self.token_file = workdir / "tracker.token"
+        self.token_file.write_text(secrets.token_hex(16) + "\n")
+        self.token_file.chmod(0o600)
+        self.origin: Proc | None = None
+        self.tracker: Proc | None = None
+        self.agents: dict[str, Proc] = {}
+        self.logdir.mkdir(parents=True, exist_ok=True)
+
+    # -- helpers -------------------------------------------------------------------------
+    @property
+    def origin_url(self) -> str:
+        return f"http://{self.c.ip('origin')}:{ORIGIN_PORT}"
+
+    @property
+    def tracker_url(self) -> str:
+        return f"http://{self.c.ip('tracker')}:{TRACKER_PORT}"
+
+    def node_dir(self, node: str) -> Path:
+        return self.workdir / "nodes" / node
+
+    def log(self, name: str) -> Path:
+        return self.logdir / f"{self.log_prefix}{name}.log"
+
+    def curl(self, member: str, url: str, timeout: float = 10.0) -> str | None:
+        """GET `url` from inside `member`'s namespace; None on any failure."""
+        res = self.c.run(member, ["curl", "-sf", "--max-time", str(timeout), url], timeout=timeout + 5)
+        return res.stdout if res.returncode == 0 else None
+
+    # -- origin --------------------------------------------------------------------------
+    def start_origin(self, extra: Sequence[str] = ()) -> None:
+        argv = [
+            str(BIN / "agent"),
+            "serve-hub",
+            str(self.hub_root),
+            "--host",
+            self.c.ip("origin"),
+            "--port",
+            str(ORIGIN_PORT),
+            *extra,
+        ]
+        self.origin = self.c.spawn("origin", argv, self.env, self.log("origin"))
+        wait_for(
+            lambda: self._alive(self.origin, "origin") and self.curl("origin", self._stats_url(), 2),
+            60,
+            "the origin (agent serve-hub)",
+        )
+
+    def _stats_url(self) -> str:
+        return f"{self.origin_url}/_weightswarm/stats"
+
+    def egress(self) -> int:
+        """Body bytes the origin has sent so far."""
+        body = self.curl("origin", self._stats_url())
+        if body is None:
+            raise RuntimeError("origin stats unavailable")
+        return int(json.loads(body)["egress_bytes"])
+
+    def describe_model(self, repo_id: str) -> Model:
+        """Commit and files (size, blob id) as the origin reports them."""
+        rev = self.curl("origin", f"{self.origin_url}/api/models/{repo_id}/revision/main")
+        tree = self.curl("origin", f"{self.origin_url}/api/models/{repo_id}/tree/main?recursive=true")
+        if rev is None or tree is None:
+            raise RuntimeError(f"origin does not describe {repo_id}")
+        files = []
+        for entry in json.loads(tree):
+            if entry.get("type") != "file":
+                continue
+            lfs = entry.get("lfs") or {}
+            files.append(ModelFile(entry["path"], int(entry["size"]), lfs.get("oid") or entry["oid"]))
+        return Model(repo_id, json.loads(rev)["sha"], tuple(sorted(files, key=lambda f: f.path)))
+
+    # -- tracker -------------------------------------------------------------------------
+    def start_tracker(self, db: Path) -> None:
+        argv = [
+            str(BIN / "tracker"),
+            "serve",
+            "--host",
+            self.c.ip("tracker"),
+            "--port",
+            str(TRACKER_PORT),
+            "--db",
+            str(db),
+            "--token-file",
+            str(self.token_file),
+        ]
+        self.tracker = self.c.spawn("tracker", argv, self.env, self.log("tracker"))
+        wait_for(
+            lambda: (
+                self._alive(self.tracker, "tracker")
+                and self.curl("tracker", f"{self.tracker_url}/healthz", 2)
+            ),
+            60,
+            "the tracker (tracker serve)",
+        )
+
+    def stop_tracker(self) -> None:
+        if self.tracker is not None:
+            self.c.stop(self.tracker)
+            self.tracker = None
+
+    def blob_seeders(self, blob_id: str) -> int:
+        body = self.curl("tracker", f"{self.tracker_url}/v1/blobs/{blob_id}")
+        return int(json.loads(body).get("seeders") or 0) if body else 0
+
+    # -- agents --------------------------------------------------------------------------
+    def start_agents(self, nodes: Iterable[str]) -> None:
+        nodes = list(nodes)
+        for node in nodes:
+            d = self.node_dir(node)
+            argv = [
+                str(BIN / "agent"),
+                "serve",
+                "--cache-dir",
+                str(d / "cache"),
+                "--state-dir",
+                str(d / "state"),
+                "--tracker",
+                self.tracker_url,
+                "--tracker-token-file",
+                str(self.token_file),
+                "--origin",
+                self.origin_url,
+                "--bt-listen",
+                f"{self.c.ip(node)}:{BT_PORT}",
+                "--api-listen",
+                API.removeprefix("http://"),
+                "--node-name",
+                node,
+            ]
+            self.agents[node] = self.c.spawn(node, argv, self.env, self.log(f"agent-{node}"))
+        for node in nodes:
+            wait_for(
+                lambda n=node: (
+                    self._alive(self.agents[n], f"agent {n}")  # type: ignore[misc]
+                    and self.curl(n, f"{API}/readyz", 2)
+                ),
+                60,
+                f"agent {node} ready",
+            )
+
+    def stop_agents(self) -> None:
+        for proc in self.agents.values():
+            self.c.stop(proc)
+        self.agents.clear()
+
+    def wipe(self, nodes: Iterable[str]) -> None:
+        for node in nodes:
+            shutil.rmtree(self.node_dir(node), ignore_errors=True)
+
+    def _alive(self, proc: Proc | None, what: str) -> bool:
+        if proc is None or proc.poll() is not None:
+            tail = proc.output()[-600:] if proc else ""
+            raise RuntimeError(f"{what} exited: {tail}")
+        return True
+
+    # -- fetching ------------------------------------------------------------------------
+    def fetch_agent_argv(self, node: str, model: Model) -> list[str]:
+        return [str(BIN / "agent"), "fetch", model.repo_id, "--agent", API]
+
+    def fetch_naive_argv(self, node: str, model: Model) -> list[str]:
+        d = self.node_dir(node)
+        return [
+            str(BIN / "agent"),
+            "fetch",
+            model.repo_id,
+            "--origin",
+            self.origin_url,
+            "--cache-dir",
+            str(d / "cache"),
+            "--state-dir",
+            str(d / "state"),
+        ]
+
+    def run_fetches(
+        self,
+        nodes: Sequence[str],
+        argv_for: Callable[[str], list[str]],
+        timeout: float,
+        tag: str,
+        done: Callable[[str, Proc], bool] | None = None,
+        rss_pids: Callable[[], Sequence[int]] = lambda: [],
+    ) -> FetchResult:
+        """Start one fetch per node at once; record each node's completion time (bounded).
+
+        `done(node, proc)` decides completion for clients that keep running (aria2c seeding);
+        by default a node is done when its process exits 0. Samples RSS of `rss_pids()` and CPU.
+        """
+        res = FetchResult()
+        for node in nodes:
+            self.node_dir(node).mkdir(parents=True, exist_ok=True)
+        psutil.cpu_percent(None)
+        t0 = time.monotonic()
+        procs = {n: self.c.spawn(n, argv_for(n), self.env, self.log(f"{tag}-{n}")) for n in nodes}
+        cpu: list[float] = []
+        pending = set(nodes)
+        deadline = t0 + timeout
+        last_sample = 0.0
+        while pending and time.monotonic() < deadline:
+            for n in sorted(pending):
+                p = procs[n]
+                rc = p.poll()
+                if done is not None and rc is None:
+                    if done(n, p):
+                        res.times[n] = time.monotonic() - t0
+                        pending.discard(n)
+                    continue
+                if rc is None:
+                    continue
+                pending.discard(n)
+                if rc == 0:
+                    res.times[n] = time.monotonic() - t0
+                    lines = p.output().strip().splitlines()
+                    res.snapshots[n] = lines[-1] if lines else ""
+                else:
+                    res.failures[n] = f"exit {rc}: {p.output().strip()[-300:]}"
+            now = time.monotonic()
+            if now - last_sample >= 0.5:
+                last_sample = now
+                cpu.append(psutil.cpu_percent(None))
+                res.peak_rss = max(res.peak_rss, max((_rss(pid) for pid in rss_pids()), default=0))
+            time.sleep(0.05)
+        for n in pending:
+            res.failures[n] = f"not complete after {timeout:.0f}s"
+        for p in procs.values():
+            self.c.stop(p)
+        res.cpu_busy = sum(cpu) / len(cpu) / 100 if cpu else 0.0
+        return res
+
+    def agent_pids(self) -> list[int]:
+        return [p.pid for p in self.agents.values() if p.poll() is None]
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of a process and its children (0 if gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return int(proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True)))
+    except psutil.Error:
+        return 0
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_url(origin_url: str, model: Model, f: ModelFile) -> str:
+    return f"{origin_url}/{model.repo_id}/resolve/{model.commit}/{quote(f.path)}"

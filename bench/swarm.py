@@ -1,0 +1,469 @@
+"""Swarm benchmark: N shaped nodes fetch one model; naive vs aria2c swarm vs weightswarm.
+
+    sudo .venv/bin/python -m bench.swarm                      # 8 nodes, 1 GiB / 4 shards (the issue)
+    sudo .venv/bin/python -m bench.swarm --nodes 4 --size 256MiB   # a quick run
+
+Needs root (network namespaces, tc, a tmpfs mount), iproute2, curl and aria2c.
+
+Topology (bench/netns.py): one namespace per node, one for the origin (`agent serve-hub`)
+and one for the tracker (`tracker serve`), joined by a bridge; every node link is shaped
+to --node-rate each way, the origin's upload to --origin-rate. Model and caches live on a
+tmpfs mounted for the run (unmounted at the end), so disks are not what we measure.
+
+Scenarios:
+  cold        no cache anywhere, the tracker knows nothing (fresh tracker DB)
+  cold-known  caches wiped, the tracker keeps its DB (metainfo known, no seeders)
+  warm        node n0 keeps its cache (and agent state); the other N-1 nodes fetch
+Systems (in one run):
+  naive       every node runs standalone `agent fetch` from the origin at once
+  aria2c      every node runs aria2c (BitTorrent) on one .torrent per blob, built from the
+              same piece hashes, origin as web seed (url-list), our tracker as announce;
+              it keeps seeding until every node is done. aria2c always has the .torrent,
+              so for it (and for naive) cold-known is the same as cold: run once, shown once.
+  weightswarm one `agent serve` per node, `agent fetch --agent` on every node at once
+
+Printed per scenario and system: completion time median and max ÷ the lower bound
+max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
+the seeding node's upload counts in ΣU; the origin is not needed), origin egress ÷ S (the
+origin's own counter), the peak RSS of one process (sampled every 0.5 s: each `agent serve`
+for weightswarm, each `agent fetch` for naive, each aria2c) and the mean CPU use of the
+machine (≥ 85 % → "CPU-bound": the figure then measures this machine's cores, not the
+protocol). Targets from issue 4:
+warm and cold-known ≤ 1.25×, cold ≤ 1.5×, origin egress ≤ 1.1 × S, agent RSS ≤ 200 MiB.
+Results: a table on stdout, bench/out/swarm-<time>.{json,png} and every process's log in
+bench/out/swarm-<time>-logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agent.pieces import PieceHasher, info_dict, piece_length_for
+from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
+from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
+from tracker.bencode import bencode
+
+SYSTEMS = ("naive", "aria2c", "weightswarm")
+SCENARIOS = ("cold", "cold-known", "warm")
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    return int(float(num) * units[t[len(num) :]])
+
+
+@dataclass
+class Row:
+    system: str
+    scenario: str
+    receivers: int
+    times: dict[str, float]
+    failures: dict[str, str]
+    bound: float
+    egress: int
+    size: int
+    peak_rss: int
+    cpu_busy: float
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times.values()) if self.times else float("nan")
+
+    @property
+    def worst(self) -> float:
+        return max(self.times.values()) if self.times and not self.failures else float("nan")
+
+
+def lower_bound(
+    size: int, receivers: int, nodes: int, node_rate: float, origin_rate: float, warm: bool
+) -> float:
+    """max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)); warm: the origin is not needed."""
+    terms = [size / node_rate, receivers * size / (origin_rate + nodes * node_rate)]
+    if not warm:
+        terms.append(size / origin_rate)
+    return max(terms)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755", "tmpfs", str(path)],
+        check=True,
+        timeout=30,
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def build_torrents(stack: Stack, model: Model, dest: Path) -> list[Path]:
+    """One .torrent per blob: the info dict weightswarm would publish, origin as web seed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in model.files:
+        hasher = PieceHasher(piece_length_for(f.size))
+        with open(stack.hub_root / model.repo_id / f.path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                hasher.update(chunk)
+        info = info_dict(f.blob_id, f.size, hasher.piece_length, hasher.digest())
+        meta = {
+            b"announce": f"{stack.tracker_url}/announce".encode(),
+            b"info": info,
+            b"url-list": resolve_url(stack.origin_url, model, f).encode(),
+        }
+        path = dest / f"{f.blob_id}.torrent"
+        path.write_bytes(bencode(meta))
+        out.append(path)
+    return out
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, stack: Stack, model: Model, torrents: list[Path]) -> None:
+        self.a = args
+        self.stack = stack
+        self.model = model
+        self.torrents = torrents
+        self.nodes = stack.c.nodes
+        self.rows: list[Row] = []
+        self.errors: list[str] = []
+
+    def record(self, system: str, scenario: str, receivers: list[str], res: FetchResult, egress: int) -> None:
+        warm = scenario == "warm"
+        bound = lower_bound(
+            self.model.size, len(receivers), len(self.nodes), self.a.node_rate, self.a.origin_rate, warm
+        )
+        row = Row(
+            system,
+            scenario,
+            len(receivers),
+            res.times,
+            res.failures,
+            bound,
+            egress,
+            self.model.size,
+            res.peak_rss,
+            res.cpu_busy,
+        )
+        self.rows.append(row)
+        status = (
+            "ok" if not res.failures else f"{len(res.failures)} FAILED: {next(iter(res.failures.values()))}"
+        )
+        print(
+            f"  {system:<12}{scenario:<11} max {row.worst:7.1f}s  bound {bound:6.1f}s  "
+            f"egress {egress / self.model.size:5.2f}xS  {status}",
+            flush=True,
+        )
+
+    # -- naive -----------------------------------------------------------------------------
+    def naive(self) -> None:
+        s = self.stack
+        for scenario, receivers in (("cold", self.nodes), ("warm", self.nodes[1:])):
+            if scenario not in self.a.scenarios:
+                continue  # naive has no cold-known: without a tracker it is cold
+            s.wipe(self.nodes)
+            s.log_prefix = f"naive-{scenario}-"
+            e0 = s.egress()
+            fetch_pids = lambda: [p.pid for p in s.c.procs if p.argv[1:2] == ["fetch"]]  # noqa: E731
+            res = s.run_fetches(
+                receivers,
+                lambda n: s.fetch_naive_argv(n, self.model),
+                self.a.timeout,
+                "fetch",
+                rss_pids=fetch_pids,
+            )
+            self.record("naive", scenario, receivers, res, s.egress() - e0)
+        s.wipe(self.nodes)
+
+    # -- aria2c ----------------------------------------------------------------------------
+    def _aria2_argv(self, node: str, check: bool) -> list[str]:
+        d = self.stack.node_dir(node)
+        marks = d / "done"
+        marks.mkdir(parents=True, exist_ok=True)
+        hook = d / "hook.sh"
+        hook.write_text(f'#!/bin/sh\ntouch "{marks}/$1"\n')
+        hook.chmod(0o755)
+        return [
+            "aria2c",
+            f"--dir={d / 'aria2'}",
+            "--enable-dht=false",
+            "--enable-dht6=false",
+            "--bt-enable-lpd=false",
+            "--enable-peer-exchange=true",
+            f"--listen-port={BT_PORT}",
+            "--seed-time=100000",
+            "--seed-ratio=0.0",
+            f"--on-bt-download-complete={hook}",
+            "--file-allocation=none",
+            f"--check-integrity={'true' if check else 'false'}",
+            "--bt-seed-unverified=false",
+            "--console-log-level=warn",
+            "--summary-interval=0",
+            f"--max-concurrent-downloads={len(self.torrents)}",
+            "--bt-max-peers=0",
+            *map(str, self.torrents),
+        ]
+
+    def _aria2_done(self, node: str, _proc: Proc) -> bool:
+        marks = self.stack.node_dir(node) / "done"
+        return marks.is_dir() and sum(1 for _ in marks.iterdir()) >= len(self.torrents)
+
+    def aria2c(self) -> None:
+        s = self.stack
+        s.wipe(self.nodes)
+        for scenario in ("cold", "warm"):
+            if scenario != "cold" and scenario not in self.a.scenarios:
+                continue  # cold always runs: warm needs n0's copy from it
+            s.log_prefix = f"aria2c-{scenario}-"
+            s.start_tracker(s.workdir / f"aria2c-{scenario}.db")
+            seeders: list[Proc] = []
+            receivers = self.nodes
+            try:
+                if scenario == "warm":
+                    # n0 keeps the files of the cold run, re-verifies them (aria2c has no resume
+                    # data we trust) and seeds; the clock starts once it is seeding.
+                    receivers = self.nodes[1:]
+                    shutil.rmtree(s.node_dir("n0") / "done", ignore_errors=True)
+                    seeders.append(s.c.spawn("n0", self._aria2_argv("n0", True), s.env, s.log("seed-n0")))
+                    deadline = time.monotonic() + self.a.timeout
+                    while not self._aria2_done("n0", seeders[0]):
+                        if time.monotonic() > deadline or seeders[0].poll() is not None:
+                            raise RuntimeError(
+                                f"aria2c seeder on n0 did not start: {seeders[0].output()[-300:]}"
+                            )
+                        time.sleep(0.1)
+                    s.wipe(receivers)
+                e0 = s.egress()
+                aria_pids = lambda: [p.pid for p in s.c.procs if p.argv[:1] == ["aria2c"]]  # noqa: E731
+                res = s.run_fetches(
+                    receivers,
+                    lambda n: self._aria2_argv(n, False),
+                    self.a.timeout,
+                    "fetch",
+                    done=self._aria2_done,
+                    rss_pids=aria_pids,
+                )
+                self.record("aria2c", scenario, receivers, res, s.egress() - e0)
+            finally:
+                for p in seeders:
+                    s.c.stop(p)
+                s.stop_tracker()
+        s.wipe(self.nodes)
+
+    # -- weightswarm -----------------------------------------------------------------------
+    def weightswarm(self) -> None:
+        s = self.stack
+        s.wipe(self.nodes)
+        db = s.workdir / "weightswarm-tracker.db"
+        db.unlink(missing_ok=True)
+        # cold first (warm needs n0's copy from it), cold-known last (wiping every cache).
+        for scenario in ("cold", "warm", "cold-known"):
+            if scenario != "cold" and scenario not in self.a.scenarios:
+                continue
+            receivers = self.nodes[1:] if scenario == "warm" else self.nodes
+            if scenario == "cold-known":
+                s.wipe(self.nodes)
+            elif scenario == "warm":
+                s.wipe(receivers)
+            # The tracker restarts with its DB: metainfo survives, live peers are announced anew.
+            s.log_prefix = f"weightswarm-{scenario}-"
+            s.start_tracker(db)
+            try:
+                s.start_agents(self.nodes)
+                if scenario == "warm":
+                    blobs = [f.blob_id for f in self.model.files]
+                    deadline = time.monotonic() + 120
+                    while not all(s.blob_seeders(b) >= 1 for b in blobs):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("n0 did not announce its blobs as a seeder within 120s")
+                        time.sleep(0.5)
+                e0 = s.egress()
+                res = s.run_fetches(
+                    receivers,
+                    lambda n: s.fetch_agent_argv(n, self.model),
+                    self.a.timeout,
+                    "fetch",
+                    rss_pids=s.agent_pids,
+                )
+                self.record("weightswarm", scenario, receivers, res, s.egress() - e0)
+                if res.failures and scenario == "cold":
+                    raise RuntimeError("cold did not complete; warm needs n0's copy from it")
+            finally:
+                s.stop_agents()
+                s.stop_tracker()
+        s.wipe(self.nodes)
+
+
+def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
+    print()
+    print(
+        f"nodes={args.nodes}  S={size / 2**20:.0f} MiB  node links {args.node_rate / 1e6:.0f} MB/s each way  "
+        f"origin {args.origin_rate / 1e6:.0f} MB/s  (tc HTB; TCP goodput is ~0.96 of the rate)"
+    )
+    head = (
+        f"{'scenario':<11}{'system':<12}{'nodes':>6}{'median s':>9}{'max s':>8}{'bound s':>8}"
+        f"{'med/bnd':>8}{'max/bnd':>8}{'egress/S':>9}{'peak RSS':>10}{'CPU':>6}  notes"
+    )
+    print(head)
+    print("-" * len(head))
+    for scen in SCENARIOS:
+        for r in (r for r in rows if r.scenario == scen):
+            notes = []
+            if r.failures:
+                notes.append(f"{len(r.failures)} failed")
+            if r.cpu_busy >= 0.85:
+                notes.append("CPU-bound")
+            rss = f"{r.peak_rss / 2**20:.0f} MiB" if r.peak_rss else "-"
+            print(
+                f"{r.scenario:<11}{r.system:<12}{r.receivers:>6}{r.median:>9.1f}{r.worst:>8.1f}{r.bound:>8.1f}"
+                f"{r.median / r.bound:>8.2f}{r.worst / r.bound:>8.2f}{r.egress / r.size:>9.2f}{rss:>10}"
+                f"{r.cpu_busy * 100:>5.0f}%  {', '.join(notes)}"
+            )
+    print("targets: warm, cold-known max/bnd <= 1.25; cold <= 1.5; egress/S <= 1.1; agent RSS <= 200 MiB")
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"naive": "tab:blue", "aria2c": "tab:orange", "weightswarm": "tab:green"}
+    # Own y scale per scenario: warm and cold differ by an order of magnitude.
+    fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))
+    for ax, scen in zip(axes, SCENARIOS, strict=True):
+        sub = [r for r in rows if r.scenario == scen]
+        for x, r in enumerate(sub):
+            ys = sorted(r.times.values())
+            ax.scatter([x] * len(ys), ys, s=25, alpha=0.7, color=colors.get(r.system))
+            if r.failures:
+                ax.annotate(f"{len(r.failures)} failed", (x, 0), ha="center")
+        if sub:
+            ax.axhline(sub[0].bound, ls="--", c="grey", label="lower bound")
+            ax.legend(loc="upper right")
+        ax.set_xticks(range(len(sub)), [r.system for r in sub])
+        ax.set_xlim(-0.5, max(len(sub), 1) - 0.5)
+        ax.set_title(scen)
+        ax.set_ylabel("per-node completion time (s)")
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.swarm",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--size", default="1GiB", help="model size (e.g. 1GiB, 256MiB)")
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--node-rate", type=float, default=120e6, help="bytes/s each way per node link")
+    p.add_argument("--origin-rate", type=float, default=30e6, help="origin upload, bytes/s")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument(
+        "--timeout", type=float, default=900, help="seconds per scenario before it counts as failed"
+    )
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--cleanup-stale", action="store_true", help="first delete namespaces of crashed runs (ws-*)"
+    )
+    args = p.parse_args(argv)
+    args.systems = [s for s in args.systems.split(",") if s]
+    args.scenarios = [s for s in args.scenarios.split(",") if s]
+    for bad in set(args.systems) - set(SYSTEMS) | set(args.scenarios) - set(SCENARIOS):
+        p.error(f"unknown system or scenario: {bad}")
+    reason = have_netns_support()
+    if reason:
+        print(f"error: the swarm benchmark {reason}", file=sys.stderr)
+        return 2
+    for tool in ("curl", "aria2c"):
+        if shutil.which(tool) is None:
+            print(f"error: the swarm benchmark needs `{tool}` (./dev installs it)", file=sys.stderr)
+            return 2
+    if args.cleanup_stale:
+        cleanup_stale("ws-")
+    size = parse_size(args.size)
+    repo = "bench/swarm-model"
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
+        room = size * (args.nodes + 3) + 512 * 2**20
+        with tmpfs(Path(tmp) / "fs", room) as fs:
+            hub = fs / "hub"
+            subprocess.run(
+                [
+                    str(BIN / "agent"),
+                    "make-test-model",
+                    str(hub),
+                    repo,
+                    "--size",
+                    args.size,
+                    "--shards",
+                    str(args.shards),
+                ],
+                check=True,
+                timeout=600,
+                stdout=subprocess.DEVNULL,
+            )
+            with Cluster(nodes=args.nodes, node_rate=args.node_rate, origin_rate=args.origin_rate) as c:
+                logdir = args.out / f"swarm-{stamp}-logs"
+                stack = Stack(c, fs, hub, logdir)
+                print(f"logs: {logdir}", flush=True)
+                stack.start_origin()
+                model = stack.describe_model(repo)
+                torrents = build_torrents(stack, model, fs / "torrents") if "aria2c" in args.systems else []
+                print(
+                    f"model {repo}@{model.commit[:10]}: {len(model.files)} files, "
+                    f"{model.size / 2**20:.0f} MiB; cluster {c.prefix}: {args.nodes} nodes",
+                    flush=True,
+                )
+                bench = Bench(args, stack, model, torrents)
+                for system in args.systems:
+                    try:
+                        getattr(bench, system)()
+                    except (RuntimeError, TimeoutError) as exc:
+                        # One system failing must not cost the others' figures: note it, go on.
+                        print(f"  {system}: FAILED: {exc}", flush=True)
+                        bench.errors.append(f"{system}: {exc}")
+                        stack.stop_agents()
+                        stack.stop_tracker()
+                print_table(bench.rows, args, model.size)
+                (args.out / f"swarm-{stamp}.json").write_text(
+                    json.dumps(
+                        {
+                            "args": {k: v for k, v in vars(args).items() if k != "out"},
+                            "rows": [asdict(r) for r in bench.rows],
+                        },
+                        indent=1,
+                        default=str,
+                    )
+                )
+                plot(bench.rows, args.out / f"swarm-{stamp}.png")
+                for err in bench.errors:
+                    print(f"error: {err}")
+                print(f"saved {args.out / f'swarm-{stamp}.png'} and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
