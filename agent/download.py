@@ -86,6 +86,14 @@ class _Job:
             return max(pos, start + self.written.get(idx, 0))
         return pos
 
+    def write_from(self, resp: urllib3.BaseHTTPResponse, buf: memoryview, pos: int, end: int) -> int:
+        """Read up to `end - pos` body bytes into `buf`, write them to the file at `pos`; 0 = body ended."""
+        n = read_body_into(resp, buf[: min(len(buf), end - pos)])
+        if n:
+            with self.write_lock:
+                os.pwrite(self.fd, buf[:n], pos)
+        return n
+
 
 class OriginSource:
     """The origin hub as a `BlobSource`."""
@@ -277,11 +285,9 @@ class OriginSource:
                         job.mode = "ranges"
                         job.cond.notify_all()
                 while pos < end:
-                    n = read_body_into(resp, buf[: min(len(buf), end - pos)])
+                    n = job.write_from(resp, buf, pos, end)
                     if not n:
                         break
-                    with job.write_lock:
-                        os.pwrite(job.fd, buf[:n], pos)
                     pos += n
                     state["pos"] = pos
                     if self._wrote(job, idx, pos - start, n):
@@ -306,11 +312,9 @@ class OriginSource:
         size = job.entry.size
         pos = 0
         while pos < size:
-            n = read_body_into(resp, buf[: min(len(buf), size - pos)])
+            n = job.write_from(resp, buf, pos, size)
             if not n:
                 break
-            with job.write_lock:
-                os.pwrite(job.fd, buf[:n], pos)
             pos += n
             # A restart of this stream re-sends from 0: nothing before `pos` is re-counted as done.
             with job.cond:

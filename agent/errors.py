@@ -8,8 +8,11 @@ bodies are cut short (`snippet`) before they reach a message or a log.
 
 from __future__ import annotations
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+# The generic codes are the tracker's too: one definition (the agent may import tracker.errors).
+from tracker.errors import EXIT_FAILURE as EXIT_FAILURE
+from tracker.errors import EXIT_USAGE as EXIT_USAGE
+from tracker.errors import ExpectedError
+
 EXIT_NOT_FOUND = 3
 EXIT_AUTH = 4
 EXIT_DISK = 5
@@ -28,17 +31,13 @@ def snippet(body: bytes | str | None, limit: int = _MAX_SNIPPET) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class WeightswarmError(Exception):
-    """Base of every expected failure."""
+def _mib(n: int) -> str:
+    """Bytes as MiB for a message: 1,234.5 MiB."""
+    return f"{n / 2**20:,.1f} MiB"
 
-    exit_code = EXIT_FAILURE
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+class WeightswarmError(ExpectedError):
+    """Base of every expected failure of the agent (message and exit code: see `ExpectedError`)."""
 
 
 class ConfigError(WeightswarmError):
@@ -90,8 +89,8 @@ class DiskSpaceError(WeightswarmError):
 
     def __init__(self, directory: str, needed: int, free: int) -> None:
         super().__init__(
-            f"not enough disk space in {directory}: need {needed / 2**20:,.1f} MiB, "
-            f"{free / 2**20:,.1f} MiB free; free space or choose another --cache-dir"
+            f"not enough disk space in {directory}: need {_mib(needed)}, "
+            f"{_mib(free)} free; free space or choose another --cache-dir"
         )
         self.directory = directory
         self.needed = needed
@@ -149,7 +148,7 @@ class CacheFullError(WeightswarmError):
 
     def __init__(self, repo_id: str, needed: int, room: int, limit: str) -> None:
         super().__init__(
-            f"{repo_id} needs {needed / 2**20:,.1f} MiB more in the cache, but only {room / 2**20:,.1f} MiB "
+            f"{repo_id} needs {_mib(needed)} more in the cache, but only {_mib(room)} "
             f"can be freed under {limit}; raise the limit, unpin models (--pin) or `agent rm` some"
         )
         self.repo_id = repo_id

@@ -9,6 +9,10 @@ import pytest
 
 from tests.helpers import free_port
 
+# The daemon tests' fixtures (origin, tracker, make_agent) for every test module; a module's own
+# fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
+pytest_plugins = ["tests.daemon_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

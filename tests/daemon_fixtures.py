@@ -20,7 +20,7 @@ import pytest
 from agent.daemon import Daemon, build_serve_settings
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, loop_until, stop_process
 
 REPO = "acme/tiny"
 MODEL_BYTES = 3 * 2**20
@@ -78,27 +78,27 @@ class TrackerProcess:
         loop_until(self.ready, timeout=30, what="tracker ready")
 
     def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"tracker exited: {self.log.read_text()[-2000:]}")
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return _ready(self.proc, self.url, self.log, "tracker", tail=2000)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, grace=10)
         self.proc = None
 
     def blob(self, blob_id: str) -> dict[str, object]:
         data: dict[str, object] = httpx.get(f"{self.url}/v1/blobs/{blob_id}", timeout=5).json()
         return data
+
+
+def _ready(proc: subprocess.Popen[bytes] | None, url: str, log: Path, what: str, tail: int) -> bool:
+    """Whether `url`/readyz answers 200; fails at once, with the end of `log`, if the process exited."""
+    assert proc is not None
+    if proc.poll() is not None:
+        raise AssertionError(f"{what} exited: {log.read_text()[-tail:]}")
+    try:
+        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture
@@ -152,6 +152,18 @@ def fetch_and_wait(daemon: Daemon, repo_id: str, timeout: float = 90.0) -> dict:
     status = job.status().to_json()
     assert status["phase"] == "Ready", status
     return status
+
+
+def fetch_all_and_verify(daemons: list[Daemon], origin: Origin, timeout: float = 120.0) -> list[dict]:
+    """Request the origin's model on every daemon at once; each must end Ready with a verified snapshot."""
+    jobs = [d.request_model(origin.repo_id, "main") for d in daemons]
+    for job in jobs:
+        assert job.wait(timeout), job.status()
+    statuses = [j.status().to_json() for j in jobs]
+    for st in statuses:
+        assert st["phase"] == "Ready", st
+        assert_snapshot_verifies(st["snapshot"], origin)
+    return statuses
 
 
 def wait_until_seeded(tracker: TrackerProcess, *daemons: Daemon, timeout: float = 30.0) -> None:
@@ -222,13 +234,7 @@ class AgentProcess:
         loop_until(self.ready, timeout=30, what="agent ready")
 
     def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return _ready(self.proc, self.url, self.log, "agent", tail=3000)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -237,11 +243,6 @@ class AgentProcess:
         self.proc = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc, grace=20)
         self.proc = None

@@ -70,6 +70,12 @@ def settings_for(
     )
 
 
+def fetch_args(url: str, tmp: Path, *extra: str) -> list[str]:
+    """`agent fetch REPO` arguments against the origin at `url`, cache and state under `tmp`."""
+    dirs = ["--cache-dir", str(tmp / "hub"), "--state-dir", str(tmp / "st")]
+    return ["fetch", REPO, "--origin", url, *dirs, *extra]
+
+
 def repo_dir(cache_dir: Path, repo_id: str = REPO) -> Path:
     return cache_dir / repo_folder_name(repo_id)
 

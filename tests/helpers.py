@@ -1,11 +1,12 @@
-"""Shared test helpers: bounded waits and free ports. No sleeps without a bound."""
+"""Shared test helpers: bounded waits, free ports, stopping processes. No sleeps without a bound."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -29,3 +30,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """Stop `proc` if it still runs: SIGTERM, then SIGKILL after `grace` seconds; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def kill_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL `proc` if it still runs and reap it (teardown after a test that expected it to exit)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)

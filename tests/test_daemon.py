@@ -8,19 +8,14 @@ import threading
 import httpx
 
 from agent.cache import RepoCache
-from tests import daemon_fixtures
 from tests.daemon_fixtures import (
     assert_snapshot_verifies,
+    fetch_all_and_verify,
     fetch_and_wait,
     file_requests,
     wait_until_seeded,
 )
 from tests.helpers import loop_until
-
-# The shared fixtures (pytest finds them as module attributes).
-origin = daemon_fixtures.origin
-tracker = daemon_fixtures.tracker
-make_agent = daemon_fixtures.make_agent
 
 
 def test_warm_fetch_takes_nothing_from_the_origin(origin, tracker, make_agent):
@@ -45,13 +40,7 @@ def test_warm_fetch_takes_nothing_from_the_origin(origin, tracker, make_agent):
 def test_three_cold_agents_take_each_blob_from_the_origin_once(origin, tracker, make_agent):
     agents = [make_agent(n, origin, tracker) for n in ("a", "b", "c")]
     origin.hub.reset_counters()
-    jobs = [d.request_model(origin.repo_id, "main") for d in agents]
-    for job in jobs:
-        assert job.wait(120), job.status()
-    statuses = [j.status().to_json() for j in jobs]
-    for st in statuses:
-        assert st["phase"] == "Ready", st
-        assert_snapshot_verifies(st["snapshot"], origin)
+    statuses = fetch_all_and_verify(agents, origin)
     assert origin.hub.egress_bytes <= 1.1 * origin.size, (origin.hub.egress_bytes, origin.size)
     assert sum(st["bytes_from_peers"] for st in statuses) >= 2 * origin.size * 0.9
 

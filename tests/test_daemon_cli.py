@@ -9,7 +9,6 @@ from pathlib import Path
 import httpx
 
 from agent.cache import RepoCache
-from tests import daemon_fixtures
 from tests.daemon_fixtures import (
     BIN,
     AgentProcess,
@@ -20,11 +19,6 @@ from tests.daemon_fixtures import (
 )
 from tests.helpers import loop_until
 from tracker.bencode import bdecode
-
-# The shared fixtures (pytest finds them as module attributes).
-origin = daemon_fixtures.origin
-tracker = daemon_fixtures.tracker
-make_agent = daemon_fixtures.make_agent
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

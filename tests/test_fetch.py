@@ -21,6 +21,7 @@ from agent.hub.testmodel import make_model
 from tests.fetchkit import (
     REPO,
     MiB,
+    fetch_args,
     file_requests,
     leftovers,
     model,
@@ -101,16 +102,7 @@ def test_fetch_writes_hub_layout_that_huggingface_hub_loads_offline(tmp_path, or
 
 def test_cli_second_run_downloads_nothing_and_says_so(tmp_path, origin):
     srv, _, files = origin
-    args = [
-        "fetch",
-        REPO,
-        "--origin",
-        srv.url,
-        "--cache-dir",
-        str(tmp_path / "hub"),
-        "--state-dir",
-        str(tmp_path / "st"),
-    ]
+    args = fetch_args(srv.url, tmp_path)
     runner = CliRunner()
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output

@@ -30,6 +30,7 @@ from agent.hub import server as hub_server
 from agent.hub.server import HubServer
 from tests.fetchkit import (
     REPO,
+    fetch_args,
     file_requests,
     leftovers,
     model,
@@ -58,17 +59,7 @@ def shards(files: dict[str, bytes]) -> list[str]:
 
 
 def cli(srv, tmp_path, *extra: str):
-    args = [
-        "fetch",
-        REPO,
-        "--origin",
-        srv.url,
-        "--cache-dir",
-        str(tmp_path / "hub"),
-        "--state-dir",
-        str(tmp_path / "st"),
-    ]
-    return CliRunner().invoke(main, ["--log-level", "DEBUG", *args, *extra])
+    return CliRunner().invoke(main, ["--log-level", "DEBUG", *fetch_args(srv.url, tmp_path, *extra)])
 
 
 def assert_one_line_error(result, exit_code: int, *needles: str) -> None:

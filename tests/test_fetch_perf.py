@@ -124,9 +124,9 @@ def test_client_reset_on_keepalive_connection_logs_no_traceback(tmp_path, capfd,
     with HubServer(root) as srv:
         sock = socket.create_connection(("127.0.0.1", srv.port))
         sock.sendall(f"GET /api/models/{REPO}/revision/main HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        loop_until(lambda: b"\r\n\r\n" in sock.recv(65536, socket.MSG_PEEK), 10, what="a response")
-        # RST instead of FIN: the server's keep-alive read of the next request line fails with
-        # ECONNRESET, as when a download client is killed.
+        _read_whole_response(sock)
+        # The server now waits in its keep-alive read of the next request. RST instead of FIN:
+        # that read fails with ECONNRESET, as when a download client is killed.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
         loop_until(
@@ -134,3 +134,20 @@ def test_client_reset_on_keepalive_connection_logs_no_traceback(tmp_path, capfd,
         )
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ConnectionResetError" not in err, err
+
+
+def _read_whole_response(sock: socket.socket) -> None:
+    """Read one response to its last body byte, so a reset cannot land while the server still writes."""
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before the response headers"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    length = next(int(ln.split(b":", 1)[1]) for ln in lines if ln.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before the end of the body"
+        body += chunk

@@ -23,7 +23,7 @@ from tests.fetchkit import (
     settings_for,
     snapshot_contents,
 )
-from tests.helpers import loop_until
+from tests.helpers import kill_process, loop_until
 
 
 def test_sigkill_midway_resumes_from_written_bytes(tmp_path):
@@ -55,9 +55,7 @@ def test_sigkill_midway_resumes_from_written_bytes(tmp_path):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            kill_process(proc)
         first_egress = srv.egress_bytes
         # Killed: a partial blob and its record exist, nothing is visible in a snapshot.
         assert list(repo_dir(cache).rglob("*.incomplete")) and list((state / "partials").iterdir())

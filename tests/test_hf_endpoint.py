@@ -1,5 +1,4 @@
 """The agent as HF_ENDPOINT: real huggingface_hub clients against real daemons, origin and tracker."""
-# ruff: noqa: F811  (pytest fixtures imported from tests.daemon_fixtures are redefined as arguments)
 
 from __future__ import annotations
 
@@ -16,15 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.daemon import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from tests.daemon_fixtures import (  # noqa: F401  (fixtures)
-    Origin,
-    agent_settings,
-    fetch_and_wait,
-    file_requests,
-    make_agent,
-    origin,
-    tracker,
-)
+from tests.daemon_fixtures import Origin, agent_settings, fetch_and_wait, file_requests
 
 GOOD = "hf_goodtoken1234567890"
 WRONG = "hf_wrongtoken123456789"

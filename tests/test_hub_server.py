@@ -30,7 +30,7 @@ from agent.cli import main as agent_main
 from agent.hub.repos import git_blob_sha1
 from agent.hub.server import HubServer, parse_range
 from agent.hub.testmodel import make_model, parse_size
-from tests.helpers import loop_until
+from tests.helpers import kill_process, loop_until
 
 MiB = 2**20
 REPO = "org/model"
@@ -518,6 +518,4 @@ def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
         assert proc.wait(timeout=30) == 0
         assert TOKEN not in (proc.stderr.read() if proc.stderr else "")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+        kill_process(proc)

@@ -18,7 +18,6 @@ import pytest
 
 from agent.cache import RepoCache
 from agent.daemon import Daemon
-from tests import daemon_fixtures
 from tests.daemon_fixtures import (
     TrackerProcess,
     agent_settings,
@@ -27,14 +26,10 @@ from tests.daemon_fixtures import (
     file_requests,
     wait_until_seeded,
 )
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, loop_until, stop_process
 from tracker.bencode import bdecode, bencode
 
 pytestmark = pytest.mark.skipif(shutil.which("aria2c") is None, reason="aria2c not installed (Debian aria2)")
-
-origin = daemon_fixtures.origin
-tracker = daemon_fixtures.tracker
-make_agent = daemon_fixtures.make_agent
 
 _ARIA2_ISOLATED = [
     "--enable-dht=false",
@@ -69,13 +64,7 @@ def aria2c(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_process(p)
 
 
 def test_aria2c_downloads_a_blob_from_an_agent_through_the_tracker(tmp_path, origin, tracker, make_agent):

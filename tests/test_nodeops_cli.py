@@ -1,5 +1,4 @@
 """`agent publish` / `verify` / `rm` with real daemons, tracker and origin; JSON logs without tokens."""
-# ruff: noqa: F811  (pytest fixtures imported from tests.daemon_fixtures are redefined as arguments)
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from agent.hub.testmodel import make_model
 from agent.logging_setup import JsonFormatter, RedactSecrets, redact
 from agent.publish import commit_for
 from agent.settings import Settings
-from tests.daemon_fixtures import BIN, agent_settings, tracker  # noqa: F401  (fixtures)
+from tests.daemon_fixtures import BIN, agent_settings
 from tests.helpers import free_port
 
 SECRET = "hf_SuperSecretToken0123456789"

@@ -18,18 +18,15 @@ from agent.daemon import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from agent.podrequests import MODELS_ANNOTATION, STATUS_ANNOTATION, ModelRef
-from tests import daemon_fixtures
 from tests.daemon_fixtures import BIN, Origin, agent_settings, assert_snapshot_verifies
 from tests.fake_kube import FakeKube
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, loop_until, stop_process
 
 NODE = "node-a"
 REPO = "acme/tiny"
 MODEL_BYTES = 2 * 2**20
 ORIGIN_RATE = 1.5 * 2**20
 """Bytes/s: slow enough that a fetch is seen Downloading, fast enough for a short test."""
-
-tracker = daemon_fixtures.tracker
 
 
 @pytest.fixture
@@ -239,11 +236,6 @@ def test_serve_cli_runs_the_watcher(tmp_path, origin, kube) -> None:
         loop_until(ready, timeout=60, what="Ready through `agent serve`")
         assert STATUS_ANNOTATION not in kube.get_pod("elsewhere")["metadata"]["annotations"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, grace=20)
         log.close()
     assert proc.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]

@@ -6,19 +6,15 @@ import os
 from pathlib import Path
 
 from agent.cache import RepoCache
-from tests import daemon_fixtures
 from tests.daemon_fixtures import (
     AgentProcess,
     assert_snapshot_verifies,
+    fetch_all_and_verify,
     fetch_and_wait,
     file_requests,
     wait_until_seeded,
 )
 from tests.helpers import loop_until
-
-origin = daemon_fixtures.origin
-tracker = daemon_fixtures.tracker
-make_agent = daemon_fixtures.make_agent
 
 
 def _corrupt_shards(cache_dir: Path, state_dir: Path, repo_id: str) -> int:
@@ -62,13 +58,7 @@ def test_metainfo_known_but_no_seeders_takes_the_lease_and_web_seed(origin, trac
 
     origin.hub.reset_counters()
     agents = [make_agent(n, origin, tracker) for n in ("b", "c")]
-    jobs = [a.request_model(origin.repo_id) for a in agents]
-    for job in jobs:
-        assert job.wait(120), job.status()
-    statuses = [j.status().to_json() for j in jobs]
-    for st in statuses:
-        assert st["phase"] == "Ready", st
-        assert_snapshot_verifies(st["snapshot"], origin)
+    fetch_all_and_verify(agents, origin)
     # One lease holder per blob pulled it from the origin (web seed); the other took it from peers.
     assert origin.hub.egress_bytes <= 1.1 * origin.size, (origin.hub.egress_bytes, origin.size)
 

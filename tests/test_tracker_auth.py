@@ -13,7 +13,7 @@ from urllib.parse import quote_from_bytes
 import httpx
 import pytest
 
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, kill_process, loop_until
 from tests.test_tracker_fixtures import AUTH, TOKEN, infohash, make_info, peer_id, run_server
 from tracker.bencode import bdecode
 from tracker.settings import TrackerSettings
@@ -113,9 +113,7 @@ def test_startup_errors_are_one_line(args: list[str], message: str) -> None:
     try:
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_process(proc)
     assert proc.returncode != 0
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
 

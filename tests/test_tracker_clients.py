@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, kill_process, loop_until
 from tests.test_tracker_fixtures import AUTH, TOKEN, Tracker, make_info, run_server
 from tracker.bencode import bdecode, bencode
 from tracker.settings import TrackerSettings
@@ -133,9 +133,7 @@ def test_aria2c_downloads_from_libtorrent_seeder_through_tracker(
     try:
         output, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_process(proc)
     assert proc.returncode == 0, output
     assert (out / blob_id).read_bytes() == DATA
     metrics = tracker.http.get("/metrics").text

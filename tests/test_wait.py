@@ -14,13 +14,9 @@ from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from agent.podrequests import ModelRef
 from agent.wait import complete_snapshot
-from tests import daemon_fixtures
-from tests.daemon_fixtures import BIN, Origin, assert_snapshot_verifies
+from tests.daemon_fixtures import BIN, REPO, Origin, assert_snapshot_verifies
 from tests.helpers import free_port
 
-origin = daemon_fixtures.origin
-make_agent = daemon_fixtures.make_agent
-REPO = daemon_fixtures.REPO
 EXIT_TIMEOUT = 7
 
 

@@ -6,44 +6,18 @@ stderr and exit non-zero, never a traceback.
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
+from tracker.clikit import CommandDecorator, env_option, error_handler
 from tracker.errors import TrackerError
 from tracker.settings import TrackerSettings, read_secret_file
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def env_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
-    """`click.option` whose value also comes from `WEIGHTSWARM_<OPTION>` (e.g. WEIGHTSWARM_TOKEN_FILE)."""
-    long_name = next(p for p in param_decls if p.startswith("--"))
-    attrs.setdefault("envvar", "WEIGHTSWARM_" + long_name[2:].replace("-", "_").upper())
-    attrs.setdefault("show_envvar", True)
-    return click.option(*param_decls, **attrs)
-
-
-def handle_errors(func: F) -> F:
-    """Turn an expected failure into one line on stderr and its exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except TrackerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
+handle_errors: CommandDecorator = error_handler(TrackerError)
+"""Expected failures -> one line on stderr and their exit code."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -10,8 +10,12 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
-class TrackerError(Exception):
-    """Base of every expected tracker failure."""
+class ExpectedError(Exception):
+    """An expected failure: a one-line message a person can act on, and the process exit code.
+
+    The base of the tracker's errors and of the agent's (`agent.errors.WeightswarmError`); each
+    CLI catches its own family (`tracker.clikit.error_handler`).
+    """
 
     exit_code = EXIT_FAILURE
 
@@ -21,6 +25,10 @@ class TrackerError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class TrackerError(ExpectedError):
+    """Base of every expected tracker failure."""
 
 
 class ConfigError(TrackerError):
