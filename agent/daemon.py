@@ -13,7 +13,6 @@ revision) -> Job` (deduped while running) and `Job.status() -> JobStatus`.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import signal
 import socket
@@ -23,7 +22,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -483,11 +481,6 @@ def build_serve_settings(
         endpoint=(origin or settings.origin.endpoint).rstrip("/"),
         token=token or settings.origin.token,
     )
-    if _is_loopback(origin_settings.endpoint):
-        # libtorrent's SSRF mitigation refuses web seed URLs with a query string on loopback, and
-        # the Hub's signed CDN URLs have one: an operator who points the agent at a loopback origin
-        # (the demo, an air-gapped `agent serve-hub` on the node) means that origin to be used.
-        swarm = dataclasses.replace(swarm, ssrf_mitigation=False)
     # The watcher needs the real node name (the downward API's spec.nodeName), not the hostname:
     # left empty without --node-name, so the watcher refuses to start with an actionable line.
     kube_settings = dataclasses.replace(
@@ -497,14 +490,6 @@ def build_serve_settings(
     return dataclasses.replace(
         settings, swarm=swarm, daemon=daemon, origin=origin_settings, kube=kube_settings
     )
-
-
-def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def serve_forever(settings: Settings) -> None:

@@ -173,20 +173,25 @@ class SwarmSettings:
     allow_multiple_connections_per_ip: bool = True
     """Several agents behind one IP (tests, hostNetwork pods on one node) must be able to peer."""
 
-    send_buffer_watermark: int = 8 * MiB
-    """Bytes queued per peer before reading from disk pauses (default 500 KB): fills 10-100 Gb/s links."""
+    send_buffer_watermark: int = 2 * MiB
+    """Bytes queued per peer connection before reading from disk pauses (default 500 KB). Several
+    times a DC link's bandwidth-delay product (10 Gb/s x 0.5 ms = 625 KB), and the kernel's socket
+    buffer adds its own. It is anonymous memory per connection: 8 MiB x 28 connections of a lease
+    holder serving 7 peers 4 blobs made the agent's RssAnon ~240 MiB in the benchmark."""
 
-    send_buffer_low_watermark: int = 1 * MiB
+    send_buffer_low_watermark: int = 512 * 1024
     """Bytes per peer below which the send buffer is refilled, so a fast peer never drains it."""
 
-    max_queued_disk_bytes: int = 256 * MiB
-    """Bytes waiting for disk before peers are throttled (default 100 MiB): absorbs bursts on fast links."""
+    max_queued_disk_bytes: int = 64 * MiB
+    """Bytes received but not yet written before peers are throttled (default 100 MiB): 50 ms of a
+    10 Gb/s link, which an NVMe drive or the page cache absorbs; more is only resident memory."""
 
     aio_threads: int = 8
-    """Disk I/O threads. NVMe serves many parallel reads; more threads than this gain little."""
+    """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little."""
 
     hashing_threads: int = 4
-    """Piece-hashing threads (default 1): SHA-1 of a 10 Gb/s stream needs more than one core."""
+    """Piece-hashing threads (default 1), at most one per CPU: SHA-1 of a 10 Gb/s stream needs more
+    than one core, and on a small node extra threads only add context switches."""
 
     request_queue_time: int = 3
     """Seconds of outstanding requests per peer (queue depth = rate x this); 3 s keeps fast peers busy."""
@@ -231,6 +236,12 @@ class SwarmSettings:
     find a seeder, before adding the origin as web seed. Closes the race between a seeder's announce
     and our tracker query; with truly no seeders the announce reply ends the wait in milliseconds."""
 
+    lease_spread: float = 2.0
+    """Seconds a node that already holds an origin lease waits before asking for another (blobs of
+    16 MiB or more), so the leases of a model's shards spread over the nodes asking at once: one
+    holder of most shards is the only source of every new piece, saturates its uplink and slows
+    its own origin download. A lone node just takes each further lease this much later."""
+
     stall_timeout: float = 60.0
     """Seconds with no payload progress before status() says 'stalled' (the daemon then uses the origin)."""
 
@@ -243,8 +254,13 @@ class SwarmSettings:
     alert_queue_size: int = 10000
     """Alerts buffered between alert-loop turns before libtorrent drops them."""
 
-    ssrf_mitigation: bool = True
-    """libtorrent's SSRF guard: web seeds with a query string to localhost are refused. Tests turn it off."""
+    ssrf_mitigation: bool = False
+    """libtorrent's SSRF guard; off. libtorrent 2.x then refuses every web seed URL with a query string
+    on a private address (10/8, 172.16/12, 192.168/16, ...): the signed CDN URL of an in-cluster or
+    air-gapped `agent serve-hub` origin, so lease holders never got a byte from it (seen in the netns
+    benchmark; loopback is not refused, so loopback tests miss it). It guards clients that open
+    untrusted .torrent files; ours only contact URLs the agent itself chose (--tracker, the --origin's
+    resolved redirect): metainfo from the tracker is a bare info dict, which carries no URL."""
 
     user_agent: str = "weightswarm/0.1"
     """User-Agent for trackers and web seeds."""

@@ -100,6 +100,10 @@ class BlobStatus:
     last_progress_monotonic: float
     swarm_seeders: int = -1
     """Seeders the tracker counted in its last announce reply to this torrent; -1 = no reply yet."""
+    web_seed_errors: int = 0
+    """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
+    web_seed_error: str | None = None
+    """The last of those failures, one line, its URL without the query (which may be a signature)."""
 
     @property
     def complete(self) -> bool:
@@ -119,6 +123,10 @@ class _Torrent:
     hash_failures: int = 0
     banned_peers: int = 0
     web_seeded: bool = False
+    finishing: bool = False
+    """Its rename to the final name is requested (once)."""
+    web_seed_errors: int = 0
+    web_seed_error: str | None = None
     peer_bytes: int = 0
     peer_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     last_done: int = -1
@@ -156,8 +164,10 @@ def _settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "send_buffer_watermark": s.send_buffer_watermark,
         "send_buffer_low_watermark": s.send_buffer_low_watermark,
         "max_queued_disk_bytes": s.max_queued_disk_bytes,
-        "aio_threads": s.aio_threads,
-        "hashing_threads": s.hashing_threads,
+        # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
+        # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
+        "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
+        "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
         "request_queue_time": s.request_queue_time,
         "max_out_request_queue": s.max_out_request_queue,
         # Private swarm: every node is a cooperating agent, so tit-for-tat choking only slows it
@@ -188,7 +198,14 @@ def _settings_pack(s: SwarmSettings) -> dict[str, Any]:
         # Connect to new peers quickly: a cold start adds many peers at once.
         "connection_speed": 200,
         "smooth_connects": False,
-        "min_reconnect_time": 5,
+        # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
+        # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
+        # retries after min_reconnect_time: each blob fetched from a lease holder that had just
+        # completed it waited 5 s (netns benchmark; reproduced on loopback). Keep such connections,
+        # reconnect within a second if one goes anyway, and close idle ones after a while instead.
+        "close_redundant_connections": False,
+        "min_reconnect_time": 1,
+        "inactivity_timeout": 120,
     }
 
 
@@ -465,12 +482,16 @@ class Swarm:
         # and a node must seed every blob it has.
         atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
         atp.max_connections = self.settings.max_connections_per_torrent
-        try:
-            handle = self._ses.add_torrent(atp)
-        except RuntimeError as exc:
-            raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
-        rec = _Torrent(handle, ih, save_path, final, current, total=atp.ti.total_size(), complete=complete)
+        # Under the lock, so the alert loop (`_record_for`) cannot see this torrent's alerts before
+        # its record exists: a small blob can be fetched from LAN peers before this thread gets the
+        # GIL back, and its dropped torrent_finished_alert left it "finishing" for ever (benchmark).
         with self._changed:
+            try:
+                handle = self._ses.add_torrent(atp)
+            except RuntimeError as exc:
+                raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
+            total = atp.ti.total_size()
+            rec = _Torrent(handle, ih, save_path, final, current, total=total, complete=complete)
             self._torrents[ih] = rec
             self._changed.notify_all()
         self._request_save(rec)
@@ -516,6 +537,8 @@ class Swarm:
                 error=rec.error or (st.errc.message() if st.errc.value() else None),
                 last_progress_monotonic=rec.last_progress,
                 swarm_seeders=int(st.num_complete),
+                web_seed_errors=rec.web_seed_errors,
+                web_seed_error=rec.web_seed_error,
             )
 
     def _state(self, rec: _Torrent, st: Any) -> str:
@@ -617,7 +640,9 @@ class Swarm:
             if now - rec.last_resume_save > self.settings.resume_interval:
                 rec.last_resume_save = now
                 self._request_save(rec, only_if_modified=True)
-            self.status(rec.infohash)  # refreshes last_progress
+            if self.status(rec.infohash).state == "finishing":  # also refreshes last_progress
+                # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
+                self._on_finished(rec)
 
     def _sample_sources(self, rec: _Torrent) -> None:
         """Add BitTorrent peers' new payload bytes to the torrent's peer total.
@@ -627,9 +652,10 @@ class Swarm:
         (up to 16 MiB): so peers are summed from their per-connection counters, sampled on
         every verified piece and every poll, and web seed bytes are the rest. Bytes a peer sends
         after the last sample of a connection that then closes count as web seed bytes (errs
-        towards over-stating origin egress, never hiding it). Without web seeds all is peers.
+        towards over-stating origin egress, never hiding it). Without web seeds all is peers, and
+        nothing is sampled: get_peer_info on every verified piece is CPU a warm fetch can use.
         """
-        if rec.complete:
+        if rec.complete or not rec.web_seeded:
             return
         for p in rec.handle.get_peer_info():
             if p.connection_type != lt.peer_info.standard_bittorrent:
@@ -684,7 +710,21 @@ class Swarm:
         elif isinstance(alert, lt.tracker_error_alert):
             log.info("tracker error for %s: %s", rec.final_name, alert.message())
         elif isinstance(alert, lt.url_seed_alert):
-            log.info("web seed error for %s: %s", rec.final_name, alert.error_message() or alert.message())
+            self._on_web_seed_error(rec, alert)
+
+    def _on_web_seed_error(self, rec: _Torrent, alert: Any) -> None:
+        # Not alert.message(): it holds the whole URL, and a signed CDN URL's query is a credential.
+        parts = urlsplit(str(alert.server_url()))
+        reason = str(alert.error_message() or alert.error.message())
+        line = f"web seed {parts.scheme}://{parts.netloc}{parts.path} failed: {reason}"
+        with self._changed:
+            rec.web_seed_errors += 1
+            rec.web_seed_error = line
+            first = rec.web_seed_errors == 1
+            self._changed.notify_all()
+        # The first failure is what an operator needs (e.g. an origin the agent cannot reach);
+        # libtorrent retries every `web_seed_retry` seconds, and the repeats are noise.
+        (log.warning if first else log.info)("%s: %s", rec.final_name, line)
 
     def _fail(self, rec: _Torrent, message: str) -> None:
         log.error("blob %s: %s", rec.final_name, message)
@@ -693,8 +733,9 @@ class Swarm:
             self._changed.notify_all()
 
     def _on_finished(self, rec: _Torrent) -> None:
-        if rec.complete:
+        if rec.complete or rec.finishing:
             return
+        rec.finishing = True
         if rec.current_name == rec.final_name:
             self._on_renamed(rec, rec.final_name)
         else:

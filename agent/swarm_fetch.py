@@ -12,10 +12,22 @@
     5. tracker unreachable                                  -> origin engine only; the blob is seeded
        anyway and published when the tracker returns (the daemon's probe loop)
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
+       (a lease holder whose web seed stalls as long, or fails and then brings nothing for
+       3 x `swarm.web_seed_retry` seconds, uses the origin engine: same origin, own retries and errors)
 
 A blob finished by libtorrent is verified once end to end (sha256 / git sha1 against the blob id,
 which is what the origin promised) in the same pass that writes its xxh3 sidecar, before any
-snapshot link points at it.
+snapshot link points at it. Why, when libtorrent has already checked every piece's SHA-1: those piece
+hashes are only as good as the metainfo, and any holder of the tracker token can publish the
+metainfo of a blob id. The publisher computed it from bytes it had verified (the origin engine
+hashes sha256 and pieces in one stream; `agent publish` hashes its own files), and `_check_info`
+pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
+then every node would install the same wrong "verified" weights in silence. The re-read turns that
+into a loud IntegrityError. Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for xxh3), once per blob
+per node. (Hashing in piece order while the download runs would hide it, but pieces arrive in rarest-
+first order, and sequential downloading would make every node want the same pieces at once.) The
+piece SHA-1s are not recomputed here (the metainfo has them): they were the larger part of this
+pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from agent.progress import FileProgress
 from agent.safetensors_check import check_safetensors
 from agent.settings import Settings
 from agent.swarm import Swarm, WebSeed
-from agent.tracker_client import TrackerClient
+from agent.tracker_client import Lease, TrackerClient
 from agent.verify import seedable_digest
 from tracker.bencode import bdecode, bencode
 
@@ -54,6 +66,14 @@ log = logging.getLogger(__name__)
 BlobOrigin = Literal["cache", "peers", "origin"]
 _READ_BLOCK = 4 * 2**20
 _TICK = 0.5
+_ANNOUNCE_WAIT = 5.0
+"""Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
+_SPREAD_MIN_BYTES = 16 * 2**20
+"""Blobs from this size on have their origin leases spread over nodes; small files are not worth a wait."""
+_WEB_SEED_TRIES = 3
+"""A web seed that failed and then brought nothing for this many of libtorrent's retry periods is given
+up: a refused (SSRF, 403) or unreachable URL, or one libtorrent dropped (404), then costs ~15 s, not a
+whole stall timeout; a web seed that recovers (progress) is kept."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,8 @@ class SwarmFetcher:
         self._active: dict[str, bytes] = {}
         """blob id -> info of libtorrent downloads in flight (to stop them before an origin fallback)."""
         self._web_seeded: set[str] = set()
+        self._leases: set[str] = set()
+        """Blobs whose origin lease this node holds or is asking for (see `_acquire_lease`)."""
         """Blobs whose torrent got the origin as a web seed (their bytes may be origin bytes)."""
         self._blob_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -161,7 +183,7 @@ class SwarmFetcher:
                     log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
                     peers_stalled = True
                     continue
-            lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+            lease = self._acquire_lease(blob)
             if (
                 lease.granted
                 and info is not None
@@ -213,7 +235,7 @@ class SwarmFetcher:
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
                 seed = WebSeed(web_seed_url())
-                return self._from_swarm(cache, blob, info, seed, progress, stall_ok=False)
+                return self._from_swarm(cache, blob, info, seed, progress)
             except (SwarmError, _Stalled) as exc:
                 log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
                 return self._from_origin(cache, blob, origin_download, publish=True, info=info)
@@ -222,8 +244,37 @@ class SwarmFetcher:
             beat.join(timeout=5)
             self._release(blob.blob_id)
 
+    def _acquire_lease(self, blob: FileEntry) -> Lease:
+        """Ask for the blob's origin lease; a node already holding one first lets others ask.
+
+        Nodes asked for a model at once race for its shards' leases, and one fast node could win
+        them all: it then pulls every shard from the origin and is the only source of each new
+        piece for all peers, so its uplink saturates and its own origin download slows (measured:
+        8 nodes, one holder of 3 of 4 shards, 1.4x the bound). Waiting `swarm.lease_spread`
+        seconds before a second lease lets idle nodes take them; a lone node only loses that.
+        """
+        assert self.tracker is not None
+        with self._locks_guard:
+            holding = len(self._leases)
+            self._leases.add(blob.blob_id)
+        try:
+            if holding and blob.size >= _SPREAD_MIN_BYTES:
+                time.sleep(self.settings.swarm.lease_spread)
+            lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+        except BaseException:
+            self._forget_lease(blob.blob_id)
+            raise
+        if not lease.granted:
+            self._forget_lease(blob.blob_id)
+        return lease
+
+    def _forget_lease(self, blob_id: str) -> None:
+        with self._locks_guard:
+            self._leases.discard(blob_id)
+
     def _release(self, blob_id: str) -> None:
         assert self.tracker is not None
+        self._forget_lease(blob_id)
         try:
             self.tracker.release_lease(blob_id, self.node_id)
         except TrackerError as exc:
@@ -295,7 +346,6 @@ class SwarmFetcher:
         info: bytes,
         web_seed: WebSeed | None,
         progress: Progress,
-        stall_ok: bool = True,
     ) -> BlobOutcome:
         with self._locks_guard:
             self._active[blob.blob_id] = info
@@ -311,6 +361,7 @@ class SwarmFetcher:
         )
         stall = self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
+        errors_at_progress = 0
         while True:
             try:
                 st = self.swarm.wait(ih, _TICK)
@@ -324,9 +375,18 @@ class SwarmFetcher:
                 break
             now = time.monotonic()
             if st.done != last_done:
-                last_done, last_change = st.done, now
-            elif now - last_change > (stall if stall_ok else 4 * stall):
-                raise _Stalled(f"no progress for {now - last_change:.0f}s ({st.num_peers} peers)")
+                last_done, last_change, errors_at_progress = st.done, now, st.web_seed_errors
+            elif now - last_change > stall:
+                raise _Stalled(
+                    f"no progress for {now - last_change:.0f}s: {st.state}, {st.done}/{st.total} bytes, "
+                    f"{st.num_peers} peers ({st.num_seeds} seeds)"
+                )
+            elif (
+                web_seed is not None
+                and st.web_seed_errors > errors_at_progress
+                and now - last_change > _WEB_SEED_TRIES * self.settings.swarm.web_seed_retry
+            ):
+                raise _Stalled(f"{st.web_seed_error} (nothing received for {now - last_change:.0f}s)")
         with self._locks_guard:
             self._active.pop(blob.blob_id, None)
         self._verify_and_record(cache, blob, info, ih)
@@ -370,7 +430,7 @@ class SwarmFetcher:
     def _verify_and_record(self, cache: RepoCache, blob: FileEntry, info: bytes, ih: str) -> None:
         """One pass: the content id the origin promised, and the xxh3 sidecar for later cheap checks."""
         path = cache.blob_path(blob.blob_id)
-        hasher = BlobHasher(blob.size, blob.is_lfs)
+        hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_READ_BLOCK):
                 hasher.update(chunk)
@@ -395,6 +455,12 @@ class SwarmFetcher:
         ih = self.swarm.seed(cache.blob_path(blob.blob_id), info, self.trackers)
         self._on_seeding(blob.blob_id, ih, info)
         if publish and self.tracker is not None:
+            # Announce before publishing: nodes waiting on the lease wake up at the metainfo, and if
+            # the tracker did not count us as a seeder yet, one of them took the released lease and
+            # pulled the blob from the origin a second time (origin egress 1.14 S in the benchmark).
+            deadline = time.monotonic() + _ANNOUNCE_WAIT
+            while self.swarm.status(ih).swarm_seeders < 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
             try:
                 self.tracker.put_metainfo(blob.blob_id, info)
             except TrackerError as exc:

@@ -87,6 +87,33 @@ def test_three_nodes_cold_fetch_at_once(stack: Stack) -> None:
     assert egress <= 1.1 * model.size, f"origin sent {egress / model.size:.2f} x the model"
 
 
+def test_three_nodes_cold_known_use_the_origin_as_web_seed(stack: Stack) -> None:
+    """Metainfo known, no seeders: the lease holders web-seed from the origin, which is on a private
+    address here, as an in-cluster `agent serve-hub` is. libtorrent's SSRF guard refused that signed
+    URL (query string, private IP), so every holder waited out a stall and fell back to its origin
+    engine; loopback tests cannot see it (libtorrent lets loopback through)."""
+    model = stack.describe_model(REPO)
+    nodes = stack.c.nodes
+    first = stack.run_fetches(nodes[:1], lambda n: stack.fetch_agent_argv(n, model), timeout=90, tag="first")
+    assert first.failures == {}, first.failures
+    stack.stop_agents()  # "stopped" announces: the tracker keeps the metainfo and counts no seeders
+    stack.wipe(nodes)
+    stack.log_prefix = "known-"
+    stack.start_agents(nodes)
+    e0 = stack.egress()
+
+    res = stack.run_fetches(nodes, lambda n: stack.fetch_agent_argv(n, model), timeout=90, tag="fetch")
+
+    assert res.failures == {}, res.failures
+    # 16 MiB at 10 MB/s from the origin: ~1.7 s; the old stall fallback took minutes.
+    assert max(res.times.values()) < 30, res.times
+    egress = stack.egress() - e0
+    assert egress <= 1.1 * model.size, f"origin sent {egress / model.size:.2f} x the model"
+    for node in nodes:
+        log = stack.log(f"agent-{node}").read_text()
+        assert "web seed" not in log, f"{node}: {log[-600:]}"
+
+
 def _require_netns() -> None:
     reason = _skip_reason()
     if reason:
