@@ -120,11 +120,13 @@ def test_sigkilled_agent_resumes_from_peers_and_keeps_seeding(tmp_path, origin, 
         assert st["phase"] == "Ready", st
         assert_snapshot_verifies(st["snapshot"], origin)
         assert file_requests(origin.hub) == []  # nothing from the origin, before or after the kill
-        # The restart re-checked the partial files and took only what they lacked (give or take
-        # two pieces of endgame duplicates), not what the stale resume data forgot.
-        slack = 2 * piece
-        assert have > 2 * slack, "killed too early to tell"
-        assert need - have - slack <= st["bytes_from_peers"] <= need - have + slack, (
+        # The restart re-checked the partial files and took only what they lacked, not what the
+        # stale resume data forgot. Slack: a couple of pieces that finished between our reading
+        # and the kill below, and a few more above for blocks requested twice (endgame, or
+        # re-requested after a connection timed out on this busy 2-core machine).
+        under, over = 2 * piece, 4 * piece
+        assert have > 2 * under, "killed too early to tell"
+        assert need - have - under <= st["bytes_from_peers"] <= need - have + over, (
             st["bytes_from_peers"],
             need,
             have,

@@ -86,9 +86,9 @@ def test_peer_download_is_incomplete_until_verified_then_renamed(tmp_path, swarm
     dest = tmp_path / "l" / "blobs"
     started = time.monotonic()
     assert leecher.download(dest, blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)]) == ih
-    loop_until(lambda: leecher.status(ih).done > 0, timeout=30, what="first bytes")
-    # Partway: the data sits under the .incomplete name, never under the final one.
-    assert (dest / (blob.blob_id + ".incomplete")).exists()
+    # Partway: the data sits under the .incomplete name (libtorrent's disk thread creates it with
+    # the first write, a moment after the first bytes arrive), never under the final one.
+    loop_until(lambda: (dest / (blob.blob_id + ".incomplete")).exists(), timeout=30, what="first write")
     assert not (dest / blob.blob_id).exists()
     assert leecher.status(ih).state == "downloading"
 
@@ -100,7 +100,7 @@ def test_peer_download_is_incomplete_until_verified_then_renamed(tmp_path, swarm
     assert final.bytes_from_peers == len(blob.data)
     assert final.bytes_from_web_seeds == 0
     assert final.path == dest / blob.blob_id
-    # The seeder's 1 MiB/s limit holds on loopback too (libtorrent exempts local peers by default).
+    # The seeder's upload limit holds on loopback too (libtorrent exempts local peers by default).
     assert elapsed > 0.6 * len(blob.data) / limit
     assert seeder.status(ih).bytes_uploaded >= len(blob.data)
 
