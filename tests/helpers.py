@@ -41,6 +41,7 @@ def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+    _close_pipes(proc)
 
 
 def kill_process(proc: subprocess.Popen[Any]) -> None:
@@ -48,3 +49,11 @@ def kill_process(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(10)
+    _close_pipes(proc)
+
+
+def _close_pipes(proc: subprocess.Popen[Any]) -> None:
+    # An unclosed pipe is a ResourceWarning, and warnings are errors in this suite.
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
