@@ -70,6 +70,20 @@ class AgentClient:
         result: list[dict[str, Any]] = self._call("GET", "/v1/models")
         return result
 
+    def remove_model(self, repo_id: str, revision: str | None) -> dict[str, Any]:
+        org, name = repo_id.split("/", 1) if "/" in repo_id else ("", repo_id)
+        params = {"revision": revision} if revision else {}
+        result: dict[str, Any] = self._call("DELETE", f"/v1/models/{org}/{name}", params=params)
+        return result
+
+    def forget_blob(self, blob_id: str) -> None:
+        self._call("POST", f"/v1/blobs/{blob_id}/forget")
+
+    def publish(self, directory: str, repo_id: str, revision: str) -> dict[str, Any]:
+        body = {"directory": directory, "repo_id": repo_id, "revision": revision}
+        result: dict[str, Any] = self._call("POST", "/v1/publish", json=body)
+        return result
+
 
 def fetch_via_agent(
     url: str, repo_id: str, revision: str, include: Sequence[str], exclude: Sequence[str], progress: Progress
@@ -87,7 +101,7 @@ def fetch_via_agent(
                     missing = [f for f in status["files"] if f["source"] != "cache"]
                     progress.set_total(sum(f["size"] for f in missing))
                     total_set = True
-                _mirror(status, bars, finished, progress)
+                mirror_progress(status, bars, finished, progress)
             if status["phase"] == "Ready":
                 break
             if status["phase"] == "Failed":
@@ -105,7 +119,7 @@ def fetch_via_agent(
         client.close()
 
 
-def _mirror(
+def mirror_progress(
     status: dict[str, Any], bars: dict[str, FileProgress], finished: set[str], progress: Progress
 ) -> None:
     for f in status["files"]:

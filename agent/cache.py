@@ -48,8 +48,18 @@ def check_blob_id(blob_id: str) -> str:
     return blob_id
 
 
+def is_commit(value: str) -> bool:
+    """A full 40-hex commit id (lower case, as the Hub reports them), not a branch or tag."""
+    return _COMMIT.match(value) is not None
+
+
+def is_blob_id(value: str) -> bool:
+    """A sha256 (LFS) or git-sha1 blob id."""
+    return _BLOB_ID.match(value) is not None
+
+
 def check_commit(commit: str) -> str:
-    if not _COMMIT.match(commit):
+    if not is_commit(commit):
         raise UnsafePathError(commit)
     return commit
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from agent.errors import WeightswarmError
+from agent.settings import Settings
 from tracker.clikit import CommandDecorator, error_handler
 from tracker.clikit import env_option as env_option  # re-exported: agent.ops_cli uses it too
 
@@ -56,9 +57,8 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
     """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last."""
     from agent.fetch import fetch_snapshot
     from agent.progress import Progress, human_bytes
-    from agent.settings import Settings
 
-    daemon_url = _daemon_for_fetch(agent_url, explicit_local=bool(cache_dir or state_dir or origin or token))
+    daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin or token))
     if daemon_url is not None:
         from agent.agent_client import fetch_via_agent
 
@@ -67,10 +67,9 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
         return
 
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+    settings = with_origin(settings, origin, token)
     settings = replace(
         settings,
-        origin=replace(settings.origin, endpoint=(origin or settings.origin.endpoint).rstrip("/"),
-                       token=token or settings.origin.token),
         fetch=replace(settings.fetch,
                       connections_per_file=connections_per_file or settings.fetch.connections_per_file,
                       files_at_once=files_at_once or settings.fetch.files_at_once),
@@ -137,8 +136,18 @@ def make_test_model_command(
     click.echo(make_test_model(directory, repo_id, size=size, shards=shards, seed=seed, dtype=dtype))
 
 
-def _daemon_for_fetch(agent_url: str | None, explicit_local: bool) -> str | None:
-    """The daemon to hand a fetch to: --agent URL, else the local default one if it answers."""
+def with_origin(settings: Settings, origin: str | None, token: str | None) -> Settings:
+    """`settings` with --origin / --token applied where given."""
+    return replace(
+        settings,
+        origin=replace(settings.origin, endpoint=(origin or settings.origin.endpoint).rstrip("/"),
+                       token=token or settings.origin.token),
+    )
+
+
+def choose_daemon(agent_url: str | None, explicit_local: bool) -> str | None:
+    """The daemon to work through: --agent URL ('off' = none), else the local default one if it
+    answers and nothing says to work on a given cache directly (`explicit_local`)."""
     from agent.agent_client import DEFAULT_AGENT_URL, local_agent_answers
     from agent.agent_client import agent_url as normalise
 
@@ -234,7 +243,6 @@ def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | N
     from agent.agent_client import agent_url as normalise
     from agent.podrequests import parse_model_ref
     from agent.progress import Progress
-    from agent.settings import Settings
     from agent.wait import wait_for_model
 
     ref = parse_model_ref(model.strip())

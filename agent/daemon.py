@@ -29,6 +29,7 @@ from agent import api
 from agent.cache import RepoCache, check_repo_id
 from agent.daemon_fetch import run_fetch_job
 from agent.errors import ConfigError, TrackerError, TrackerUnavailableError, WeightswarmError
+from agent.eviction import repo_id_of
 from agent.jobs import Job, JobKey, JobTable
 from agent.settings import Settings
 from agent.swarm import Swarm
@@ -248,13 +249,13 @@ class Daemon:
         Blobs without piece hashes (a standalone `agent fetch`, huggingface_hub) are left to the
         `backfill-pieces` task, so a large cache of those does not delay start-up.
         """
-        assert self.swarm is not None
+        assert self.swarm is not None and self.fetcher is not None
         self.swarm.restore()
-        trackers = [self.tracker.announce_url] if self.tracker else []
+        trackers = self.fetcher.trackers
         count = 0
         self._needs_pieces.clear()
         for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
-            repo_id = "/".join(repo_dir.name.split("--")[1:])
+            repo_id = repo_id_of(repo_dir.name) or ""
             try:
                 cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, check_repo_id(repo_id))
             except WeightswarmError:
@@ -280,12 +281,14 @@ class Daemon:
 
     def _backfill_pieces(self, stop: threading.Event) -> None:
         """Hash, verify and then seed the blobs that start-up found without piece hashes."""
-        assert self.swarm is not None
-        trackers = [self.tracker.announce_url] if self.tracker else []
+        assert self.swarm is not None and self.fetcher is not None
+        trackers = self.fetcher.trackers
         while self._needs_pieces and not stop.is_set():
             cache, blob_id = self._needs_pieces.pop()
+            if blob_id in self.held_blobs():
+                continue  # seeded meanwhile (a fetch): no re-hash
             digest = seedable_digest(cache, blob_id)
-            if digest is None or blob_id in self.held_blobs():
+            if digest is None:
                 continue
             info = encoded_info(blob_id, digest)
             try:
@@ -380,8 +383,8 @@ class Daemon:
 
     def seed_blob(self, path: Path, blob_id: str, info: bytes) -> str:
         """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
-        assert self.swarm is not None
-        ih = self.swarm.seed(path, info, [self.tracker.announce_url] if self.tracker else [])
+        assert self.swarm is not None and self.fetcher is not None
+        ih = self.swarm.seed(path, info, self.fetcher.trackers)
         self._remember(blob_id, ih, info)
         return ih
 
@@ -394,7 +397,7 @@ class Daemon:
         held = self.held_blobs()
         models: list[dict[str, Any]] = []
         for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
-            repo_id = "/".join(repo_dir.name.split("--")[1:])
+            repo_id = repo_id_of(repo_dir.name)
             refs = {
                 str(p.relative_to(repo_dir / "refs")): p.read_text().strip()
                 for p in sorted((repo_dir / "refs").rglob("*"))
@@ -415,11 +418,6 @@ class Daemon:
                 )
             models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots})
         return models
-
-
-def with_daemon_settings(settings: Settings, **changes: Any) -> Settings:
-    """A copy of `settings` with some `DaemonSettings` fields changed (the CLI and tests use it)."""
-    return dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **changes))
 
 
 def build_serve_settings(

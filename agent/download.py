@@ -140,7 +140,7 @@ class OriginSource:
         except OSError as exc:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
         try:
-            _preallocate(fd, entry.size, incomplete)
+            _preallocate(fd, entry.size)
             chunk = self.settings.chunk_size
             job = _Job(entry, meta.url, fd, chunk, -(-entry.size // chunk), done, progress, written=written)
             job.pending = [i for i in range(job.nchunks) if i not in done]
@@ -393,7 +393,7 @@ class OriginSource:
         write_atomic(cache.partial_record_path(job.entry.blob_id), json.dumps(record).encode(), fsync=False)
 
 
-def _preallocate(fd: int, size: int, path: object) -> None:
+def _preallocate(fd: int, size: int) -> None:
     """Reserve the blob's space now, so a full disk fails at the start of a file, not after hours."""
     if os.fstat(fd).st_size == size:
         return

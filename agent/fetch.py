@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import os
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from agent.cache import BlobDigest, RepoCache, check_repo_id, safe_relpath
 from agent.download import OriginSource
@@ -171,17 +169,7 @@ class FetchEngine:
         fp = self.progress.start_file(entry.path, entry.size)
         try:
             hashes = self.source.fetch_blob(plan, entry, cache, fp)
-            incomplete = cache.incomplete_path(entry.blob_id)
-            if self.settings.fetch.verify_safetensors and entry.path.endswith(".safetensors"):
-                try:
-                    check_safetensors(incomplete, entry.path)
-                except IntegrityError:
-                    # The bytes are exactly what the origin published, but no loader could use
-                    # them: nothing is installed, so no snapshot ever points at a broken shard.
-                    cache.discard_partial(entry.blob_id)
-                    raise
-            cache.install_blob(entry.blob_id, incomplete, _digest(hashes))
-            cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
+            install_downloaded(cache, entry, hashes, self.settings.fetch.verify_safetensors)
         except _FATAL:
             self._abort = True
             raise
@@ -197,9 +185,21 @@ class FetchEngine:
                 check_index(cache.snapshot_file(plan.commit, entry.path), entry.path, present, plan.all_paths)
 
 
-def _digest(h: BlobHashes) -> BlobDigest:
+def install_downloaded(cache: RepoCache, entry: FileEntry, hashes: BlobHashes, check: bool) -> None:
+    """Install a hash-verified `blobs/<id>.incomplete` (safetensors checked first); drop its record."""
+    incomplete = cache.incomplete_path(entry.blob_id)
+    if check and entry.path.endswith(".safetensors"):
+        try:
+            check_safetensors(incomplete, entry.path)
+        except IntegrityError:
+            # The bytes are exactly what the origin published, but no loader could use
+            # them: nothing is installed, so no snapshot ever points at a broken shard.
+            cache.discard_partial(entry.blob_id)
+            raise
     # mtime is filled in by install_blob once the blob has its final name.
-    return BlobDigest(h.size, 0, h.xxh3, h.piece_length, h.pieces)
+    digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
+    cache.install_blob(entry.blob_id, incomplete, digest)
+    cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
 
 
 def _summarise(errors: list[tuple[FileEntry, BaseException]], attempted: int) -> BaseException:
@@ -241,9 +241,3 @@ def fetch_snapshot(
     finally:
         client.close()
 
-
-def snapshot_files(path: Path) -> list[str]:
-    """Repo paths present in a snapshot directory (for tests and `agent ls`)."""
-    return sorted(
-        os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names
-    )

@@ -36,8 +36,6 @@ class BlobHashes:
 
 class BlobHasher:
     def __init__(self, size: int, is_lfs: bool, pieces: bool = True) -> None:
-        self.size = size
-        self.is_lfs = is_lfs
         self._content = hashlib.sha256() if is_lfs else hashlib.sha1(b"blob %d\x00" % size)
         self._xxh = xxhash.xxh3_128()
         self.piece_length = piece_length_for(size)

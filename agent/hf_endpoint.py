@@ -35,7 +35,6 @@ import hmac
 import json
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -48,16 +47,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.background import BackgroundTask
 
-from agent.cache import RepoCache, check_repo_id, safe_relpath
+from agent.cache import RepoCache, check_repo_id, is_blob_id, is_commit, safe_relpath
 from agent.errors import WeightswarmError
-from agent.eviction import scan_repo
+from agent.eviction import CachedRepo, scan_repo
 
 if TYPE_CHECKING:
     from agent.nodeops import NodeOps
 
 log = logging.getLogger(__name__)
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _PASSED_HEADERS = ("content-type", "x-error-code", "x-error-message", "x-repo-commit", "x-request-id")
 
 
@@ -238,15 +236,17 @@ class HfEndpoint:
             e["lfs"] = {"oid": blob_id, "size": size, "pointerSize": 134}
         return e
 
-    def _scan(self, repo_id: str) -> Any:
-        cache = RepoCache(self.ops.settings.cache_dir, self.ops.settings.state_dir, repo_id)
-        return scan_repo(cache.root)
+    def _cache(self, repo_id: str) -> RepoCache:
+        return RepoCache(self.ops.settings.cache_dir, self.ops.settings.state_dir, repo_id)
+
+    def _scan(self, repo_id: str) -> CachedRepo | None:
+        return scan_repo(self._cache(repo_id).root)
 
     # -- files ------------------------------------------------------------------------------
 
     def _local_meta(self, repo_id: str, rev: str, path: str) -> FileMeta | None:
-        cache = RepoCache(self.ops.settings.cache_dir, self.ops.settings.state_dir, repo_id)
-        commit = rev if _COMMIT.match(rev) else cache.read_ref(rev)
+        cache = self._cache(repo_id)
+        commit = rev if is_commit(rev) else cache.read_ref(rev)
         if not commit:
             return None
         try:
@@ -259,7 +259,7 @@ class HfEndpoint:
 
     async def file_meta(self, repo_id: str, rev: str, path: str, auth: str | None) -> FileMeta | Response:
         local = self._local_meta(repo_id, rev, path)
-        if local is not None and _COMMIT.match(rev) and self.access.allowed(repo_id, auth):
+        if local is not None and is_commit(rev) and self.access.allowed(repo_id, auth):
             return local
         url = f"{self.origin}/{repo_id}/resolve/{quote(rev, safe='')}/{quote(path)}"
         try:
@@ -281,8 +281,8 @@ class HfEndpoint:
         size = h.get("x-linked-size") or h.get("content-length") or ""
         commit = (h.get("x-repo-commit") or "").lower()
         if (
-            not _COMMIT.match(commit)
-            or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag)
+            not is_commit(commit)
+            or not is_blob_id(etag)
             or not size.isdigit()
         ):
             return hub_error(502, f"the origin sent no usable commit/ETag/size for {repo_id}/{path}")
@@ -305,7 +305,7 @@ class HfEndpoint:
         leases = self.ops.leases
         await asyncio.to_thread(leases.acquire, meta.blob_id)
         try:
-            cache = RepoCache(self.ops.settings.cache_dir, self.ops.settings.state_dir, repo_id)
+            cache = self._cache(repo_id)
             if not cache.blob_is_complete(meta.blob_id, meta.size):
                 failed = await self._fetch(repo_id, meta, path)
                 if failed is not None:

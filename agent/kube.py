@@ -50,7 +50,6 @@ from agent.podrequests import (
     ModelRef,
     ModelStatus,
     PodKey,
-    RequestTracker,
     encode_status,
     parse_models_annotation,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "ModelStatus",
     "PodKey",
     "PodWatcher",
-    "RequestTracker",
     "StatusReporter",
     "make_api_client",
     "parse_models_annotation",

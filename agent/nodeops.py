@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from agent.cache import RepoCache
 from agent.errors import CacheFullError, NotFoundError, WeightswarmError
-from agent.eviction import BlobLeases, Evicted, Evictor, UsageLog, remove_model, scan_cache
+from agent.eviction import BlobLeases, Evicted, Evictor, UsageLog, own_bytes, remove_model, scan_cache
 from agent.hf_endpoint import HfEndpoint, hf_router
 from agent.metrics import AgentMetrics, SwarmSnapshot, metrics_router
 from agent.settings import Settings
@@ -111,13 +112,10 @@ class NodeOps:
         return SwarmSnapshot(torrents, peers, uploaded)
 
     def _cache_size(self) -> int:
-        import time
-
         with self._cache_lock:
             at, size = self._cache_bytes
             if time.monotonic() - at > _CACHE_BYTES_EVERY:
-                repos = scan_cache(self.settings.cache_dir)
-                size = sum(sum(r.blobs.values()) + r.partial_bytes for r in repos.values())
+                size = own_bytes(scan_cache(self.settings.cache_dir))
                 self._cache_bytes = (time.monotonic(), size)
             return size
 

@@ -14,11 +14,9 @@ from typing import Any
 
 import click
 
-from agent.cli import env_option, handle_errors
+from agent.cli import choose_daemon, env_option, handle_errors, with_origin
 from agent.errors import EXIT_INTEGRITY, ConfigError, DaemonError
 from agent.settings import Settings
-
-_NO_AGENT = ("off", "none", "standalone")
 
 
 def with_ops_settings(
@@ -55,15 +53,10 @@ def _local_settings(cache_dir: Path | None, state_dir: Path | None) -> Settings:
 def _daemon(agent_url: str | None, explicit_local: bool) -> Any:
     """An AgentClient for --agent URL, or the default local daemon if it answers (and nothing says
     to work on a given cache directly); None for standalone."""
-    from agent.agent_client import DEFAULT_AGENT_URL, AgentClient, local_agent_answers
+    from agent.agent_client import AgentClient
 
-    if agent_url and agent_url.lower() in _NO_AGENT:
-        return None
-    if agent_url:
-        return AgentClient(agent_url)
-    if not explicit_local and local_agent_answers(DEFAULT_AGENT_URL):
-        return AgentClient(DEFAULT_AGENT_URL)
-    return None
+    url = choose_daemon(agent_url, explicit_local)
+    return AgentClient(url) if url is not None else None
 
 
 def list_models(agent_url: str, cache_dir: Path | None) -> list[dict[str, Any]]:
@@ -135,9 +128,7 @@ def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_u
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir))
     if client is not None:
         try:
-            params = {"revision": rev} if rev else {}
-            org, name = repo_id.split("/", 1) if "/" in repo_id else ("", repo_id)
-            out = client._call("DELETE", f"/v1/models/{org}/{name}", params=params)
+            out = client.remove_model(repo_id, rev)
         finally:
             client.close()
         snaps, blobs, freed = out["snapshots"], out["blobs"], out["bytes_freed"]
@@ -166,15 +157,7 @@ def verify_command(
     """Re-hash every blob (sha256 / git sha1) and re-fetch corrupt ones; non-zero exit if any stays bad."""
     from agent.verify import BlobCheck, repair, verify_cache
 
-    settings = _local_settings(cache_dir, state_dir)
-    settings = dataclasses.replace(
-        settings,
-        origin=dataclasses.replace(
-            settings.origin,
-            endpoint=(origin or settings.origin.endpoint).rstrip("/"),
-            token=token or settings.origin.token,
-        ),
-    )
+    settings = with_origin(_local_settings(cache_dir, state_dir), origin, token)
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin or token))
 
     def report(check: BlobCheck) -> None:
@@ -191,7 +174,7 @@ def verify_command(
                 settings,
                 bad,
                 _refetcher(settings, client),
-                forget=_forgetter(client) if client is not None else None,
+                forget=client.forget_blob if client is not None else None,
             )
         finally:
             if client is not None:
@@ -202,13 +185,6 @@ def verify_command(
         click.echo(f"still corrupt: {check.repo_id} {check.blob_id} ({check.problem})", err=True)
     if bad:
         raise SystemExit(EXIT_INTEGRITY)
-
-
-def _forgetter(client: Any) -> Any:
-    def forget(blob_id: str) -> None:
-        client._call("POST", f"/v1/blobs/{blob_id}/forget")
-
-    return forget
 
 
 def _refetcher(settings: Settings, client: Any) -> Any:
@@ -260,8 +236,7 @@ def publish_command(
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or tracker))
     if client is not None:
         try:
-            body = {"directory": str(directory.resolve()), "repo_id": repo_id, "revision": revision}
-            out = client._call("POST", "/v1/publish", json=body)
+            out = client.publish(str(directory.resolve()), repo_id, revision)
         finally:
             client.close()
         click.echo(

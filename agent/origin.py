@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, urljoin, urlsplit
@@ -100,8 +100,6 @@ class OriginClient:
             retries=False,
             timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
         )
-        self.retries = 0
-        """Retries taken so far (all requests); for tests and progress summaries."""
 
     def __repr__(self) -> str:
         return f"OriginClient({self.endpoint!r})"
@@ -136,7 +134,6 @@ class OriginClient:
                 if attempt + 1 >= attempts:
                     raise exc.error from None
                 delay = self.backoff(attempt, exc.delay)
-                self.retries += 1
                 log.info("%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -320,18 +317,6 @@ def _reason(exc: BaseException) -> str:
     """A short cause without URLs' query strings (signed CDN URLs carry credentials)."""
     reason = getattr(exc, "reason", None) or exc
     return type(reason).__name__
-
-
-def iter_body(resp: urllib3.BaseHTTPResponse, block: int) -> Iterator[bytes]:
-    """Raw body blocks (no content decoding); a dropped connection surfaces as a Retryable."""
-    while True:
-        try:
-            data = resp.read(block)
-        except Urllib3Error as exc:
-            raise Retryable(OriginError(f"connection dropped ({_reason(exc)})")) from None
-        if not data:
-            return
-        yield data
 
 
 def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:

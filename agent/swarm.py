@@ -232,6 +232,12 @@ def _bdecode_dict(raw: bytes) -> dict[bytes, Any]:
     return cast(dict[bytes, Any], decoded)
 
 
+def _load_resume(path: Path) -> tuple[Any, dict[bytes, Any]]:
+    """(libtorrent's add_torrent_params, the whole dict with our keys) of a resume file."""
+    raw = path.read_bytes()
+    return lt.read_resume_data(raw), _bdecode_dict(raw)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -352,7 +358,7 @@ class Swarm:
             raise SwarmError(
                 f"cannot seed {blob_path}: size {size} differs from the metainfo's {ti.total_size()}"
             )
-        atp = self._resume_params(ih)
+        atp = self._read_resume(ih)[0]
         if atp is None or atp.ti is None or not all(atp.have_pieces or [False]):
             atp = lt.add_torrent_params()
             atp.flags |= lt.torrent_flags.seed_mode
@@ -430,9 +436,7 @@ class Swarm:
                 if ih in self._torrents:
                     continue
             try:
-                raw = path.read_bytes()
-                atp = lt.read_resume_data(raw)
-                ours = _bdecode_dict(raw)
+                atp, ours = _load_resume(path)
                 final = ours.get(_FINAL_NAME_KEY)
             except (OSError, RuntimeError) as exc:
                 log.warning("skipping unreadable resume file %s: %s", path, exc)
@@ -456,15 +460,11 @@ class Swarm:
             restored.append(ih)
         return restored
 
-    def _resume_params(self, ih: str) -> Any:
-        return self._read_resume(ih)[0]
-
     def _read_resume(self, ih: str) -> tuple[Any, bool]:
         """(libtorrent's add_torrent_params or None, whether close() wrote it)."""
-        path = self.resume_dir / (ih + RESUME_SUFFIX)
         try:
-            raw = path.read_bytes()
-            return lt.read_resume_data(raw), bool(_bdecode_dict(raw).get(_CLEAN_KEY))
+            atp, ours = _load_resume(self.resume_dir / (ih + RESUME_SUFFIX))
+            return atp, bool(ours.get(_CLEAN_KEY))
         except (OSError, RuntimeError):
             return None, False
 
@@ -631,15 +631,12 @@ class Swarm:
             recs = list(self._torrents.values())
         now = time.monotonic()
         for rec in recs:
-            if rec.complete:
-                if now - rec.last_resume_save > self.settings.resume_interval:
-                    rec.last_resume_save = now
-                    self._request_save(rec, only_if_modified=True)
-                continue
-            self._sample_sources(rec)
             if now - rec.last_resume_save > self.settings.resume_interval:
                 rec.last_resume_save = now
                 self._request_save(rec, only_if_modified=True)
+            if rec.complete:
+                continue
+            self._sample_sources(rec)
             if self.status(rec.infohash).state == "finishing":  # also refreshes last_progress
                 # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
                 self._on_finished(rec)
@@ -681,11 +678,7 @@ class Swarm:
             self._on_resume_data(alert)
             return
         if isinstance(alert, lt.save_resume_data_failed_alert):
-            rec = self._record_for(alert)
-            with self._changed:
-                if rec is not None:
-                    self._pending_saves.discard(rec.infohash)
-                self._changed.notify_all()
+            self._save_done(self._record_for(alert))
             return
         rec = self._record_for(alert)
         if rec is None:
@@ -786,7 +779,11 @@ class Swarm:
             except OSError as exc:
                 log.error("cannot write resume data for %s: %s", rec.final_name, exc)
         finally:
-            with self._changed:
-                if rec is not None:
-                    self._pending_saves.discard(rec.infohash)
-                self._changed.notify_all()
+            self._save_done(rec)
+
+    def _save_done(self, rec: _Torrent | None) -> None:
+        """A resume save answered (written or failed): close() may stop waiting for it."""
+        with self._changed:
+            if rec is not None:
+                self._pending_saves.discard(rec.infohash)
+            self._changed.notify_all()

@@ -50,11 +50,11 @@ from agent.errors import (
     WaitTimeoutError,
     WeightswarmError,
 )
+from agent.fetch import install_downloaded
 from agent.hashing import BlobHasher, BlobHashes
 from agent.pieces import info_dict
 from agent.plan import FetchPlan, FileEntry
 from agent.progress import FileProgress
-from agent.safetensors_check import check_safetensors
 from agent.settings import Settings
 from agent.swarm import Swarm, WebSeed
 from agent.tracker_client import Lease, TrackerClient
@@ -121,9 +121,9 @@ class SwarmFetcher:
         self._active: dict[str, bytes] = {}
         """blob id -> info of libtorrent downloads in flight (to stop them before an origin fallback)."""
         self._web_seeded: set[str] = set()
+        """Blobs whose torrent got the origin as a web seed (their bytes may be origin bytes)."""
         self._leases: set[str] = set()
         """Blobs whose origin lease this node holds or is asking for (see `_acquire_lease`)."""
-        """Blobs whose torrent got the origin as a web seed (their bytes may be origin bytes)."""
         self._blob_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -200,7 +200,7 @@ class SwarmFetcher:
                     continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
-            if info is not None and peers_stalled is False:
+            if info is not None and not peers_stalled:
                 # The holder is filling the swarm from the origin: take pieces from it as they arrive.
                 try:
                     return self._from_swarm(cache, blob, info, None, progress)
@@ -288,15 +288,7 @@ class SwarmFetcher:
         `swarm.seeder_grace` seconds. A torrent restored after a restart may have found its
         seeders long ago, which this sees at once.
         """
-        with self._locks_guard:
-            self._active[blob.blob_id] = info
-        ih = self.swarm.download(
-            cache.blobs_dir,
-            blob.blob_id,
-            info,
-            trackers=self.trackers,
-            incomplete_name=cache.incomplete_path(blob.blob_id).name,
-        )
+        ih = self._start_download(cache, blob, info, None)
         deadline = time.monotonic() + self.settings.swarm.seeder_grace
         while True:
             st = self.swarm.status(ih)
@@ -329,7 +321,7 @@ class SwarmFetcher:
         publish: bool,
         info: bytes | None = None,
     ) -> BlobOutcome:
-        self._drop_torrent(info)
+        self._drop_torrent(blob.blob_id, info)
         origin_download()
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
@@ -339,6 +331,23 @@ class SwarmFetcher:
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
 
+    def _start_download(
+        self, cache: RepoCache, blob: FileEntry, info: bytes, web_seed: WebSeed | None
+    ) -> str:
+        """Join the blob's swarm (idempotent), recorded as in flight; returns the infohash."""
+        with self._locks_guard:
+            self._active[blob.blob_id] = info
+            if web_seed is not None:
+                self._web_seeded.add(blob.blob_id)
+        return self.swarm.download(
+            cache.blobs_dir,
+            blob.blob_id,
+            info,
+            trackers=self.trackers,
+            web_seeds=[web_seed] if web_seed else [],
+            incomplete_name=cache.incomplete_path(blob.blob_id).name,
+        )
+
     def _from_swarm(
         self,
         cache: RepoCache,
@@ -347,18 +356,7 @@ class SwarmFetcher:
         web_seed: WebSeed | None,
         progress: Progress,
     ) -> BlobOutcome:
-        with self._locks_guard:
-            self._active[blob.blob_id] = info
-            if web_seed is not None:
-                self._web_seeded.add(blob.blob_id)
-        ih = self.swarm.download(
-            cache.blobs_dir,
-            blob.blob_id,
-            info,
-            trackers=self.trackers,
-            web_seeds=[web_seed] if web_seed else [],
-            incomplete_name=cache.incomplete_path(blob.blob_id).name,
-        )
+        ih = self._start_download(cache, blob, info, web_seed)
         stall = self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
         errors_at_progress = 0
@@ -369,7 +367,7 @@ class SwarmFetcher:
                 st = self.swarm.status(ih)
             progress(st.done)
             if st.state == "error":
-                self._drop_torrent(info)
+                self._drop_torrent(blob.blob_id, info)
                 raise SwarmError(f"BitTorrent download of {blob.path} failed: {st.error}")
             if st.state == "seeding":
                 break
@@ -483,13 +481,12 @@ class SwarmFetcher:
         with self._locks_guard:
             return self._active.get(blob.blob_id)
 
-    def _drop_torrent(self, info: bytes | None) -> None:
+    def _drop_torrent(self, blob_id: str, info: bytes | None) -> None:
         """Stop a libtorrent download of this blob so the origin engine owns its `.incomplete` file."""
         if info is None:
             return
-        name = bdecode(info).get(b"name", b"")
         with self._locks_guard:
-            self._web_seeded.discard(name.decode() if isinstance(name, bytes) else "")
+            self._web_seeded.discard(blob_id)
         try:
             self.swarm.remove(hashlib.sha1(info).hexdigest(), delete_files=False)
         except WeightswarmError:
@@ -562,16 +559,7 @@ class SwarmSource:
                     self.bytes_from_origin += one.bytes_received
                     self._resumed += one.bytes_resumed
             reported = entry.size
-            incomplete = cache.incomplete_path(entry.blob_id)
-            if self.verify_safetensors and entry.path.endswith(".safetensors"):
-                try:
-                    check_safetensors(incomplete, entry.path)
-                except IntegrityError:
-                    cache.discard_partial(entry.blob_id)  # as the engine: never install an unusable shard
-                    raise
-            digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
-            cache.install_blob(entry.blob_id, incomplete, digest)
-            cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
+            install_downloaded(cache, entry, hashes, self.verify_safetensors)
 
         def web_seed_url() -> str:
             return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url

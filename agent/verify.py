@@ -51,7 +51,8 @@ def rehash(cache: RepoCache, blob_id: str) -> tuple[bool, str]:
     """Full re-hash of one blob; refreshes its sidecar when it is intact."""
     path = cache.blob_path(blob_id)
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        size = st.st_size
         hasher = BlobHasher(size, is_lfs=len(blob_id) == 64)
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_BLOCK):
@@ -61,7 +62,6 @@ def rehash(cache: RepoCache, blob_id: str) -> tuple[bool, str]:
     got = hasher.finish()
     if got.content_id != blob_id or got.size != size:
         return False, f"content hashes to {got.content_id[:16]}…"
-    st = path.stat()
     digest = BlobDigest(st.st_size, st.st_mtime_ns, got.xxh3, got.piece_length, got.pieces)
     write_atomic(cache.sidecar_path(blob_id), digest.to_json(), fsync=False)
     return True, ""

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.agent_client import AgentClient, _mirror, local_agent_answers
-from agent.cache import repo_folder_name, safe_relpath
+from agent.agent_client import AgentClient, local_agent_answers, mirror_progress
+from agent.cache import is_commit, repo_folder_name, safe_relpath
 from agent.errors import DaemonError, UnsafePathError, WaitTimeoutError, WeightswarmError
 from agent.podrequests import ModelRef
 from agent.progress import FileProgress, Progress, human_bytes
 
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _POLL_WAIT = 1.0
 """Seconds one `GET /v1/jobs/{id}?wait=` may block: progress is redrawn at least this often."""
 _REQUEST_TIMEOUT = 5.0
@@ -49,11 +47,11 @@ def complete_snapshot(cache_dir: Path, ref: ModelRef) -> Path | None:
     """The snapshot directory of `ref` if it is complete in the hub cache (see module doc), else None."""
     try:
         repo_dir = cache_dir / repo_folder_name(ref.repo_id)
-        if _COMMIT.match(ref.revision):
+        if is_commit(ref.revision):
             commit = ref.revision
         else:
             commit = repo_dir.joinpath("refs", *safe_relpath(ref.revision).parts).read_text().strip()
-        if not _COMMIT.match(commit):
+        if not is_commit(commit):
             return None
     except (OSError, UnsafePathError, WeightswarmError):
         return None
@@ -141,7 +139,7 @@ def _through_agent(
                 if not total_set:
                     progress.set_total(sum(f["size"] for f in status["files"] if f["source"] != "cache"))
                     total_set = True
-                _mirror(status, bars, finished, progress)
+                mirror_progress(status, bars, finished, progress)
             if status["phase"] == "Ready":
                 progress.close()
                 progress.message(_summary(ref, status))

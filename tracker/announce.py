@@ -22,7 +22,6 @@ from tracker.settings import TrackerSettings
 from tracker.store import AnnounceResult, PeerAddr, Store, SwarmCounts
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
-EVENTS = ("started", "completed", "stopped", "")
 _EVENT_ALIASES = {
     b"": "",
     b"started": "started",

@@ -152,11 +152,10 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     async def blob_state(blob_id: str) -> dict[str, Any]:
         meta = await store.get_metainfo(blob_id)
         infohash = meta[0] if meta else None
-        counts = (
-            (await store.scrape([bytes.fromhex(infohash)]))[bytes.fromhex(infohash)]
-            if infohash
-            else SwarmCounts()
-        )
+        counts = SwarmCounts()
+        if infohash:
+            ih = bytes.fromhex(infohash)
+            counts = (await store.scrape([ih]))[ih]
         holders = await store.lease_holders(blob_id)
         return {
             "blob_id": blob_id,
@@ -183,8 +182,9 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         """Publish a blob's bencoded info dict (canonical bencode, `name` = blob id, consistent piece
         table). Re-publishing the same bytes is a no-op (200); a different dict for the blob is 409."""
         expected = infohash or request.headers.get("x-infohash")
-        ih = validate_info(blob_id, await request.body(), expected)
-        created = await store.put_metainfo(blob_id, ih, await request.body())
+        body = await request.body()
+        ih = validate_info(blob_id, body, expected)
+        created = await store.put_metainfo(blob_id, ih, body)
         return JSONResponse({"infohash": ih}, status_code=201 if created else 200)
 
     @app.get("/v1/blobs/{blob_id}/metainfo", tags=["blobs"], dependencies=read, response_class=Response)
@@ -209,9 +209,8 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         from what it was when the request came in, or when the (capped) timeout passes."""
         check_blob_id(blob_id)
         deadline = time.monotonic() + min(timeout, settings.max_wait)
-        first = await blob_state(blob_id)
-        key = _state_key(first)
-        state = first
+        state = await blob_state(blob_id)
+        key = _state_key(state)
         while not (state["infohash"] and state["seeders"] > 0) and time.monotonic() < deadline:
             await asyncio.sleep(min(settings.wait_poll, max(deadline - time.monotonic(), 0)))
             state = await blob_state(blob_id)
@@ -251,9 +250,8 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         if not state.granted:
             metrics.lease_expiries.inc(state.expired)
             if state.holders:
-                raise HTTPException(
-                    409, f"lease on {blob_id} lost: held by {', '.join(lease_json(state, '')['holders'])}"
-                )
+                holders = ", ".join(h.node_id for h in state.holders)
+                raise HTTPException(409, f"lease on {blob_id} lost: held by {holders}")
             raise HTTPException(404, f"no lease on {blob_id} held by this node (expired?)")
         return lease_json(state, body.node_id)
 

@@ -87,12 +87,7 @@ class TrackerApp:
         limit = self.settings.max_body_bytes
         length = _content_length(scope)
         if length is not None and length > limit:
-            await _respond(
-                send,
-                413,
-                b'{"detail":"request body larger than %d bytes"}' % limit,
-                [(b"content-type", b"application/json")],
-            )
+            await _too_large(send, limit)
             log.info("%s %s 413", scope["method"], scope["path"])
             return
         if scope["method"] in ("PUT", "POST", "PATCH", "DELETE"):
@@ -105,12 +100,7 @@ class TrackerApp:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
-                    await _respond(
-                        send,
-                        413,
-                        b'{"detail":"request body larger than %d bytes"}' % limit,
-                        [(b"content-type", b"application/json")],
-                    )
+                    await _too_large(send, limit)
                     return
                 chunks.append(chunk)
                 more = message.get("more_body", False)
@@ -153,6 +143,11 @@ async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[byt
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = b'{"detail":"request body larger than %d bytes"}' % limit
+    await _respond(send, 413, body, [(b"content-type", b"application/json")])
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.cache import is_commit, safe_relpath
+from agent.errors import UnsafePathError
+
 LFS_MIN_SIZE = 10 * 2**20
 """Files this large are stored in LFS regardless of their name (as the Hub's 10 MiB rule)."""
 
@@ -36,7 +39,6 @@ SKIPPED_NAMES = frozenset({".git", ".refs.json"})
 INCOMPLETE_SUFFIX = ".incomplete"
 """Files being written (by make_model or an admin's copy) end so and are never listed."""
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HASH_CHUNK = 8 * 2**20
 
@@ -64,9 +66,11 @@ def valid_repo_id(repo_id: str) -> bool:
 
 def safe_repo_path(path: str) -> bool:
     """A relative POSIX path inside a repo: no empty, `.` or `..` segments, no backslashes or NULs."""
-    if not path or "\\" in path or "\0" in path or path.startswith("/"):
+    try:
+        safe_relpath(path)
+    except UnsafePathError:
         return False
-    return all(seg not in {"", ".", ".."} for seg in path.split("/"))
+    return True
 
 
 @dataclass(frozen=True)
@@ -83,15 +87,6 @@ class FileEntry:
     """Git object id: the blob sha1 for plain files, the pointer file's sha1 for LFS files."""
     sha256: str | None
     """LFS oid (sha256 of the content), None for plain git files."""
-
-    @property
-    def lfs(self) -> bool:
-        return self.sha256 is not None
-
-    @property
-    def etag(self) -> str:
-        """What the Hub reports as the file's ETag: sha256 for LFS, git sha1 otherwise."""
-        return self.sha256 or self.oid
 
     @property
     def pointer_size(self) -> int:
@@ -216,7 +211,7 @@ class RepoStore:
         """`main` or a commit this process has reported; None for an unknown revision."""
         if revision == "main":
             return self.head(repo_id)
-        if COMMIT_RE.match(revision):
+        if is_commit(revision):
             with self._lock:
                 known = self._commits.get((repo_id, revision))
             if known is not None:

@@ -41,6 +41,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from agent.hub import listing
 from agent.hub.faults import Faults, TokenBucket, chunk_for
 from agent.hub.repos import FileEntry, RepoStore, Snapshot, safe_repo_path, valid_repo_id
+from tracker.auth import bearer, matches
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,9 @@ class HubServer:
         for repo_id in self.gated | self.private:
             if not valid_repo_id(repo_id):
                 raise ValueError(f"not a repo id (org/name): {repo_id!r}")
+        self.total_bucket: TokenBucket | None = None
         self.rate_total = rate_total
         self.rate_per_connection = rate_per_connection
-        self.total_bucket = TokenBucket(rate_total) if rate_total else None
         if rate_per_connection is not None and rate_per_connection <= 0:
             raise ValueError(f"rate_per_connection must be positive: {rate_per_connection}")
         self.tree_page_size = max(1, tree_page_size)
@@ -190,6 +191,15 @@ class HubServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @property
+    def rate_total(self) -> float | None:
+        """The cap on all bodies together, bytes/s (None: uncapped); settable while serving."""
+        return self.total_bucket.rate if self.total_bucket is not None else None
+
+    @rate_total.setter
+    def rate_total(self, rate: float | None) -> None:
+        self.total_bucket = TokenBucket(rate) if rate else None
 
     @property
     def url(self) -> str:
@@ -253,16 +263,10 @@ class HubServer:
         """True: a valid token; False: anonymous; None: a token that must be refused."""
         if not header:
             return False
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer(header)
+        if token is None:
             return None
-        if not self._tokens:
-            return True
-        ok = False
-        for known in self._tokens:  # compare every one: timing says nothing about which matched
-            ok |= hmac.compare_digest(known.encode(), token.encode())
-        return True if ok else None
+        return True if not self._tokens or matches(token, *self._tokens) else None
 
     def _signature(self, sha256: str, repo_id: str, commit: str, path: str, expires: int) -> str:
         msg = f"{sha256}|{repo_id}|{commit}|{path}|{expires}".encode()
