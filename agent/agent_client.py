@@ -13,7 +13,7 @@ import httpx
 
 from agent.errors import DaemonError, WeightswarmError, snippet
 from agent.progress import FileProgress, Progress, human_bytes
-from agent.settings import DEFAULT_API_LISTEN
+from agent.settings import DEFAULT_API_LISTEN, HF_TOKEN_HEADER
 
 DEFAULT_AGENT_URL = f"http://{DEFAULT_API_LISTEN}"
 _PROBE_TIMEOUT = 0.5
@@ -56,10 +56,17 @@ class AgentClient:
         return resp.json()
 
     def start_fetch(
-        self, repo_id: str, revision: str, include: Sequence[str], exclude: Sequence[str]
+        self,
+        repo_id: str,
+        revision: str,
+        include: Sequence[str],
+        exclude: Sequence[str],
+        token: str | None = None,
     ) -> dict[str, Any]:
+        """Ask the daemon for a model; `token` (the requester's HF token) is used for its origin calls."""
         body = {"repo_id": repo_id, "revision": revision, "include": list(include), "exclude": list(exclude)}
-        result: dict[str, Any] = self._call("POST", "/v1/fetch", json=body)
+        headers = {HF_TOKEN_HEADER: token} if token else {}
+        result: dict[str, Any] = self._call("POST", "/v1/fetch", json=body, headers=headers)
         return result
 
     def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
@@ -86,12 +93,18 @@ class AgentClient:
 
 
 def fetch_via_agent(
-    url: str, repo_id: str, revision: str, include: Sequence[str], exclude: Sequence[str], progress: Progress
+    url: str,
+    repo_id: str,
+    revision: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    progress: Progress,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Hand the fetch to the daemon, mirror its progress, return the final job status (Ready)."""
     client = AgentClient(url)
     try:
-        status = client.start_fetch(repo_id, revision, include, exclude)
+        status = client.start_fetch(repo_id, revision, include, exclude, token)
         bars: dict[str, FileProgress] = {}
         finished: set[str] = set()
         total_set = False
@@ -105,7 +118,7 @@ def fetch_via_agent(
             if status["phase"] == "Ready":
                 break
             if status["phase"] == "Failed":
-                raise WeightswarmError(status.get("error") or "the agent's fetch failed")
+                raise job_error(status)
             status = client.job(status["job_id"], wait=_POLL_WAIT)
         progress.close()
         progress.message(
@@ -117,6 +130,15 @@ def fetch_via_agent(
         return status
     finally:
         client.close()
+
+
+def job_error(status: dict[str, Any], context: str = "") -> WeightswarmError:
+    """A failed job as the error the CLI exits with: its message and its exit code (e.g. 4 refused)."""
+    error = WeightswarmError(context + (status.get("error") or "the agent's fetch failed"))
+    code = status.get("exit_code")
+    if isinstance(code, int) and code > 0:
+        error.exit_code = code
+    return error
 
 
 def mirror_progress(
@@ -134,4 +156,4 @@ def mirror_progress(
             bar.advance(f["done"] - bar.done)
         if f["done"] >= f["size"] and f["path"] not in finished:
             finished.add(f["path"])
-            bar.finish()
+            bar.finish(None if f["source"] == "pending" else f["source"])

@@ -2,7 +2,8 @@
 
 Routes (all JSON):
     POST /v1/fetch            {repo_id, revision?, include?, exclude?} -> 202 job status (joins a running
-                              job for the same request)
+                              job for the same request and token); header `X-HF-Token`: the requester's
+                              HF token, used for this job's origin calls (never stored or logged)
     GET  /v1/jobs             every known job's status
     GET  /v1/jobs/{id}        one job: phase, bytes done/total, bytes from peers/origin/cache, per-file
                               progress, error, snapshot path; `?wait=S` blocks up to S s for it to finish
@@ -19,11 +20,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from agent.errors import WeightswarmError
+from agent.settings import HF_TOKEN_HEADER
 
 if TYPE_CHECKING:
     from agent.daemon import Daemon
@@ -47,10 +49,14 @@ def fetch_router() -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.post("/fetch", status_code=202)
-    def start_fetch(body: FetchRequest, request: Request) -> dict[str, Any]:
+    def start_fetch(
+        body: FetchRequest,
+        request: Request,
+        hf_token: str | None = Header(default=None, alias=HF_TOKEN_HEADER, max_length=4096),
+    ) -> dict[str, Any]:
         try:
             job = _daemon(request).request_model(
-                body.repo_id, body.revision, include=body.include, exclude=body.exclude
+                body.repo_id, body.revision, include=body.include, exclude=body.exclude, token=hf_token
             )
         except WeightswarmError as exc:
             raise HTTPException(status_code=400, detail=str(exc)) from None

@@ -7,6 +7,11 @@ Layout (exactly what huggingface_hub writes, so vLLM/transformers read it unchan
     <cache_dir>/models--org--name/snapshots/<commit>/<path>       -> ../../blobs/<blob id> (relative)
     <cache_dir>/models--org--name/refs/<revision>                  (the commit, no newline)
 
+Content shared by several repos (a `.gitattributes`, a tokenizer, an unchanged shard) is one file:
+each repo's `blobs/<id>` is a hard link to the same inode (a copy only where the filesystem cannot
+link, said in the log), so it is stored once, verified once (the sidecar is per blob id) and seeded as
+one torrent from whichever link the swarm holds. Removing one repo's link leaves the others intact.
+
 The agent's state lives in `state_dir`, never inside the hub cache:
 
     <state_dir>/digests/<blob id>.json    xxh3-128 sidecar: {size, mtime_ns, xxh3, pieces...}
@@ -21,13 +26,18 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import logging
 import os
 import re
+import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from agent.errors import CacheError, ConfigError, UnsafePathError
+
+log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _BLOB_ID = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})$")
@@ -138,6 +148,7 @@ class RepoCache:
 
     def __init__(self, cache_dir: Path, state_dir: Path, repo_id: str) -> None:
         self.repo_id = repo_id
+        self.cache_dir = cache_dir
         self.root = cache_dir / repo_folder_name(repo_id)
         self.state_dir = state_dir
         self.blobs_dir = self.root / "blobs"
@@ -198,14 +209,57 @@ class RepoCache:
         no longer counts as complete; a blob without a sidecar (written by huggingface_hub) is
         trusted on size, as huggingface_hub itself does.
         """
+        return self._complete_at(self.blob_path(blob_id), blob_id, size)
+
+    def _complete_at(self, path: Path, blob_id: str, size: int) -> bool:
         try:
-            st = self.blob_path(blob_id).stat()
+            st = path.stat()
         except FileNotFoundError:
             return False
         if st.st_size != size:
             return False
         sidecar = self.read_sidecar(blob_id)
         return sidecar is None or (sidecar.size == st.st_size and sidecar.mtime_ns == st.st_mtime_ns)
+
+    def complete_elsewhere(self, blob_id: str, size: int) -> Path | None:
+        """A complete copy of the blob in another repo of this cache, or None."""
+        for home in blob_homes(self.cache_dir, blob_id):
+            if home.parent != self.blobs_dir and self._complete_at(home, blob_id, size):
+                return home
+        return None
+
+    def adopt_blob(self, blob_id: str, size: int) -> bool:
+        """True when `blobs/<id>` is complete here, hard-linking it first from another repo of this
+        cache that has it complete (a copy where the filesystem cannot link). Nothing is downloaded
+        or stored twice for content that repos share."""
+        if self.blob_is_complete(blob_id, size):
+            return True
+        source = self.complete_elsewhere(blob_id, size)
+        if source is None:
+            return False
+        target = self.blob_path(blob_id)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{blob_id}.{os.getpid()}.{threading.get_ident()}.link")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except FileNotFoundError:
+            return False  # removed meanwhile (rm, eviction): the caller fetches it
+        except OSError as exc:
+            log.warning("cannot hard-link %s here (%s); storing a copy in %s", source, exc.strerror, target)
+            try:
+                shutil.copy2(source, tmp)  # keeps mtime_ns, so the shared sidecar still matches
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        os.replace(tmp, target)
+        _fsync_dir(self.blobs_dir)
+        return self.blob_is_complete(blob_id, size)
 
     def install_blob(self, blob_id: str, incomplete: Path, digest: BlobDigest) -> Path:
         """fsync the fully written temp and `os.replace` it to `blobs/<id>`; then write the sidecar."""
@@ -260,6 +314,19 @@ class RepoCache:
             return self.refs_dir.joinpath(*safe_relpath(revision).parts).read_text().strip()
         except (FileNotFoundError, UnsafePathError):
             return None
+
+
+def blob_homes(cache_dir: Path, blob_id: str) -> list[Path]:
+    """Every repo's `blobs/<id>` in the cache that exists (hard links to one inode, or copies)."""
+    check_blob_id(blob_id)
+    return sorted(p for p in cache_dir.glob(f"models--*/blobs/{blob_id}") if p.is_file())
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _load_sync_file_range() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]

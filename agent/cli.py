@@ -58,15 +58,17 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
     from agent.fetch import fetch_snapshot
     from agent.progress import Progress, human_bytes
 
-    daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin or token))
+    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+    daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin))
     if daemon_url is not None:
         from agent.agent_client import fetch_via_agent
 
-        status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet))
+        # The user's token (--token, else $HF_TOKEN) goes with the request: the daemon fetches with it.
+        status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet),
+                                 token=token or settings.origin.token)
         click.echo(status["snapshot"])
         return
 
-    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     settings = with_origin(settings, origin, token)
     settings = replace(
         settings,
@@ -195,6 +197,9 @@ def choose_daemon(agent_url: str | None, explicit_local: bool) -> str | None:
             help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
 @env_option("--watch-namespace", metavar="NAMESPACE",
             help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
+@env_option("--lend-node-token/--no-lend-node-token", default=True, show_default=True,
+            help="Requests that bring no HF token (pod annotation, agent wait, POST /v1/fetch) fetch with "
+                 "this node's --token; off: anonymously.")
 @handle_errors
 def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str | None,
                   tracker_token_file: Path | None, origin: str | None, token: str | None, bt_listen: str,
@@ -202,7 +207,7 @@ def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str |
                   download_rate_limit: int | None, stall_timeout: float | None,
                   lease_ttl: float | None, resume_interval: float | None, cache_max_bytes: str | None,
                   cache_max_disk_percent: float | None, pins: tuple[str, ...], kube: str,
-                  kubeconfig: Path | None, watch_namespace: str | None) -> None:
+                  kubeconfig: Path | None, watch_namespace: str | None, lend_node_token: bool) -> None:
     """Run the node daemon: seed the cache, fetch through the swarm, serve the local API."""
     from agent.daemon import build_serve_settings, serve_forever
 
@@ -215,7 +220,7 @@ def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str |
         upload_rate_limit=upload_rate_limit, download_rate_limit=download_rate_limit,
         stall_timeout=stall_timeout, lease_ttl=lease_ttl, resume_interval=resume_interval,
         kube=kube == "on" or (kube == "auto" and in_cluster), kubeconfig=kubeconfig,
-        watch_namespace=watch_namespace,
+        watch_namespace=watch_namespace, lend_node_token=lend_node_token,
     )
     from agent.ops_cli import with_ops_settings
 
@@ -231,9 +236,12 @@ def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str |
 @env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
             help="Hub cache checked directly while the agent is unreachable "
                  "[default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
+@env_option("--token", metavar="TOKEN",
+            help="Hub token the agent fetches a gated/private repo with [default: $HF_TOKEN].")
 @env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
 @handle_errors
-def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | None, quiet: bool) -> None:
+def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | None, token: str | None,
+                 quiet: bool) -> None:
     """Block until REPO_ID[@REV] is complete on this node (an init container's job); print its path last.
 
     Asks the agent to fetch it (so no pod annotation is needed) and shows its progress; while the
@@ -248,7 +256,8 @@ def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | N
     ref = parse_model_ref(model.strip())
     settings = Settings.from_env_defaults(cache_dir=cache_dir)
     snapshot = wait_for_model(ref, timeout=timeout, agent_url=normalise(agent_url),
-                              cache_dir=settings.cache_dir, progress=Progress(quiet=quiet))
+                              cache_dir=settings.cache_dir, progress=Progress(quiet=quiet),
+                              token=token or settings.origin.token)
     click.echo(str(snapshot))
 
 

@@ -13,7 +13,9 @@ revision) -> Job` (deduped while running) and `Job.status() -> JobStatus`.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
+import secrets
 import signal
 import socket
 import threading
@@ -156,6 +158,8 @@ class Daemon:
         self._needs_pieces: list[tuple[RepoCache, str]] = []
         """Complete blobs found at start-up without piece hashes (see `_backfill_pieces`)."""
         self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
+        self._token_key = secrets.token_bytes(32)
+        """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
         self._tracker_up: bool | None = None
         self.swarm: Swarm | None = None
         self.tracker: TrackerClient | None = None
@@ -340,24 +344,33 @@ class Daemon:
     # -- jobs (the hook for the API and the pod watcher) ----------------------------------
 
     def request_model(
-        self, repo_id: str, revision: str = "main", include: Sequence[str] = (), exclude: Sequence[str] = ()
+        self,
+        repo_id: str,
+        revision: str = "main",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        token: str | None = None,
     ) -> Job:
-        """Fetch a model into the cache through the swarm; a request equal to a running one joins it."""
+        """Fetch a model into the cache through the swarm; a request equal to a running one joins it.
+
+        `token`: the requester's HF token, used for this job's origin calls; it lives only in the
+        job's worker (never in the job, its key, a log or on disk)."""
         check_repo_id(repo_id)
         if self._stop.is_set():
             raise ConfigError("the agent is shutting down")
-        key = JobKey(repo_id, revision, tuple(include), tuple(exclude))
+        requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32] if token else ""
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester)
         job, new = self.jobs.get_or_create(key)
         if new:
-            self._executor.submit(self._run_job, job)
+            self._executor.submit(self._run_job, job, token)
         return job
 
-    def _run_job(self, job: Job) -> None:
+    def _run_job(self, job: Job, token: str | None) -> None:
         try:
-            run_fetch_job(self, job)
+            run_fetch_job(self, job, token)
         except WeightswarmError as exc:
             log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
-            job.fail(str(exc))
+            job.fail(str(exc), exc.exit_code)
         except Exception as exc:
             log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
             job.fail(f"internal error: {type(exc).__name__}: {exc}")
@@ -375,11 +388,30 @@ class Daemon:
         return out
 
     def forget_blob(self, blob_id: str) -> None:
-        """Stop seeding a blob (eviction, `agent rm`, a corrupt copy) before its file is deleted."""
+        """Stop seeding a blob (eviction, a corrupt copy) before its files are deleted."""
+        self.blob_leaving(blob_id, None)
+
+    def blob_leaving(self, blob_id: str, stays: Path | None) -> None:
+        """One repo's file of a blob is about to be deleted (`agent rm`, eviction): stop seeding the
+        blob, or, when another repo keeps a copy (`stays`), seed it from that copy from now on."""
         with self._held_lock:
             held = self._held.pop(blob_id, None)
-        if held is not None and self.swarm is not None:
-            self.swarm.remove(held[0], delete_files=False)
+        if held is None or self.swarm is None:
+            return
+        ih, info = held
+        if stays is not None:
+            try:
+                if self.swarm.status(ih).path == stays:
+                    self._remember(blob_id, ih, info)
+                    return
+            except WeightswarmError:
+                pass
+        self.swarm.remove(ih, delete_files=False)
+        if stays is not None:
+            try:
+                self.seed_blob(stays, blob_id, info)
+            except WeightswarmError as exc:
+                log.warning("blob %s: cannot seed it from %s: %s", blob_id[:16], stays, exc)
 
     def seed_blob(self, path: Path, blob_id: str, info: bytes) -> str:
         """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
@@ -439,6 +471,7 @@ def build_serve_settings(
     kube: bool = False,
     kubeconfig: Path | None = None,
     watch_namespace: str | None = None,
+    lend_node_token: bool = True,
 ) -> Settings:
     """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
     split_hostport(bt_listen, "--bt-listen")
@@ -471,6 +504,7 @@ def build_serve_settings(
         tracker_token=tracker_token,
         node_name=node_name or socket.gethostname(),
         api_listen=api_listen,
+        lend_node_token=lend_node_token,
     )
     if lease_ttl is not None:
         daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)

@@ -8,18 +8,20 @@ under its final name, so there is no temp file for the engine to move).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
 from agent.cache import RepoCache
 from agent.download import OriginSource
-from agent.errors import TrackerError
+from agent.errors import AuthError, NotFoundError, TrackerError
 from agent.fetch import FetchEngine
 from agent.jobs import FileProgress, Job
 from agent.origin import OriginClient
 from agent.plan import FetchPlan, FileEntry
 from agent.progress import FileProgress as BarFile
 from agent.progress import Progress
+from agent.settings import OriginSettings, Settings
 from agent.swarm_fetch import BlobOutcome, SwarmSource
 from agent.tracker_plan import plan_fetch
 
@@ -52,36 +54,58 @@ class SwarmFetchEngine(FetchEngine):
             fp.finish()
 
 
-def run_fetch_job(daemon: Daemon, job: Job) -> None:
+def origin_for_request(settings: Settings, token: str | None) -> tuple[OriginSettings, str]:
+    """The origin settings one request runs with, and which token that is, in words for errors.
+
+    The requester's own token wins; without one the node's token is lent where the deployment
+    allows it (`daemon.lend_node_token`), else the request is anonymous."""
+    if token:
+        return dataclasses.replace(settings.origin, token=token), "the requester's token"
+    if settings.daemon.lend_node_token and settings.origin.token:
+        return settings.origin, "the node's token (the request brought none)"
+    return dataclasses.replace(settings.origin, token=None), "no token (pass one with --token or HF_TOKEN)"
+
+
+def run_fetch_job(daemon: Daemon, job: Job, token: str | None = None) -> None:
     settings = daemon.settings
     assert daemon.fetcher is not None
     f = settings.fetch
-    client = OriginClient(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
+    origin, which = origin_for_request(settings, token)
+    client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
-        key = job.key
-        plan = plan_fetch(client, daemon.tracker, key.repo_id, key.revision, key.include, key.exclude)
-        cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
-        daemon.ops.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
-        files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
-        for fp in files:
-            if cache.blob_is_complete(fp.blob_id, fp.size):
-                fp.done, fp.source = fp.size, "cache"
-        job.set_plan(plan.commit, files)
-        job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
-
-        def on_blob(entry: FileEntry, outcome: BlobOutcome, engine_bytes: int) -> None:
-            # Live counters: the API and the pod reporter see peers vs origin bytes as blobs land.
-            for e in plan.files:
-                if e.blob_id == entry.blob_id:
-                    job.file_progress(e.path, e.size, outcome.source)
-            job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
-
-        source = SwarmSource(daemon.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
-        result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
-        _publish_manifest(daemon, plan)
-        job.finish(str(result.snapshot_path))
+        _run(daemon, job, client)
+    except (AuthError, NotFoundError) as exc:
+        raise type(exc)(f"{exc} [the agent fetched with {which}]") from None
     finally:
         client.close()
+
+
+def _run(daemon: Daemon, job: Job, client: OriginClient) -> None:
+    settings = daemon.settings
+    assert daemon.fetcher is not None
+    f = settings.fetch
+    key = job.key
+    plan = plan_fetch(client, daemon.tracker, key.repo_id, key.revision, key.include, key.exclude)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
+    daemon.ops.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
+    files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
+    for fp in files:
+        if cache.adopt_blob(fp.blob_id, fp.size):
+            fp.done, fp.source = fp.size, "cache"
+    job.set_plan(plan.commit, files)
+    job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
+
+    def on_blob(entry: FileEntry, outcome: BlobOutcome, engine_bytes: int) -> None:
+        # Live counters: the API and the pod reporter see peers vs origin bytes as blobs land.
+        for e in plan.files:
+            if e.blob_id == entry.blob_id:
+                job.file_progress(e.path, e.size, outcome.source)
+        job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
+
+    source = SwarmSource(daemon.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
+    result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
+    _publish_manifest(daemon, plan)
+    job.finish(str(result.snapshot_path))
 
 
 def _publish_manifest(daemon: Daemon, plan: FetchPlan) -> None:

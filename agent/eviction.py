@@ -8,6 +8,11 @@ Last use is kept in `<state_dir>/usage.json` (blob id -> unix time), touched whe
 requested or served: atime is unreliable (noatime/relatime mounts), and mtime says when a blob was
 written, not when it was read. A blob never touched falls back to its mtime.
 
+Content shared by several repos (one inode, hard-linked into each repo's `blobs/`, see agent.cache)
+counts once and is one eviction candidate: it is pinned when any repo using it is, and evicting it
+removes it from every repo (only then are its bytes freed). `agent rm` of one repo removes that
+repo's link only; the content stays for the others, and the daemon keeps seeding it from their copy.
+
 Never evicted: blobs of a pinned model (`--pin REPO[@REV]`, plus whatever the `pins` provider
 returns: running fetch jobs, pods on this node) and blobs held by a `BlobLeases` lease (an HF
 endpoint response in flight).
@@ -45,8 +50,8 @@ log = logging.getLogger(__name__)
 _FLUSH_EVERY = 5.0
 """Seconds between writes of usage.json while blobs are being touched (a crash loses at most this)."""
 
-BlobKey = tuple[str, str]
-"""(repo_id, blob id): blobs live per repo folder, so the same content in two repos is two files."""
+Inode = tuple[int, int]
+"""(st_dev, st_ino): the same content linked into several repos is one file, counted once."""
 
 
 # -- what is in the cache -------------------------------------------------------------------------
@@ -67,6 +72,8 @@ class CachedRepo:
     root: Path
     blobs: dict[str, int] = field(default_factory=dict)
     """Complete blobs: id -> size."""
+    inodes: dict[str, Inode] = field(default_factory=dict)
+    """Complete blobs: id -> the file's identity (shared with other repos when linked)."""
     partial_bytes: int = 0
     refs: dict[str, str] = field(default_factory=dict)
     """revision -> commit."""
@@ -95,13 +102,14 @@ def scan_repo(root: Path) -> CachedRepo | None:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(root / "blobs"):
             try:
-                size = entry.stat(follow_symlinks=False).st_size
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
             if "." in entry.name:  # *.incomplete, temp files: ours, counted, never linked
-                repo.partial_bytes += size
+                repo.partial_bytes += st.st_size
             else:
-                repo.blobs[entry.name] = size
+                repo.blobs[entry.name] = st.st_size
+                repo.inodes[entry.name] = (st.st_dev, st.st_ino)
     refs_dir = root / "refs"
     if refs_dir.is_dir():
         for p in refs_dir.rglob("*"):
@@ -132,7 +140,14 @@ def scan_cache(cache_dir: Path) -> dict[str, CachedRepo]:
 
 
 def own_bytes(repos: dict[str, CachedRepo]) -> int:
-    return sum(sum(r.blobs.values()) + r.partial_bytes for r in repos.values())
+    """Bytes our files take: each inode once, however many repos link it, plus partial blobs."""
+    files = {r.inodes[b]: size for r in repos.values() for b, size in r.blobs.items()}
+    return sum(files.values()) + sum(r.partial_bytes for r in repos.values())
+
+
+def holders(repos: dict[str, CachedRepo], blob_id: str) -> list[CachedRepo]:
+    """The repos whose `blobs/` hold this content."""
+    return [r for r in repos.values() if blob_id in r.blobs]
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
@@ -141,8 +156,9 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     return repo_id, rev or None
 
 
-def pinned_keys(repos: dict[str, CachedRepo], pins: Iterable[str]) -> set[BlobKey]:
-    keys: set[BlobKey] = set()
+def pinned_blobs(repos: dict[str, CachedRepo], pins: Iterable[str]) -> set[str]:
+    """Blob ids a pinned `REPO[@REV]` uses (pinned for every repo that shares them)."""
+    keys: set[str] = set()
     for pin in pins:
         repo_id, rev = parse_ref(pin)
         repo = repos.get(repo_id)
@@ -151,7 +167,7 @@ def pinned_keys(repos: dict[str, CachedRepo], pins: Iterable[str]) -> set[BlobKe
         for commit in repo.commit_for(rev):
             snap = repo.snapshots.get(commit)
             if snap is not None:
-                keys.update((repo_id, b) for b in snap.files.values())
+                keys.update(snap.files.values())
     return keys
 
 
@@ -291,23 +307,31 @@ class Removed:
     repo_id: str
     snapshots: tuple[str, ...]
     blobs: tuple[str, ...]
+    """Blobs removed from this repo."""
     bytes_freed: int
+    shared: tuple[str, ...] = ()
+    """Those of `blobs` that other repos still hold (and the node still seeds)."""
 
 
-ForgetBlob = Callable[[str], None]
-"""Stop seeding a blob id (the daemon removes its torrent); called before the file is deleted."""
+BlobLeaving = Callable[[str, Path | None], None]
+"""Called before a repo's file of a blob is deleted: (blob id, a complete copy that stays in another
+repo, or None). The daemon stops seeding the blob, or moves its torrent to the copy that stays."""
 
 
-def _delete_blob(
-    repo: CachedRepo, blob_id: str, state_dir: Path, others: set[str], forget: ForgetBlob | None
+def _unlink_blob(
+    repos: dict[str, CachedRepo], repo: CachedRepo, blob_id: str, state_dir: Path, leaving: BlobLeaving | None
 ) -> int:
+    """Delete one repo's file of a blob; the bytes this frees (none while another repo links the inode)."""
     size = repo.blobs.pop(blob_id, 0)
-    if blob_id not in others:
-        if forget is not None:
-            forget(blob_id)
+    inode = repo.inodes.pop(blob_id, None)
+    others = holders(repos, blob_id)
+    stays = others[0].root / "blobs" / blob_id if others else None
+    if leaving is not None:
+        leaving(blob_id, stays)
+    if stays is None:
         forget_blob_state(state_dir, blob_id)
     (repo.root / "blobs" / blob_id).unlink(missing_ok=True)
-    return size
+    return 0 if any(r.inodes.get(blob_id) == inode for r in others) else size
 
 
 def remove_model(
@@ -315,9 +339,11 @@ def remove_model(
     repo_id: str,
     revision: str | None = None,
     leases: BlobLeases | None = None,
-    forget: ForgetBlob | None = None,
+    leaving: BlobLeaving | None = None,
 ) -> Removed:
-    """`agent rm REPO[@REV]`: the revision(s), then every blob of the repo no remaining revision uses."""
+    """`agent rm REPO[@REV]`: the revision(s), then every blob of the repo no remaining revision uses.
+
+    Content another repo shares stays for that repo (only this repo's link goes), still seeded."""
     repos = scan_cache(settings.cache_dir)
     repo = repos.get(repo_id)
     commits = repo.commit_for(revision) if repo else []
@@ -327,19 +353,20 @@ def remove_model(
     for commit in commits:
         drop_snapshot(repo, commit)
     still_used = {b for s in repo.snapshots.values() for b in s.files.values()}
-    others = {b for r in repos.values() if r is not repo for b in r.blobs}
     leases = leases or BlobLeases()
-    freed, gone = 0, []
+    freed, gone, kept = 0, [], []
     for blob_id in sorted(set(repo.blobs) - still_used):
         with leases.evicting(blob_id) as claimed:
             if not claimed:
                 log.warning("%s: blob %s is being served; left in place", repo_id, blob_id[:12])
                 continue
-            freed += _delete_blob(repo, blob_id, settings.state_dir, others, forget)
+            freed += _unlink_blob(repos, repo, blob_id, settings.state_dir, leaving)
             gone.append(blob_id)
+            if holders(repos, blob_id):
+                kept.append(blob_id)
     if not repo.snapshots and not repo.blobs and revision is None:
         shutil.rmtree(repo.root, ignore_errors=True)  # partial blobs of a removed repo go too
-    return Removed(repo_id, tuple(commits), tuple(gone), freed)
+    return Removed(repo_id, tuple(commits), tuple(gone), freed, tuple(kept))
 
 
 # -- the policy -------------------------------------------------------------------------------------
@@ -347,7 +374,8 @@ def remove_model(
 
 @dataclass(frozen=True)
 class Evicted:
-    repo_id: str
+    repo_ids: tuple[str, ...]
+    """Every repo the blob was removed from (content shared by repos goes from all at once)."""
     blob_id: str
     size: int
     last_used: float
@@ -362,14 +390,14 @@ class Evictor:
         usage: UsageLog,
         leases: BlobLeases,
         pins: Callable[[], Iterable[str]] = lambda: (),
-        forget: ForgetBlob | None = None,
+        leaving: BlobLeaving | None = None,
         on_evict: Callable[[Evicted], None] | None = None,
     ) -> None:
         self.settings = settings
         self.usage = usage
         self.leases = leases
         self._pins = pins
-        self._forget = forget
+        self._leaving = leaving
         self._on_evict = on_evict
         self.cannot_fit_hooks: list[Callable[[CacheFullError], None]] = []
         """Called when a model cannot fit: the daemon counts it; the pod reporter emits a Warning event."""
@@ -397,27 +425,29 @@ class Evictor:
                 worst, why = over, f"--cache-max-disk-percent {o.cache_max_disk_percent:g}"
         return max(0, worst), why
 
-    def candidates(
-        self, repos: dict[str, CachedRepo], protect: set[BlobKey]
-    ) -> list[tuple[float, BlobKey, int]]:
-        """Evictable blobs, least recently used first."""
-        pinned = pinned_keys(repos, self.pins()) | protect
+    def candidates(self, repos: dict[str, CachedRepo], protect: set[str]) -> list[tuple[float, str, int]]:
+        """Evictable blobs, least recently used first: (last use, blob id, bytes it frees)."""
+        pinned = pinned_blobs(repos, self.pins()) | protect
         busy = self.leases.held()
-        out = []
+        files: dict[str, dict[Inode, int]] = {}
+        home: dict[str, Path] = {}
         for repo in repos.values():
             for blob_id, size in repo.blobs.items():
-                key = (repo.repo_id, blob_id)
-                if key in pinned or blob_id in busy:
+                if blob_id in pinned or blob_id in busy:
                     continue
-                last = self.usage.last_used(blob_id)
-                if last is None:
-                    with contextlib.suppress(OSError):
-                        last = (repo.root / "blobs" / blob_id).stat().st_mtime
-                out.append((last or 0.0, key, size))
+                files.setdefault(blob_id, {})[repo.inodes[blob_id]] = size
+                home.setdefault(blob_id, repo.root / "blobs" / blob_id)
+        out = []
+        for blob_id, sizes in files.items():
+            last = self.usage.last_used(blob_id)
+            if last is None:
+                with contextlib.suppress(OSError):
+                    last = home[blob_id].stat().st_mtime
+            out.append((last or 0.0, blob_id, sum(sizes.values())))
         out.sort()
         return out
 
-    def run_once(self, extra: int = 0, protect: set[BlobKey] | None = None) -> list[Evicted]:
+    def run_once(self, extra: int = 0, protect: set[str] | None = None) -> list[Evicted]:
         """Evict until `extra` more bytes fit under the limits (or nothing evictable is left)."""
         if not self.limited:
             return []
@@ -430,28 +460,33 @@ class Evictor:
         self.usage.flush()
         return evicted
 
-    def _evict(self, repos: dict[str, CachedRepo], need: int, protect: set[BlobKey]) -> list[Evicted]:
+    def _evict(self, repos: dict[str, CachedRepo], need: int, protect: set[str]) -> list[Evicted]:
         evicted: list[Evicted] = []
         freed = 0
-        for last, (repo_id, blob_id), size in self.candidates(repos, protect):
+        for last, blob_id, size in self.candidates(repos, protect):
             if freed >= need:
                 break
-            repo = repos[repo_id]
             with self.leases.evicting(blob_id) as claimed:
                 if not claimed:
                     continue
-                for commit in [c for c, s in repo.snapshots.items() if blob_id in s.files.values()]:
-                    drop_snapshot(repo, commit)
-                others = {b for r in repos.values() if r is not repo for b in r.blobs}
-                freed += _delete_blob(repo, blob_id, self.settings.state_dir, others, self._forget)
-            if blob_id not in others:
-                self.usage.forget([blob_id])
-            item = Evicted(repo_id, blob_id, size, last)
+                if self._leaving is not None:
+                    self._leaving(blob_id, None)
+                users = holders(repos, blob_id)
+                for repo in users:
+                    for commit in [c for c, s in repo.snapshots.items() if blob_id in s.files.values()]:
+                        drop_snapshot(repo, commit)
+                    repo.blobs.pop(blob_id, None)
+                    repo.inodes.pop(blob_id, None)
+                    (repo.root / "blobs" / blob_id).unlink(missing_ok=True)
+                forget_blob_state(self.settings.state_dir, blob_id)
+                freed += size
+            self.usage.forget([blob_id])
+            item = Evicted(tuple(r.repo_id for r in users), blob_id, size, last)
             evicted.append(item)
             log.info(
-                "evicted %s blob %s (%d bytes, last used %s)",
-                repo_id,
+                "evicted blob %s of %s (%d bytes, last used %s)",
                 blob_id[:12],
+                ", ".join(item.repo_ids),
                 size,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "never",
             )
@@ -459,7 +494,7 @@ class Evictor:
                 self._on_evict(item)
         return evicted
 
-    def make_room(self, repo_id: str, needed: int, protect: set[BlobKey]) -> list[Evicted]:
+    def make_room(self, repo_id: str, needed: int, protect: set[str]) -> list[Evicted]:
         """Before a fetch of `needed` new bytes: evict what must go, or refuse with `CacheFullError`
         (without evicting anything) when even every unpinned blob would not be enough."""
         if not self.limited or needed <= 0:

@@ -1,7 +1,7 @@
 """The fetch engine: plan a snapshot, get the missing blobs from a source, make them visible.
 
     plan (resolve revision -> commit, list, filter, refuse unsafe paths)
-      -> skip blobs already complete (size + sidecar; no re-hash)
+      -> skip blobs already complete (size + sidecar; no re-hash), linking those another repo holds
       -> check free disk space up front
       -> per missing blob, `files_at_once` at a time: source.fetch_blob (download + hash +
          verify) -> safetensors check -> fsync + os.replace into blobs/ -> snapshot symlink
@@ -118,7 +118,8 @@ class FetchEngine:
         unique: dict[str, FileEntry] = {}
         for entry in plan.files:
             unique.setdefault(entry.blob_id, entry)
-        missing = [e for e in unique.values() if not cache.blob_is_complete(e.blob_id, e.size)]
+        # Content another repo of this cache already holds is linked, not downloaded again.
+        missing = [e for e in unique.values() if not cache.adopt_blob(e.blob_id, e.size)]
         cached_bytes = sum(e.size for e in unique.values()) - sum(e.size for e in missing)
         check_disk_space(cache, missing, self.settings.fetch.min_free_bytes)
 

@@ -39,6 +39,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -306,16 +307,21 @@ class HfEndpoint:
         await asyncio.to_thread(leases.acquire, meta.blob_id)
         try:
             cache = self._cache(repo_id)
+            # The bytes may be in another repo's folder (shared content): served from there as they are.
+            blob: Path | None = cache.blob_path(meta.blob_id)
             if not cache.blob_is_complete(meta.blob_id, meta.size):
-                failed = await self._fetch(repo_id, meta, path)
+                blob = cache.complete_elsewhere(meta.blob_id, meta.size)
+            if blob is None:
+                failed = await self._fetch(repo_id, meta, path, request.headers.get("authorization"))
                 if failed is not None:
                     leases.release(meta.blob_id)
                     return failed
+                blob = cache.blob_path(meta.blob_id)
             self.ops.usage.touch([meta.blob_id])
             if "range" not in request.headers:
                 self.ops.metrics.served_bytes.inc(meta.size)
             return FileResponse(
-                cache.blob_path(meta.blob_id),
+                blob,
                 headers=headers,
                 media_type="application/octet-stream",
                 background=BackgroundTask(leases.release, meta.blob_id),
@@ -324,10 +330,19 @@ class HfEndpoint:
             leases.release(meta.blob_id)
             raise
 
-    async def _fetch(self, repo_id: str, meta: FileMeta, path: str) -> Response | None:
-        """Bring one file into the cache through the daemon's fetch path; an error response on failure."""
+    async def _fetch(
+        self, repo_id: str, meta: FileMeta, path: str, authorization: str | None
+    ) -> Response | None:
+        """Bring one file into the cache through the daemon's fetch path (with the client's own token);
+        an error response on failure."""
+        scheme, _, token = (authorization or "").partition(" ")
         try:
-            job = self.ops.daemon.request_model(repo_id, meta.commit, include=[glob.escape(path)])
+            job = self.ops.daemon.request_model(
+                repo_id,
+                meta.commit,
+                include=[glob.escape(path)],
+                token=token.strip() if scheme.lower() == "bearer" and token.strip() else None,
+            )
         except WeightswarmError as exc:
             return hub_error(503, str(exc), commit=meta.commit)
         done = await asyncio.to_thread(job.wait, self.ops.settings.ops.hf_fetch_timeout)

@@ -34,6 +34,9 @@ class JobKey:
     revision: str
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    requester: str = ""
+    """A keyed hash of the requester's HF token ("" = none): requests with different tokens never
+    join each other's job (one token's refusal or grant is not another's). Never the token itself."""
 
 
 @dataclass
@@ -51,6 +54,8 @@ class JobStatus:
     bytes_from_origin: int
     bytes_from_cache: int
     error: str | None
+    exit_code: int | None
+    """The CLI exit code of the failure (agent.errors: 3 not found, 4 access refused, ...), for clients."""
     snapshot: str | None
     files: list[FileProgress]
     created: float
@@ -74,6 +79,7 @@ class Job:
         self._phase: Phase = "Pending"
         self._commit: str | None = None
         self._error: str | None = None
+        self._exit_code: int | None = None
         self._snapshot: str | None = None
         self._files: dict[str, FileProgress] = {}
         self._peers = 0
@@ -115,9 +121,10 @@ class Job:
             self._finished = time.time()
             self._changed.notify_all()
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, exit_code: int = 1) -> None:
         with self._lock:
             self._error = error
+            self._exit_code = exit_code
             self._phase = "Failed"
             self._finished = time.time()
             self._changed.notify_all()
@@ -155,6 +162,7 @@ class Job:
                 bytes_from_origin=self._origin,
                 bytes_from_cache=self._cached,
                 error=self._error,
+                exit_code=self._exit_code,
                 snapshot=self._snapshot,
                 files=files,
                 created=self._created,

@@ -55,7 +55,7 @@ class NodeOps:
         """`REPO[@REV]` pinned by other components (pods on this node); replace or mutate under no lock:
         the evictor copies it each pass."""
         self.evictor = Evictor(
-            settings, self.usage, self.leases, self._pins, daemon.forget_blob, self._evicted
+            settings, self.usage, self.leases, self._pins, daemon.blob_leaving, self._evicted
         )
         self.evictor.cannot_fit_hooks.append(lambda _e: self.metrics.cache_full.inc())
         self.hf = HfEndpoint(self)
@@ -80,8 +80,9 @@ class NodeOps:
     def before_fetch(self, plan: FetchPlan) -> None:
         """Make room for the plan's missing blobs, or raise `CacheFullError` (counted, hooks called)."""
         cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, plan.repo_id)
-        missing = {e.blob_id: e.size for e in plan.files if not cache.blob_is_complete(e.blob_id, e.size)}
-        protect = {(plan.repo_id, e.blob_id) for e in plan.files}
+        # Content another repo holds costs no room: it is linked (agent.cache.adopt_blob).
+        missing = {e.blob_id: e.size for e in plan.files if not cache.adopt_blob(e.blob_id, e.size)}
+        protect = {e.blob_id for e in plan.files}
         self.usage.touch(e.blob_id for e in plan.files)
         self.evictor.make_room(plan.repo_id, sum(missing.values()), protect)
 
@@ -133,18 +134,19 @@ class NodeOps:
         def delete_model(org: str, name: str, revision: str | None = None) -> dict[str, Any]:
             try:
                 removed = remove_model(
-                    self.settings, f"{org}/{name}", revision, self.leases, self.daemon.forget_blob
+                    self.settings, f"{org}/{name}", revision, self.leases, self.daemon.blob_leaving
                 )
             except NotFoundError as exc:
                 raise HTTPException(404, str(exc)) from None
             except WeightswarmError as exc:
                 raise HTTPException(400, str(exc)) from None
-            self.usage.forget(removed.blobs)
+            self.usage.forget(set(removed.blobs) - set(removed.shared))
             return {
                 "repo_id": removed.repo_id,
                 "snapshots": list(removed.snapshots),
                 "blobs": list(removed.blobs),
                 "bytes_freed": removed.bytes_freed,
+                "shared": list(removed.shared),
             }
 
         @router.post("/blobs/{blob_id}/forget")

@@ -15,6 +15,20 @@ from typing import TextIO
 
 _TTY_INTERVAL = 0.12
 _PLAIN_INTERVAL = 5.0
+_MIN_RATE_SECONDS = 0.5
+"""No rate is shown over a shorter interval: a blob that was cached, or arrived in one step, has none
+(bytes over a few microseconds once read as "3.7 TiB/s")."""
+
+
+def _rate(done: int, started: float) -> float | None:
+    elapsed = time.monotonic() - started
+    return done / elapsed if elapsed >= _MIN_RATE_SECONDS else None
+
+
+def rate_text(done: int, started: float) -> str:
+    """`12.3 MiB/s`, or `--` when too little time has passed to say."""
+    rate = _rate(done, started)
+    return "--" if rate is None else f"{human_bytes(rate)}/s"
 
 
 def human_bytes(n: float) -> str:
@@ -32,6 +46,17 @@ def _eta(remaining: float, rate: float) -> str:
     return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
 
 
+def _how(fp: FileProgress) -> str:
+    """How a finished file came: `cached`, `from peers, 12.3 MiB/s`, or just its size when too quick
+    for a rate."""
+    if fp.source == "cache":
+        return "cached"
+    rate = _rate(fp.done, fp.started)
+    parts = [f"from {fp.source}"] if fp.source in ("peers", "origin") else []
+    parts.append(human_bytes(fp.done) if rate is None else f"{human_bytes(rate)}/s")
+    return ", ".join(parts)
+
+
 class FileProgress:
     """One file's counters; created by `Progress.start_file`."""
 
@@ -41,11 +66,15 @@ class FileProgress:
         self.size = size
         self.done = 0
         self.started = time.monotonic()
+        self.source: str | None = None
+        """Where the bytes came from, when the caller knows: "cache", "peers" or "origin"."""
 
     def advance(self, n: int) -> None:
         self._owner._advance(self, n)
 
-    def finish(self) -> None:
+    def finish(self, source: str | None = None) -> None:
+        if source is not None:
+            self.source = source
         self._owner._finish(self)
 
 
@@ -90,10 +119,9 @@ class Progress:
         with self._lock:
             self._clear()
             if not self.quiet and self.total:
-                elapsed = max(time.monotonic() - self._t0, 1e-9)
                 print(
-                    f"  total {human_bytes(self.done)} in {elapsed:.1f}s "
-                    f"({human_bytes(self.done / elapsed)}/s)",
+                    f"  total {human_bytes(self.done)} in {time.monotonic() - self._t0:.1f}s "
+                    f"({rate_text(self.done, self._t0)})",
                     file=self.stream,
                     flush=True,
                 )
@@ -111,17 +139,15 @@ class Progress:
             if fp in self._active:
                 self._active.remove(fp)
             if not self.tty and not self.quiet:
-                elapsed = max(time.monotonic() - fp.started, 1e-9)
-                print(f"  done {fp.name} ({human_bytes(fp.done / elapsed)}/s)", file=self.stream, flush=True)
+                print(f"  done {fp.name} ({_how(fp)})", file=self.stream, flush=True)
             self._draw(force=True)
 
     def _line(self, label: str, done: int, size: int, started: float) -> str:
-        elapsed = max(time.monotonic() - started, 1e-9)
-        rate = done / elapsed
+        rate = _rate(done, started) or 0.0
         pct = 100.0 * done / size if size else 100.0
         return (
             f"{label[:48]:<48} {pct:5.1f}% {human_bytes(done):>11} / {human_bytes(size):<11} "
-            f"{human_bytes(rate):>11}/s ETA {_eta(size - done, rate)}"
+            f"{rate_text(done, started):>13} ETA {_eta(size - done, rate)}"
         )
 
     def _clear(self) -> None:

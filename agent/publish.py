@@ -127,8 +127,8 @@ def publish_directory(
     entries: list[tuple[str, str, BlobDigest]] = []
     for rel, path in files:
         blob_id, digest, tmp = _copy_hashed(path, cache)
-        if cache.blob_is_complete(blob_id, digest.size):
-            tmp.unlink(missing_ok=True)  # the same content is already here (a republish)
+        if cache.adopt_blob(blob_id, digest.size):
+            tmp.unlink(missing_ok=True)  # the same content is already here (a republish, another repo)
             known = cache.read_sidecar(blob_id)
             # A standalone `agent fetch` records no piece hashes; the ones just computed serve.
             digest = known if known is not None and known.pieces else digest

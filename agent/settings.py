@@ -93,6 +93,9 @@ class FetchSettings:
 
 
 DEFAULT_API_LISTEN = "127.0.0.1:7470"
+HF_TOKEN_HEADER = "X-HF-Token"
+"""The requester's HF token on the agent API's `POST /v1/fetch`. Not `Authorization`: that is for
+naming the caller to the agent, this names the caller to the origin."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,11 @@ class DaemonSettings:
 
     job_history: int = 200
     """Finished jobs kept for `GET /v1/jobs/{id}`; older ones are forgotten first."""
+
+    lend_node_token: bool = True
+    """Requests that bring no HF token of their own (a pod annotation, `agent wait` or `POST /v1/fetch`
+    without one) fetch with the node's `--token`; False: they fetch anonymously, so gated repos need
+    the requester's token (`--no-lend-node-token`)."""
 
 
 @dataclass(frozen=True)

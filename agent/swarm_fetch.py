@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from agent.cache import BlobDigest, RepoCache, write_atomic
@@ -147,7 +148,7 @@ class SwarmFetcher:
         progress: Progress,
     ) -> BlobOutcome:
         with self._lock_for(blob.blob_id):
-            if cache.blob_is_complete(blob.blob_id, blob.size):
+            if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
                 self._seed_from_cache(cache, blob)
                 return BlobOutcome("cache")
             if self.tracker is None:
@@ -387,7 +388,11 @@ class SwarmFetcher:
                 raise _Stalled(f"{st.web_seed_error} (nothing received for {now - last_change:.0f}s)")
         with self._locks_guard:
             self._active.pop(blob.blob_id, None)
-        self._verify_and_record(cache, blob, info, ih)
+        # The torrent may have been started for another repo (one torrent per blob, whoever asked
+        # first): the file is where libtorrent put it, and this repo gets a link to it.
+        self._verify_and_record(st.path, blob, info, ih, cache)
+        if not cache.adopt_blob(blob.blob_id, blob.size):
+            raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
         log.info(
             "%s: %d bytes from peers, %d from web seeds",
             blob.path,
@@ -425,9 +430,8 @@ class SwarmFetcher:
                 f"{blob.blob_id} of {blob.size} bytes"
             )
 
-    def _verify_and_record(self, cache: RepoCache, blob: FileEntry, info: bytes, ih: str) -> None:
-        """One pass: the content id the origin promised, and the xxh3 sidecar for later cheap checks."""
-        path = cache.blob_path(blob.blob_id)
+    def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
+        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks."""
         hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_READ_BLOCK):

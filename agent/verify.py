@@ -5,6 +5,9 @@ byte again: sha256 for LFS blobs (64-hex ids), the git blob sha1 for small files
 snapshot entry whose blob is missing counts as corrupt too. A good blob gets a fresh sidecar (so
 later cheap checks agree with the disk again); a corrupt one is deleted (after the daemon stops
 seeding it) and fetched again: through the daemon when one answers, else with the origin engine.
+
+Content shared by several repos is one inode (agent.cache): it is re-hashed once, and a corrupt one
+is unlinked from every repo that shares it and linked back into each of them once fetched again.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.cache import BlobDigest, RepoCache, write_atomic
-from agent.eviction import CachedRepo, forget_blob_state, parse_ref, scan_cache
+from agent.cache import BlobDigest, RepoCache, blob_homes, same_file, write_atomic
+from agent.eviction import CachedRepo, forget_blob_state, parse_ref, repo_id_of, scan_cache
 from agent.hashing import BlobHasher
 from agent.settings import Settings
 
@@ -89,6 +92,8 @@ def verify_cache(
 ) -> list[BlobCheck]:
     """Re-hash the blobs of `ref` (`REPO[@REV]`, or the whole cache); one BlobCheck per blob."""
     checks: list[BlobCheck] = []
+    seen: dict[tuple[int, int], tuple[bool, str]] = {}
+    """Results by inode: content linked into several repos is read once."""
     for repo, commits in _select(settings, ref):
         cache = RepoCache(settings.cache_dir, settings.state_dir, repo.repo_id)
         uses: dict[str, list[tuple[str, str]]] = {}
@@ -98,7 +103,13 @@ def verify_cache(
                     uses.setdefault(blob_id, []).append((commit, path))
         wanted = set(uses) | (set(repo.blobs) if commits is None else set())
         for blob_id in sorted(wanted):
-            ok, problem = rehash(cache, blob_id)
+            inode = repo.inodes.get(blob_id)
+            if inode is not None and inode in seen:
+                ok, problem = seen[inode]
+            else:
+                ok, problem = rehash(cache, blob_id)
+                if inode is not None:
+                    seen[inode] = (ok, problem)
             check = BlobCheck(
                 repo.repo_id, blob_id, repo.blobs.get(blob_id, 0), ok, problem, uses.get(blob_id, [])
             )
@@ -117,11 +128,19 @@ def repair(
 ) -> list[BlobCheck]:
     """Delete corrupt blobs, fetch their files again, re-hash them; the checks that are still bad."""
     todo: dict[tuple[str, str], list[str]] = {}
+    relink: list[tuple[str, str, int]] = []
+    """(repo id, blob id, size) of links to a corrupt inode that other repos shared."""
     for check in bad:
         if forget is not None:
             forget(check.blob_id)
         cache = RepoCache(settings.cache_dir, settings.state_dir, check.repo_id)
-        cache.blob_path(check.blob_id).unlink(missing_ok=True)
+        blob = cache.blob_path(check.blob_id)
+        for home in blob_homes(settings.cache_dir, check.blob_id):
+            other = repo_id_of(home.parent.parent.name)
+            if home != blob and other and same_file(home, blob):
+                home.unlink(missing_ok=True)  # the same corrupt bytes, seen through another repo
+                relink.append((other, check.blob_id, check.size))
+        blob.unlink(missing_ok=True)
         forget_blob_state(settings.state_dir, check.blob_id)
         for commit, path in check.uses:
             todo.setdefault((check.repo_id, commit), []).append(glob.escape(path))
@@ -130,6 +149,9 @@ def repair(
             refetch(repo_id, commit, sorted(set(paths)))
         except Exception as exc:  # reported below as still corrupt; one failure must not stop the rest
             log.warning("re-fetching %s@%s failed: %s", repo_id, commit[:12], exc)
+    for repo_id, blob_id, size in relink:
+        if not RepoCache(settings.cache_dir, settings.state_dir, repo_id).adopt_blob(blob_id, size):
+            log.warning("%s: blob %s was corrupt and is gone; fetch the repo again", repo_id, blob_id[:12])
     still = []
     for check in bad:
         if not check.uses:  # no snapshot needs it: deleting it was the repair

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.agent_client import AgentClient, local_agent_answers, mirror_progress
+from agent.agent_client import AgentClient, job_error, local_agent_answers, mirror_progress
 from agent.cache import is_commit, repo_folder_name, safe_relpath
 from agent.errors import DaemonError, UnsafePathError, WaitTimeoutError, WeightswarmError
 from agent.podrequests import ModelRef
@@ -91,6 +91,7 @@ def wait_for_model(
     progress: Progress,
     poll_interval: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
+    token: str | None = None,
 ) -> Path:
     """Block until `ref` is complete on this node; its snapshot path. Raises `WaitTimeoutError` at
     the deadline, `WeightswarmError` when the agent's fetch failed or it refused the request."""
@@ -99,7 +100,7 @@ def wait_for_model(
     last = "nothing yet"
     while True:
         try:
-            return _through_agent(ref, agent_url, deadline, progress, clock)
+            return _through_agent(ref, agent_url, deadline, progress, clock, token)
         except _Unreachable as exc:
             last = f"the agent at {agent_url} is unreachable ({exc}) and the cache at {cache_dir} lacks it"
             if not said_offline:
@@ -121,12 +122,17 @@ def wait_for_model(
 
 
 def _through_agent(
-    ref: ModelRef, url: str, deadline: float, progress: Progress, clock: Callable[[], float]
+    ref: ModelRef,
+    url: str,
+    deadline: float,
+    progress: Progress,
+    clock: Callable[[], float],
+    token: str | None,
 ) -> Path:
     client = AgentClient(url, timeout=_REQUEST_TIMEOUT)
     try:
         try:
-            status = client.start_fetch(ref.repo_id, ref.revision, (), ())
+            status = client.start_fetch(ref.repo_id, ref.revision, (), (), token)
         except DaemonError as exc:
             if not local_agent_answers(client.url):
                 raise _Unreachable("no answer on /healthz") from exc
@@ -145,7 +151,7 @@ def _through_agent(
                 progress.message(_summary(ref, status))
                 return Path(status["snapshot"])
             if status["phase"] == "Failed":
-                raise WeightswarmError(f"the agent could not fetch {ref.key}: {status.get('error')}")
+                raise job_error(status, f"the agent could not fetch {ref.key}: ")
             left = deadline - clock()
             if left <= 0:
                 raise _StillRunning(

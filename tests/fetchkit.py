@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agent.cache import repo_folder_name
+from agent.hub.repos import INCOMPLETE_SUFFIX, SKIPPED_NAMES
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from agent.settings import FetchSettings, OriginSettings, Settings
@@ -31,7 +32,7 @@ def origin_files(root: Path, repo_id: str = REPO) -> dict[str, bytes]:
         for n in names:
             p = Path(d) / n
             rel = p.relative_to(base).as_posix()
-            if rel.startswith(".") or rel.endswith(".incomplete"):
+            if rel.split("/")[0] in SKIPPED_NAMES or rel.endswith(INCOMPLETE_SUFFIX):
                 continue
             out[rel] = p.read_bytes()
     return out

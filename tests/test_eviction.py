@@ -66,7 +66,7 @@ def test_eviction_keeps_pinned_and_recent_models_and_the_cache_consistent(filled
     ev = Evictor(settings, usage, BlobLeases(), on_evict=evicted_log.append)
 
     evicted = ev.run_once()
-    assert evicted and {e.repo_id for e in evicted} == {"acme/old"}
+    assert evicted and {r for e in evicted for r in e.repo_ids} == {"acme/old"}
     assert repo_bytes(settings, "acme/pinned") == sizes["acme/pinned"]
     assert repo_bytes(settings, "acme/recent") == sizes["acme/recent"]
     repos = scan_cache(settings.cache_dir)
@@ -87,7 +87,8 @@ def test_a_leased_blob_is_never_evicted_and_a_model_that_cannot_fit_is_refused(f
         settings, ops=OpsSettings(cache_max_bytes=total // 4, pins=("acme/pinned",))
     )
     leases = BlobLeases()
-    held = next(iter(scan_cache(settings.cache_dir)["acme/recent"].blobs))
+    repos = scan_cache(settings.cache_dir)
+    held = next(b for b in repos["acme/recent"].blobs if b not in repos["acme/pinned"].blobs)
     leases.acquire(held)
     refused = []
     ev = Evictor(settings, UsageLog(settings.state_dir / "usage.json"), leases)
@@ -102,7 +103,9 @@ def test_a_leased_blob_is_never_evicted_and_a_model_that_cannot_fit_is_refused(f
     left = scan_cache(settings.cache_dir)
     assert held in left["acme/recent"].blobs  # served right now: kept although unpinned
     assert left["acme/pinned"].snapshots  # pinned: kept although over the limit
-    assert "acme/old" not in left or not left["acme/old"].blobs
+    # Old and unpinned: all of it went, except content it shares with the pinned model (one file,
+    # pinned for every repo that uses it, e.g. the identical `.gitattributes`).
+    assert "acme/old" not in left or set(left["acme/old"].blobs) <= set(left["acme/pinned"].blobs)
     leases.release(held)
     ev.run_once()
     assert held not in scan_cache(settings.cache_dir)["acme/recent"].blobs
@@ -115,10 +118,12 @@ def test_agent_rm_without_a_daemon(filled):
     args = ["--cache-dir", str(settings.cache_dir), "--state-dir", str(settings.state_dir)]
     commit = scan_cache(settings.cache_dir)["acme/old"].refs["main"]
     before = scan_cache(settings.cache_dir)
-    # Sidecars live in the state dir per blob id: one shared with another repo (same config.json) stays.
-    old_blobs = set(before["acme/old"].blobs) - {b for r in REPOS[1:] for b in before[r].blobs}
-    assert old_blobs
-    assert all((settings.state_dir / "digests" / f"{b}.json").exists() for b in old_blobs)
+    # Sidecars live in the state dir per blob id: one shared with another repo (same config file) stays.
+    shared = set(before["acme/old"].blobs) & {b for r in REPOS[1:] for b in before[r].blobs}
+    old_blobs = set(before["acme/old"].blobs) - shared
+    assert old_blobs and shared
+    sidecars = {b: settings.state_dir / "digests" / f"{b}.json" for b in old_blobs | shared}
+    assert all(p.exists() for p in sidecars.values())
 
     result = runner.invoke(main, ["rm", "acme/old@main", *args])
     assert result.exit_code == 0, result.output
@@ -126,7 +131,11 @@ def test_agent_rm_without_a_daemon(filled):
     repos = scan_cache(settings.cache_dir)
     assert "main" not in repos["acme/old"].refs and commit not in repos["acme/old"].snapshots
     assert repos["acme/old"].blobs == {}
-    assert not any((settings.state_dir / "digests" / f"{b}.json").exists() for b in old_blobs)
+    assert not any(sidecars[b].exists() for b in old_blobs)
+    # The shared ones stay, with their sidecar, in the repos that still use them.
+    assert all(sidecars[b].exists() for b in shared), [b for b in shared if not sidecars[b].exists()]
+    for repo in REPOS[1:]:
+        assert repos[repo].blobs == before[repo].blobs
     assert_consistent(settings.cache_dir)
 
     result = runner.invoke(main, ["rm", "acme/recent", *args])

@@ -239,3 +239,28 @@ def test_serve_cli_runs_the_watcher(tmp_path, origin, kube) -> None:
         stop_process(proc, grace=20)
         log.close()
     assert proc.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
+
+
+def test_pods_asking_for_repos_that_share_files_both_get_ready(tmp_path, tracker, kube, kube_agent) -> None:
+    """A base model and its fine-tune (shared model card, tokenizer, `.gitattributes`, one shard)
+    requested by two pods on one node at once: both Ready, the shared files one inode."""
+    from agent.hub.testmodel import make_family
+
+    root = tmp_path / "family-hub"
+    make_family(root, "acme/base", "acme/tuned", total_bytes=MODEL_BYTES, shards=2, seed=3)
+    with HubServer(root) as hub:
+        kube_agent(Origin(hub, "acme/base", 0, {}), tracker)
+        kube.add_pod("base-0", annotations={MODELS_ANNOTATION: "acme/base"})
+        kube.add_pod("tuned-0", annotations={MODELS_ANNOTATION: "acme/tuned"})
+        for pod, key in (("base-0", "acme/base@main"), ("tuned-0", "acme/tuned@main")):
+            loop_until(lambda pod=pod, key=key: phase_of(kube, pod, key) in ("Ready", "Failed"),
+                       timeout=90, what=f"{pod} done")
+            assert phase_of(kube, pod, key) == "Ready", status_of(kube, pod)
+        base = Path(status_of(kube, "base-0")["acme/base@main"]["snapshot"])
+        tuned = Path(status_of(kube, "tuned-0")["acme/tuned@main"]["snapshot"])
+        for name in (".gitattributes", "README.md", "tokenizer.json", "model-00001-of-00002.safetensors"):
+            assert (base / name).read_bytes() == (root / "acme/tuned" / name).read_bytes()
+            assert os.path.samefile(base / name, tuned / name), name
+        assert (tuned / "model-00002-of-00002.safetensors").read_bytes() == (
+            root / "acme/tuned/model-00002-of-00002.safetensors"
+        ).read_bytes()

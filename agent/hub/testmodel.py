@@ -5,6 +5,12 @@ pseudo-random bytes derived from (seed, file, tensor), so two calls with the sam
 write identical files and the same seed in two repos gives identical (deduplicable) shards.
 Every file is written to `*.incomplete` and renamed into place, so a hub scanning the
 directory never lists a half-written file.
+
+Repos share files as they do on the real Hub: every repo has the Hub's default `.gitattributes`
+(byte-identical everywhere), `generation_config.json` and `tokenizer_config.json` are the same in
+every repo, `tokenizer.json` follows `tokenizer_seed` (a fine-tune keeps its base model's), and a
+shard follows its entry in `shard_seeds` (an unchanged shard of a variant). `make_family` writes a
+base model and a fine-tune shaped so; `change_shard` makes a second revision that changes one shard.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import os
 import random
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
-from agent.hub.repos import INCOMPLETE_SUFFIX, valid_repo_id
+from agent.hub.repos import INCOMPLETE_SUFFIX, LFS_SUFFIXES, valid_repo_id
 
 DTYPE_SIZES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
 """safetensors dtype names and their element sizes in bytes."""
@@ -89,14 +96,39 @@ def _write_shard(path: Path, tensors: list[tuple[str, int]], dtype: str, seed: i
         tmp.unlink(missing_ok=True)
 
 
+GITATTRIBUTES = "".join(
+    f"*{suffix} filter=lfs diff=lfs merge=lfs -text\n" for suffix in sorted(LFS_SUFFIXES)
+) + "*tfevents* filter=lfs diff=lfs merge=lfs -text\n"
+"""The `.gitattributes` a new Hub repo starts with: the same bytes in most real repos."""
+
+
+def _tokenizer(seed: int) -> dict[str, object]:
+    rng = random.Random(f"tokenizer/{seed}")
+    vocab = {f"tok{i}_{rng.randrange(1 << 30):x}": i for i in range(512)}
+    return {"version": "1.0", "model": {"type": "BPE", "vocab": vocab, "merges": []}, "added_tokens": []}
+
+
 def make_model(
-    root: Path, repo_id: str, *, total_bytes: int, shards: int, seed: int = 0, dtype: str = "F16"
+    root: Path,
+    repo_id: str,
+    *,
+    total_bytes: int,
+    shards: int,
+    seed: int = 0,
+    dtype: str = "F16",
+    shard_seeds: Sequence[int] | None = None,
+    tokenizer_seed: int | None = None,
+    readme: str | None = None,
 ) -> list[Path]:
     """Write a test model to `root/<org>/<name>/` and return the paths written.
 
     `total_bytes` is the tensor data (rounded down to whole elements); each shard adds a small
     JSON header. `shards=1` writes `model.safetensors` without an index, as the Hub's small models.
+    `shard_seeds` (one per shard, default `seed` for all), `tokenizer_seed` (default `seed`) and
+    `readme` (default: one naming the repo) choose what this repo shares with others.
     """
+    if shard_seeds is not None and len(shard_seeds) != shards:
+        raise ValueError(f"shard_seeds needs one seed per shard: {len(shard_seeds)} for {shards} shards")
     if not valid_repo_id(repo_id):
         raise ValueError(f"not a repo id (org/name): {repo_id!r}")
     if shards < 1:
@@ -111,7 +143,9 @@ def make_model(
     written: list[Path] = []
     weight_map: dict[str, str] = {}
     layer = 0
-    for name, shard_bytes in zip(_shard_names(shards), _split(total_bytes, shards, elem), strict=True):
+    seeds = list(shard_seeds) if shard_seeds is not None else [seed] * shards
+    names, sizes = _shard_names(shards), _split(total_bytes, shards, elem)
+    for name, shard_bytes, shard_seed in zip(names, sizes, seeds, strict=True):
         count = max(1, -(-shard_bytes // TENSOR_BYTES))
         tensors = []
         for nbytes in _split(shard_bytes, count, elem):
@@ -119,7 +153,7 @@ def make_model(
                 tensors.append((f"model.layers.{layer}.weight", nbytes))
                 weight_map[f"model.layers.{layer}.weight"] = name
                 layer += 1
-        _write_shard(repo_dir / name, tensors, dtype, seed)
+        _write_shard(repo_dir / name, tensors, dtype, shard_seed)
         written.append(repo_dir / name)
     torch_dtype = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}.get(dtype, dtype.lower())
     docs: dict[str, object] = {
@@ -131,6 +165,7 @@ def make_model(
             "weightswarm_seed": seed,
         },
         "tokenizer_config.json": {"model_max_length": 2048, "tokenizer_class": "PreTrainedTokenizerFast"},
+        "tokenizer.json": _tokenizer(seed if tokenizer_seed is None else tokenizer_seed),
         "generation_config.json": {"_from_model_config": True, "max_new_tokens": 16},
     }
     if shards > 1:
@@ -141,10 +176,50 @@ def make_model(
     for fname, content in docs.items():
         _write_atomic(repo_dir / fname, (json.dumps(content, indent=2, sort_keys=True) + "\n").encode())
         written.append(repo_dir / fname)
-    readme = (
-        f"# {repo_id}\n\nA weightswarm test model: {layer} random {dtype} tensors, "
-        f"{shards} shard(s), seed {seed}.\n"
-    )
+    if readme is None:
+        readme = (
+            f"# {repo_id}\n\nA weightswarm test model: {layer} random {dtype} tensors, "
+            f"{shards} shard(s), seed {seed}.\n"
+        )
     _write_atomic(repo_dir / "README.md", readme.encode())
-    written.append(repo_dir / "README.md")
+    _write_atomic(repo_dir / ".gitattributes", GITATTRIBUTES.encode())
+    written += [repo_dir / "README.md", repo_dir / ".gitattributes"]
     return written
+
+
+SHARED_README = "---\nlicense: apache-2.0\n---\n# Model card\n\nWeights for a weightswarm test.\n"
+"""A model card two repos can share byte for byte (copied from a base model, as fine-tunes do)."""
+
+
+def make_family(
+    root: Path, base: str, finetune: str, *, total_bytes: int, shards: int, seed: int = 0, dtype: str = "F16"
+) -> tuple[list[Path], list[Path]]:
+    """A base model and a fine-tune that share what real ones share: `.gitattributes`, the model card,
+    the tokenizer and its config, and the first shard (a frozen embedding); the other shards differ."""
+    if shards < 2:
+        raise ValueError("a family needs at least 2 shards: one shared, one fine-tuned")
+    base_files = make_model(
+        root, base, total_bytes=total_bytes, shards=shards, seed=seed, dtype=dtype, readme=SHARED_README
+    )
+    tuned_seeds = [seed] + [seed + 1000 + i for i in range(1, shards)]
+    tuned_files = make_model(
+        root, finetune, total_bytes=total_bytes, shards=shards, seed=seed + 1, dtype=dtype,
+        shard_seeds=tuned_seeds, tokenizer_seed=seed, readme=SHARED_README,
+    )
+    return base_files, tuned_files
+
+
+def change_shard(root: Path, repo_id: str, index: int, seed: int) -> Path:
+    """A new revision of the repo that changes one shard (`index`, 0-based) and nothing else: same
+    tensors and sizes, other bytes. Returns the rewritten shard."""
+    repo_dir = Path(root) / repo_id
+    shards = sorted(repo_dir.glob("model*.safetensors"))
+    path = shards[index]
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
+    dtype = next(iter(header.values()))["dtype"]
+    _write_shard(path, [(k, end - start) for start, end, k in spans], dtype, seed)
+    return path
