@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, in_ci, require
 
 # The daemon tests' fixtures (origin, tracker, make_agent) for every test module; a module's own
 # fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
@@ -40,14 +40,15 @@ def unused_tcp_port() -> int:
 
 @pytest.fixture
 def mounted_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
-    """Mount a small tmpfs (tests run as root in CI); skip cleanly where mounting is not permitted."""
+    """Mount a small tmpfs (tests run as root in CI); `require` (skip locally, fail in CI) where mounting
+    is not permitted."""
     mounts: list[Path] = []
 
     def mount(path: Path, options: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
         if res.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+            require("a tmpfs mount", f"cannot mount one here (needs root): {res.stderr.decode().strip()}")
         mounts.append(path)
         return path
 
@@ -60,12 +61,29 @@ _OPT_IN_MARKERS = ("slow", "multinode")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` and `multinode` tests are opt-in: they run only when `-m` names their marker."""
+    """`slow` and `multinode` tests are opt-in on a developer's machine: they run only when `-m` names
+    their marker. CI (`CI` set, see tests.helpers.in_ci) runs them all."""
+    if in_ci():
+        return
     markexpr = config.getoption("markexpr", "") or ""
     for name in _OPT_IN_MARKERS:
         if name in markexpr:
             continue
-        skip = pytest.mark.skip(reason=f"opt-in: select with -m {name}")
+        skip = pytest.mark.skip(reason=f"opt-in: select with -m {name} (CI runs it)")
         for item in items:
             if item.get_closest_marker(name) is not None:
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In CI nothing skips: a skip there is a test that silently did not run (a dependency `./dev`
+    should have installed, a `pytest.skip` added without `tests.helpers.require`), so it fails."""
+    report: pytest.TestReport = yield
+    if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where every test must run: {reason}"
+    return report

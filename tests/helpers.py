@@ -6,7 +6,8 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -57,3 +58,41 @@ def _close_pipes(proc: subprocess.Popen[Any]) -> None:
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def in_ci() -> bool:
+    """Whether this is a CI run: `CI` set to anything but empty/0/false (CI services set CI=true;
+    `.ci/run` sets it too)."""
+    import os
+
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def require(what: str, reason: str) -> NoReturn:
+    """Call where `what` (a tool, a module, root) is missing: a failure in CI, where `./dev` installs
+    every dependency and runs as root, so a silent skip would hide that a test never ran; a skip
+    that says how to get it on a developer's machine. Usable at module level too."""
+    import pytest
+
+    message = f"{what} missing: {reason}"
+    if in_ci():
+        pytest.fail(f"{message} (in CI a dependency that ./dev installs is a failure)", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_module(name: str, reason: str) -> ModuleType:
+    """`import name`, or `require` it (fail in CI, skip elsewhere) when it cannot be imported."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        require(f"Python module {name}", f"{reason} ({exc})")
+
+
+def require_root(reason: str) -> None:
+    """`require` root (CI runs as root) unless this process is root."""
+    import os
+
+    if os.geteuid() != 0:
+        require("root", reason)

@@ -15,6 +15,7 @@ from agent.errors import ConfigError, IntegrityError, UnsafePathError
 from agent.hashing import BlobHasher
 from agent.pieces import PieceHasher, info_dict, infohash, piece_length_for
 from agent.safetensors_check import check_index, check_safetensors
+from tests.helpers import require_module
 from tracker.bencode import bencode
 
 BLOB = "a" * 64
@@ -109,7 +110,7 @@ def test_piece_hasher_matches_independent_sha1s():
 
 
 def test_infohash_agrees_with_libtorrent():
-    lt = pytest.importorskip("libtorrent")
+    lt = require_module("libtorrent", "a dependency of weightswarm: pip install -e '.[dev]' (./dev does)")
     data = os.urandom(600_000)
     h = BlobHasher(len(data), is_lfs=True)
     h.update(data)

@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-helm = pytest.importorskip("helm_python")
-kv = pytest.importorskip("kubernetes_validate.utils")
+from tests.helpers import require_module
+
+_PIP = "pip install -e '.[dev]' (./dev does)"
+helm = require_module("helm_python", f"helm-python-sdk: {_PIP}")
+kv = require_module("kubernetes_validate.utils", f"kubernetes-validate: {_PIP}")
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "weightswarm"
 EXAMPLE = CHART / "examples" / "vllm-deployment.yaml"

@@ -30,6 +30,7 @@ from agent.hub import server as hub_server
 from agent.hub.server import HubServer
 from tests.fetchkit import (
     REPO,
+    MiB,
     fetch_args,
     file_requests,
     leftovers,
@@ -112,11 +113,20 @@ def test_gated_repo_needs_a_valid_token_which_is_never_printed(tmp_path, caplog)
         assert TOKEN not in caplog.text and TOKEN[::-1] not in caplog.text
         with pytest.raises(AuthError):
             fetch_snapshot(settings_for(tmp_path / "x", srv.url), REPO)
-        settings = settings_for(tmp_path / "y", srv.url, token=TOKEN)
+        settings = settings_for(tmp_path / "y", srv.url, token=TOKEN, max_retries=1)
         assert TOKEN not in repr(settings)
-    for p in (tmp_path / "st").rglob("*"):
-        if p.is_file():
-            assert TOKEN.encode() not in p.read_bytes()
+        # A run that fails partway keeps its resume records (and the digests of the files it finished).
+        srv.faults.status_methods = frozenset({"GET"})
+        srv.faults.truncate_after = 300_000
+        srv.faults.truncate_times = 100
+        with pytest.raises(OriginError):
+            fetch_snapshot(settings, REPO)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and root not in p.parents]
+    # Every kind of file a fetch leaves is looked at: blobs, resume records, digests, refs.
+    for kind in ("blobs", "partials", "digests", "refs"):
+        assert any(p.parent.name == kind or p.parent.parent.name == kind for p in written), (kind, written)
+    for p in written:
+        assert TOKEN.encode() not in p.read_bytes(), p
 
 
 def test_429_retry_after_is_honoured_and_bounded(tmp_path, origin):
@@ -149,12 +159,31 @@ def test_5xx_and_dropped_connections_retry_only_that_range(tmp_path, origin):
     assert srv.egress_bytes - total(files) < 64 * 1024
 
 
-def test_stalled_body_times_out_and_retries(tmp_path, origin):
+def test_stalled_body_times_out_and_retries_the_rest_of_that_range(tmp_path, origin):
     srv, files = origin
-    srv.faults.stall_seconds = 3.0
-    srv.faults.stall_after = 10_000
-    result = fetch_snapshot(settings_for(tmp_path, srv.url, read_timeout=0.5), REPO)
-    assert snapshot_contents(result.snapshot_path) == files
+    shard = shards(files)[0]
+    chunk, stall = 2 * MiB, 30.0
+    assert len(files[shard]) > chunk
+    # The first range stalls after 1.5 MiB; the client reads 1 MiB blocks, so it holds one whole block.
+    srv.faults.stall_seconds = stall
+    srv.faults.stall_after = 3 * MiB // 2
+    settings = settings_for(tmp_path, srv.url, read_timeout=0.5, chunk_size=chunk, connections=1)
+    t0 = time.monotonic()
+    result = fetch_snapshot(settings, REPO, include=[shard])
+    elapsed = time.monotonic() - t0
+    assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+    # A 0.5 s read timeout, not the 30 s stall: the stalled response was given up on.
+    assert elapsed < stall / 3, elapsed
+    # Then only the rest of the stalled range was asked for again, from the byte where it stopped (the
+    # stalled request itself is recorded only when its handler wakes up, after this test).
+    starts = {}
+    for r in srv.requests:
+        if r.method == "GET" and r.range:
+            first, _, last = r.range.removeprefix("bytes=").partition("-")
+            starts[int(first)] = int(last)
+    retried = [s for s in starts if 0 < s < chunk]
+    assert len(retried) == 1 and MiB <= retried[0] <= 3 * MiB // 2, starts
+    assert starts[retried[0]] == chunk - 1, starts
 
 
 def test_server_ignoring_range_gets_one_stream_per_file(tmp_path, origin):

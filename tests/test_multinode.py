@@ -16,7 +16,7 @@ import pytest
 
 from bench.netns import Cluster, cleanup_stale, have_netns_support, measure_rate
 from bench.stack import BIN, Stack, sha256_file
-from tests.helpers import loop_until
+from tests.helpers import loop_until, require
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(180)]
 
@@ -24,21 +24,18 @@ REPO = "multinode/tiny"
 MiB = 2**20
 
 
-def _skip_reason() -> str | None:
+def _require_netns() -> None:
+    """Root, iproute2 and curl (./dev installs both; CI runs as root): fail in CI, skip elsewhere."""
     reason = have_netns_support()
+    if reason is None and shutil.which("curl") is None:
+        reason = "needs `curl` (Debian package curl)"
     if reason:
-        return reason
-    for tool in ("curl",):
-        if shutil.which(tool) is None:
-            return f"needs `{tool}`"
-    return None
+        require("the multi-node harness", reason)
 
 
 @pytest.fixture
 def stack(tmp_path: Path):
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(f"multi-node harness {reason}")
+    _require_netns()
     import subprocess
 
     hub = tmp_path / "hub"
@@ -112,12 +109,6 @@ def test_three_nodes_cold_known_use_the_origin_as_web_seed(stack: Stack) -> None
     for node in nodes:
         log = stack.log(f"agent-{node}").read_text()
         assert "web seed" not in log, f"{node}: {log[-600:]}"
-
-
-def _require_netns() -> None:
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(f"multi-node harness {reason}")
 
 
 def test_shaping_matches_configuration(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from agent.fetch import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from agent.logging_setup import JsonFormatter, RedactSecrets, redact
-from agent.publish import commit_for
 from agent.settings import Settings
 from tests.daemon_fixtures import BIN, agent_settings
 from tests.helpers import free_port
@@ -76,6 +75,8 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
     files = {}
     for p in paths:
         rel = p.relative_to(tmp_path / "gen" / "me" / "finetune")
+        if rel.name.startswith("."):
+            continue  # `.gitattributes`: publish skips hidden files
         (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (model_dir / rel).write_bytes(p.read_bytes())
         files[rel.as_posix()] = p.read_bytes()
@@ -95,8 +96,10 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         )
         assert out.exit_code == 0, out.output
         commit = out.output.strip().splitlines()[-1]
-        expected = commit_for([(rel, hashlib.sha256(data).hexdigest()) for rel, data in files.items()])
-        assert commit == expected
+        # The README: the commit is the sha1 of the sorted (path, sha256) list, which agent.publish
+        # serialises as compact JSON; computed here from the bytes, not with agent.publish.
+        pairs = sorted([rel, hashlib.sha256(data).hexdigest()] for rel, data in files.items())
+        assert commit == hashlib.sha1(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 
         job = b.request_model("local/finetune", "main")
         assert job.wait(90), job.status()

@@ -446,7 +446,10 @@ def test_a_downloader_gets_a_blob_at_once_from_a_peer_that_just_finished_it(tmp_
     """B joins first (the tracker knows no one), then A fetches the blob from the web seed in a blink.
     A's connection to B carries "upload only" ahead of its HAVEs; libtorrent used to drop it as an
     uninteresting upload-only peer and reconnect only after 5 s, so every small blob a node took from
-    a lease holder cost 5 s. Several blobs at once: the race hit about half of them."""
+    a lease holder cost 5 s. Several blobs at once: the race hit about half of them.
+
+    Checked by its cause, not a stopwatch (a loaded machine can be slow for seconds, and the race does
+    not always hit): B gets every blob over the connection A opened, and that connection stays."""
     blobs = [make_blob(4096 + k, 50 + k) for k in range(4)]
     for blob in blobs:
         origin.blobs[blob.blob_id] = blob.data
@@ -469,10 +472,12 @@ def test_a_downloader_gets_a_blob_at_once_from_a_peer_that_just_finished_it(tmp_
         ]
         for ih in a_ihs:
             assert a.wait(ih, timeout=30).state == "seeding"
-        a_done = time.monotonic()
         for ih in b_ihs:
             assert b.wait(ih, timeout=30).state == "seeding"
-        # Generous for a loaded 2-core machine, yet under the 5 s reconnect delay of the bug.
-        assert time.monotonic() - a_done < 4.0
+        # Both ends are seeds now, and still connected: nothing was dropped that a reconnect had to
+        # replace (with libtorrent's defaults every one of these connections is gone by now).
+        pairs = zip(a_ihs, b_ihs, strict=True)
+        connected = [(a.status(x).num_peers, b.status(y).num_peers) for x, y in pairs]
+        assert all(n >= 1 for pair in connected for n in pair), connected
         for blob in blobs:
             assert sha256_of(tmp_path / "b" / blob.blob_id) == blob.sha256

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, kill_process, loop_until
+from tests.helpers import free_port, kill_process, loop_until, require, require_module
 from tests.test_tracker_fixtures import AUTH, TOKEN, Tracker, make_info, run_server
 from tracker.bencode import bdecode, bencode
 from tracker.settings import TrackerSettings
 
-lt = pytest.importorskip("libtorrent")
+lt = require_module("libtorrent", "a dependency of weightswarm: pip install -e '.[dev]' (./dev does)")
 
 DATA = os.urandom(1024 * 1024 + 12345)  # not a whole number of pieces on purpose
 PIECE = 64 * 1024
@@ -96,10 +96,11 @@ def test_libtorrent_downloads_through_tracker(tracker: Tracker, seeder, tmp_path
         del session
 
 
-@pytest.mark.skipif(shutil.which("aria2c") is None, reason="aria2c not installed (Debian package aria2)")
 def test_aria2c_downloads_from_libtorrent_seeder_through_tracker(
     tracker: Tracker, seeder, tmp_path: Path
 ) -> None:
+    if shutil.which("aria2c") is None:
+        require("aria2c", "Debian package aria2 (./dev installs it)")
     blob_id, info, _ = seeder
     torrent = tmp_path / "blob.torrent"
     torrent.write_bytes(bencode({"announce": f"{tracker.url}/announce", "info": bdecode(info)}))

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.helpers import free_port, loop_until
+from tests.helpers import free_port, loop_until, require
 from tracker.app import TrackerApp, create_app
 from tracker.bencode import bdecode, bencode
 from tracker.settings import TrackerSettings
@@ -80,7 +80,7 @@ def redis_server(workdir: Path) -> Iterator[str]:
     """A private redis-server on a free port (no persistence), stopped by PID at the end."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server not installed (Debian package redis-server; ./dev installs it)")
+        require("redis-server", "Debian package redis-server (./dev installs it)")
     port = free_port()
     proc = subprocess.Popen(
         [
