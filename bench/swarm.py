@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agent.pieces import PieceHasher, info_dict, piece_length_for
+from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.daemon import Daemon, build_serve_settings
+from agent.daemon.node import Daemon, build_serve_settings
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.helpers import free_port, loop_until, stop_process

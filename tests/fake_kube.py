@@ -1,4 +1,4 @@
-"""A small fake Kubernetes API server on loopback, enough for agent.kube with the real client.
+"""A small fake Kubernetes API server on loopback, enough for agent.kube.client with the real client.
 
 Speaks: pod list (all namespaces or one) honouring `fieldSelector=spec.nodeName=X`; watch as a
 chunked stream of JSON lines (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a resourceVersion

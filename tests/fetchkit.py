@@ -7,11 +7,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from agent.cache import repo_folder_name
+from agent.cache.layout import repo_folder_name
+from agent.core.settings import FetchSettings, OriginSettings, Settings
 from agent.hub.repos import INCOMPLETE_SUFFIX, SKIPPED_NAMES
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.settings import FetchSettings, OriginSettings, Settings
 
 MiB = 2**20
 REPO = "org/tiny"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.cache import BlobDigest, RepoCache, repo_folder_name, safe_relpath
-from agent.errors import ConfigError, IntegrityError, UnsafePathError
-from agent.hashing import BlobHasher
-from agent.pieces import PieceHasher, info_dict, infohash, piece_length_for
-from agent.safetensors_check import check_index, check_safetensors
+from agent.cache.layout import BlobDigest, RepoCache, repo_folder_name, safe_relpath
+from agent.core.errors import ConfigError, IntegrityError, UnsafePathError
+from agent.core.hashing import BlobHasher
+from agent.core.metainfo import PieceHasher, info_dict, infohash, piece_length_for
+from agent.fetch.safetensors import check_index, check_safetensors
 from tests.helpers import require_module
 from tracker.bencode import bencode
 

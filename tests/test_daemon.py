@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from agent.cache import RepoCache
+from agent.cache.layout import RepoCache
 from tests.daemon_fixtures import (
     assert_snapshot_verifies,
     fetch_all_and_verify,
@@ -116,8 +116,8 @@ def test_concurrent_requests_for_one_model_share_a_job(origin, tracker, make_age
 def test_a_standalone_fetched_cache_is_hashed_once_then_seeded(tmp_path, origin, tracker, make_agent):
     # `agent fetch` without a daemon writes no piece hashes; `agent serve` on that cache must still
     # seed it (after one verifying re-hash in the background), so peers never go to the origin.
-    from agent.fetch import fetch_snapshot
-    from agent.settings import Settings
+    from agent.core.settings import Settings
+    from agent.fetch.engine import fetch_snapshot
 
     settings = Settings.from_env_defaults(
         cache_dir=tmp_path / "a" / "hub", state_dir=tmp_path / "a" / "state"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from agent.cache import RepoCache
+from agent.cache.layout import RepoCache
 from tests.daemon_fixtures import (
     BIN,
     AgentProcess,

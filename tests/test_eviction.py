@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 from huggingface_hub import scan_cache_dir
 
-from agent.cli import main
-from agent.errors import CacheFullError
-from agent.eviction import BlobLeases, Evictor, UsageLog, remove_model, scan_cache
-from agent.fetch import fetch_snapshot
+from agent.cache.eviction import BlobLeases, Evictor, UsageLog, remove_model, scan_cache
+from agent.cli.main import main
+from agent.core.errors import CacheFullError
+from agent.core.settings import OpsSettings, Settings
+from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.settings import OpsSettings, Settings
 
 MODEL = 2**20
 REPOS = ("acme/old", "acme/pinned", "acme/recent")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.cache import RepoCache
-from agent.cli import main
-from agent.fetch import fetch_snapshot
+from agent.cache.layout import RepoCache
+from agent.cli.main import main
+from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.fetchkit import (

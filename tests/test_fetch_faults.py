@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from agent.cache import RepoCache
-from agent.cli import main
-from agent.errors import (
+from agent.cache.layout import RepoCache
+from agent.cli.main import main
+from agent.core.errors import (
     EXIT_AUTH,
     EXIT_DISK,
     EXIT_INTEGRITY,
@@ -25,7 +25,7 @@ from agent.errors import (
     RateLimitedError,
     UnsafePathError,
 )
-from agent.fetch import fetch_snapshot
+from agent.fetch.engine import fetch_snapshot
 from agent.hub import server as hub_server
 from agent.hub.server import HubServer
 from tests.fetchkit import (
@@ -295,8 +295,8 @@ def test_persistent_5xx_gives_up(tmp_path, origin):
 
 
 def test_token_is_sent_to_the_origin_host_only():
-    from agent.origin import OriginClient
-    from agent.settings import OriginSettings
+    from agent.core.settings import OriginSettings
+    from agent.origin.client import OriginClient
 
     client = OriginClient(OriginSettings(endpoint="http://127.0.0.1:8080", token=TOKEN))
     assert (

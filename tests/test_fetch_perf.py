@@ -17,15 +17,15 @@ import time
 
 import httpx
 
-from agent.cache import RepoCache
-from agent.download import OriginSource
-from agent.fetch import FetchEngine, fetch_snapshot, plan_from_origin
-from agent.hashing import BlobHasher
+from agent.cache.layout import RepoCache
+from agent.core.hashing import BlobHasher
+from agent.core.metainfo import PieceHasher, info_dict, infohash
+from agent.core.progress import Progress
+from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
+from agent.fetch.publish import publish_directory
 from agent.hub.server import HubServer
-from agent.origin import OriginClient
-from agent.pieces import PieceHasher, info_dict, infohash
-from agent.progress import Progress
-from agent.publish import publish_directory
+from agent.origin.client import OriginClient
+from agent.origin.ranges import OriginSource
 from tests.fetchkit import REPO, MiB, model, settings_for
 from tests.helpers import loop_until
 

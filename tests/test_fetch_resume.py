@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import DiskSpaceError
-from agent.fetch import fetch_snapshot
+from agent.core.errors import DiskSpaceError
+from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from tests.fetchkit import (
     REPO,

@@ -12,7 +12,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.daemon import Daemon
+from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.daemon_fixtures import Origin, agent_settings, fetch_and_wait, file_requests

@@ -26,7 +26,7 @@ from huggingface_hub.errors import (
 )
 from safetensors import safe_open
 
-from agent.cli import main as agent_main
+from agent.cli.main import main as agent_main
 from agent.hub.repos import git_blob_sha1
 from agent.hub.server import HubServer, parse_range
 from agent.hub.testmodel import make_model, parse_size

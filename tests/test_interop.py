@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.cache import RepoCache
-from agent.daemon import Daemon
+from agent.cache.layout import RepoCache
+from agent.daemon.node import Daemon
 from tests.daemon_fixtures import (
     TrackerProcess,
     agent_settings,

@@ -1,4 +1,4 @@
-"""agent.kube against tests.fake_kube with the real kubernetes client, plus annotation parsing."""
+"""agent.kube.client against tests.fake_kube with the real kubernetes client, plus annotation parsing."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from agent.errors import AnnotationError
-from agent.kube import PodWatcher, StatusReporter
-from agent.podrequests import (
+from agent.core.errors import AnnotationError
+from agent.core.settings import KubeSettings
+from agent.kube.client import PodWatcher, StatusReporter
+from agent.kube.requests import (
     MODELS_ANNOTATION,
     STATUS_ANNOTATION,
     ModelRef,
@@ -21,7 +22,6 @@ from agent.podrequests import (
     RequestTracker,
     parse_models_annotation,
 )
-from agent.settings import KubeSettings
 from tests.fake_kube import FakeKube
 from tests.helpers import loop_until
 
@@ -580,7 +580,7 @@ def test_kubeconfig_file_is_used(kube: FakeKube, settings, tmp_path) -> None:
 def test_bad_kubeconfig_is_one_clear_error(settings, tmp_path, content) -> None:
     from dataclasses import replace
 
-    from agent.errors import ConfigError
+    from agent.core.errors import ConfigError
 
     path = tmp_path / "kubeconfig"
     if content is not None:
@@ -591,7 +591,7 @@ def test_bad_kubeconfig_is_one_clear_error(settings, tmp_path, content) -> None:
 
 
 def test_node_name_is_required(api) -> None:
-    from agent.errors import ConfigError
+    from agent.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="node-name"):
         PodWatcher(KubeSettings(), api, lambda p, m: None, lambda p: None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.daemon import Daemon
+from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.daemon_fixtures import Origin, TrackerProcess, agent_settings, assert_snapshot_verifies

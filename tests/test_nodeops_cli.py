@@ -12,14 +12,14 @@ from pathlib import Path
 from click.testing import CliRunner
 from huggingface_hub import scan_cache_dir
 
-from agent.cli import main
-from agent.daemon import Daemon
-from agent.eviction import scan_cache
-from agent.fetch import fetch_snapshot
+from agent.cache.eviction import scan_cache
+from agent.cli.logs import JsonFormatter, RedactSecrets, redact
+from agent.cli.main import main
+from agent.core.settings import Settings
+from agent.daemon.node import Daemon
+from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.logging_setup import JsonFormatter, RedactSecrets, redact
-from agent.settings import Settings
 from tests.daemon_fixtures import BIN, agent_settings
 from tests.helpers import free_port
 
@@ -96,8 +96,8 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         )
         assert out.exit_code == 0, out.output
         commit = out.output.strip().splitlines()[-1]
-        # The README: the commit is the sha1 of the sorted (path, sha256) list, which agent.publish
-        # serialises as compact JSON; computed here from the bytes, not with agent.publish.
+        # The README: the commit is the sha1 of the sorted (path, sha256) list, which agent.fetch.publish
+        # serialises as compact JSON; computed here from the bytes, not with agent.fetch.publish.
         pairs = sorted([rel, hashlib.sha256(data).hexdigest()] for rel, data in files.items())
         assert commit == hashlib.sha1(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
 

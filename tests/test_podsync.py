@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from agent.daemon import Daemon
+from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.podrequests import MODELS_ANNOTATION, STATUS_ANNOTATION, ModelRef
+from agent.kube.requests import MODELS_ANNOTATION, STATUS_ANNOTATION, ModelRef
 from tests.daemon_fixtures import BIN, Origin, agent_settings, assert_snapshot_verifies
 from tests.fake_kube import FakeKube
 from tests.helpers import free_port, loop_until, stop_process

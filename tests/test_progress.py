@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import time
 
-from agent.agent_client import mirror_progress
-from agent.progress import Progress
+from agent.core.progress import Progress
+from agent.http.client import mirror_progress
 
 
 def _lines(progress: Progress) -> list[str]:

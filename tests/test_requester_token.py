@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.daemon import Daemon
+from agent.core.settings import HF_TOKEN_HEADER
+from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.settings import HF_TOKEN_HEADER
 from tests.daemon_fixtures import BIN, AgentProcess, Origin, agent_settings, assert_snapshot_verifies
 
 GOOD = "hf_requester_good_token_0123456789"

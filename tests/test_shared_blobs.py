@@ -19,13 +19,13 @@ import httpx
 import pytest
 from huggingface_hub import scan_cache_dir, snapshot_download
 
-from agent.cache import RepoCache, repo_folder_name
-from agent.eviction import BlobLeases, Evictor, UsageLog, own_bytes, remove_model, scan_cache
-from agent.fetch import fetch_snapshot
+from agent.cache.eviction import BlobLeases, Evictor, UsageLog, own_bytes, remove_model, scan_cache
+from agent.cache.layout import RepoCache, repo_folder_name
+from agent.core.settings import Settings
+from agent.fetch.engine import fetch_snapshot
+from agent.fetch.publish import publish_directory
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_family
-from agent.publish import publish_directory
-from agent.settings import Settings
 from tests.daemon_fixtures import BIN, Origin, agent_settings, wait_until_seeded
 from tests.helpers import loop_until
 
@@ -288,7 +288,7 @@ def test_publish_links_content_the_cache_already_holds(family, tmp_path):
 
 
 def test_hf_endpoint_serves_a_repo_whose_content_another_repo_brought(family, tmp_path):
-    from agent.daemon import Daemon
+    from agent.daemon.node import Daemon
 
     daemon = Daemon(agent_settings(tmp_path, "a", family.hub.url, None))
     daemon.start()

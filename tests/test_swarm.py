@@ -1,4 +1,4 @@
-"""agent.swarm against real libtorrent sessions on 127.0.0.1 (no tracker: peers are given)."""
+"""agent.swarm.session against real libtorrent sessions on 127.0.0.1 (no tracker: peers are given)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import libtorrent as lt
 import pytest
 
-from agent.errors import SwarmError
-from agent.pieces import PieceHasher, info_dict
-from agent.settings import SwarmSettings
-from agent.swarm import Swarm, WebSeed
+from agent.core.errors import SwarmError
+from agent.core.metainfo import PieceHasher, info_dict
+from agent.core.settings import SwarmSettings
+from agent.swarm.session import Swarm, WebSeed
 from tests.helpers import loop_until
 from tests.test_tracker_fixtures import TOKEN, run_server
 from tracker.bencode import bencode
@@ -350,7 +350,7 @@ def test_remove_forgets_resume_and_optionally_data(tmp_path, swarms):
 @pytest.mark.slow
 def test_restart_time_with_a_large_cache(tmp_path, swarms):
     """Measure: 20 blobs, 1.5 GiB in all, seeded, closed, restored: how long until all seed."""
-    from agent.pieces import piece_length_for
+    from agent.core.metainfo import piece_length_for
 
     count, size = 20, 75 * MiB
     cache = tmp_path / "blobs"
@@ -428,7 +428,7 @@ def test_a_failing_web_seed_is_counted_and_reported_without_its_signature(tmp_pa
     swarm = open_swarm(swarms, tmp_path / "state")
     secret = "s3cr3t-signature"
     url = f"{origin.base}/cdn/{blob.blob_id}"
-    caplog.set_level("INFO", logger="agent.swarm")
+    caplog.set_level("INFO", logger="agent.swarm.session")
     seed = WebSeed(f"{url}?sig={secret}")
     ih = swarm.download(tmp_path / "blobs", blob.blob_id, blob.info, web_seeds=[seed])
     loop_until(lambda: swarm.status(ih).web_seed_errors >= 1, timeout=30, what="a web seed failure")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.cache import RepoCache
+from agent.cache.layout import RepoCache
 from tests.daemon_fixtures import (
     AgentProcess,
     assert_snapshot_verifies,
@@ -115,9 +115,9 @@ def test_lease_holder_takes_a_seeder_its_own_swarm_found_over_the_origin(
     knows). The lease holder must take the bytes from it, not pull them from the origin."""
     import hashlib
 
-    from agent.settings import SwarmSettings
-    from agent.swarm import Swarm
-    from agent.swarm_fetch import encoded_info
+    from agent.core.settings import SwarmSettings
+    from agent.swarm.policy import encoded_info
+    from agent.swarm.session import Swarm
 
     a = make_agent("a", origin, tracker)
     fetch_and_wait(a, origin.repo_id)

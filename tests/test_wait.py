@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.cli.wait import complete_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from agent.podrequests import ModelRef
-from agent.wait import complete_snapshot
+from agent.kube.requests import ModelRef
 from tests.daemon_fixtures import BIN, REPO, Origin, assert_snapshot_verifies
 from tests.helpers import free_port
 

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.cache import is_commit, safe_relpath
-from agent.errors import UnsafePathError
+from agent.cache.layout import is_commit, safe_relpath
+from agent.core.errors import UnsafePathError
 
 LFS_MIN_SIZE = 10 * 2**20
 """Files this large are stored in LFS regardless of their name (as the Hub's 10 MiB rule)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from agent.errors import ConfigError
+from agent.core.errors import ConfigError
 from agent.hub.repos import valid_repo_id
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model, parse_size

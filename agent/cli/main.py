@@ -1,0 +1,294 @@
+"""The `agent` command line. Every option is also read from `WEIGHTSWARM_<OPTION>`.
+
+Commands build a `Settings` once and hand it down; expected failures print one line to
+stderr and exit non-zero (see `agent.core.errors`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from agent.core.errors import WeightswarmError
+from agent.core.settings import Settings
+from tracker.clikit import CommandDecorator, error_handler
+from tracker.clikit import env_option as env_option  # re-exported: agent.cli.ops uses it too
+
+handle_errors: CommandDecorator = error_handler(WeightswarmError, say_interrupted=True, os_errors=True)
+"""Expected failures -> one line on stderr and their exit code; so are unexpected OSErrors."""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@env_option("--log-level", default="WARNING", help="Logging level (DEBUG, INFO, WARNING, ERROR).")
+@env_option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]),
+            help="Log lines as text or as one JSON object per line (tokens are redacted either way).")
+def main(log_level: str, log_format: str) -> None:
+    """weightswarm node agent: model weights into a Hugging Face hub cache, peer to peer."""
+    from agent.cli.logs import setup_logging
+
+    setup_logging(log_level, log_format)
+
+
+@main.command("fetch")
+@click.argument("repo_id")
+@env_option("--revision", default="main", show_default=True, help="Branch, tag or commit to fetch.")
+@env_option("--include", multiple=True, metavar="GLOB", help="Only files matching (repeatable, fnmatch).")
+@env_option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching (repeatable, fnmatch).")
+@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="Hub cache directory [default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
+@env_option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="The agent's resume/digest state [default: ~/.local/state/weightswarm].")
+@env_option("--origin", metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
+@env_option("--token", metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--connections-per-file", type=click.IntRange(1, 64), help="Parallel ranges per file [8].")
+@env_option("--files-at-once", type=click.IntRange(1, 64), help="Files downloaded concurrently [4].")
+@env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
+@env_option("--agent", "agent_url", metavar="URL",
+            help="Hand the fetch to the agent daemon at URL ('off' = standalone) [default: the local "
+                 "daemon at 127.0.0.1:7470 if it answers and no --cache-dir/--origin is given].")
+@handle_errors
+def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude: tuple[str, ...],
+                  cache_dir: Path | None, state_dir: Path | None, origin: str | None, token: str | None,
+                  connections_per_file: int | None, files_at_once: int | None, quiet: bool,
+                  agent_url: str | None) -> None:
+    """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last."""
+    from agent.core.progress import Progress, human_bytes
+    from agent.fetch.engine import fetch_snapshot
+
+    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+    daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin))
+    if daemon_url is not None:
+        from agent.http.client import fetch_via_agent
+
+        # The user's token (--token, else $HF_TOKEN) goes with the request: the daemon fetches with it.
+        status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet),
+                                 token=token or settings.origin.token)
+        click.echo(status["snapshot"])
+        return
+
+    settings = with_origin(settings, origin, token)
+    settings = replace(
+        settings,
+        fetch=replace(settings.fetch,
+                      connections_per_file=connections_per_file or settings.fetch.connections_per_file,
+                      files_at_once=files_at_once or settings.fetch.files_at_once),
+    )
+    progress = Progress(quiet=quiet)
+    result = fetch_snapshot(settings, repo_id, revision, include, exclude, progress)
+    if not result.downloaded:
+        progress.message(f"{repo_id}@{result.commit[:12]}: all {len(result.files)} files already in the "
+                         "cache; nothing downloaded")
+    else:
+        progress.message(f"{repo_id}@{result.commit[:12]}: {len(result.downloaded)} files fetched, "
+                         f"{human_bytes(result.bytes_from_origin)} from the origin, "
+                         f"{human_bytes(result.bytes_cached)} already cached")
+    click.echo(str(result.snapshot_path))
+
+
+@main.command("serve-hub")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@env_option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@env_option("--port", default=8080, show_default=True, type=int, help="TCP port (0 = any free port).")
+@env_option("--token-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="File with accepted bearer tokens, one per line (default: accept any token).")
+@env_option("--gated", multiple=True, metavar="REPO_ID", help="Repo whose files need a token (repeatable).")
+@env_option("--private", multiple=True, metavar="REPO_ID", help="Repo hidden without a token (repeatable).")
+@env_option("--rate-total", metavar="BYTES_PER_S", help="Cap on all connections together, e.g. 40MB.")
+@env_option("--rate-per-connection", metavar="BYTES_PER_S", help="Cap per connection (as a CDN), e.g. 10MB.")
+@handle_errors
+def serve_hub_command(
+    directory: Path,
+    host: str,
+    port: int,
+    token_file: Path | None,
+    gated: tuple[str, ...],
+    private: tuple[str, ...],
+    rate_total: str | None,
+    rate_per_connection: str | None,
+) -> None:
+    """Serve a directory as a Hugging Face-compatible hub, e.g. for air-gapped clusters.
+
+    DIRECTORY holds one folder per repo, DIRECTORY/<org>/<name>/, with the files of its `main`
+    branch. Clients use it as HF_ENDPOINT (or `agent fetch --origin URL`). Prints the URL once
+    listening; runs until SIGTERM or SIGINT.
+    """
+    from agent.hub.serve import serve_hub
+
+    serve_hub(directory, host=host, port=port, token_file=token_file, gated=gated, private=private,
+              rate_total=rate_total, rate_per_connection=rate_per_connection)
+
+
+@main.command("make-test-model")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("repo_id")
+@env_option("--size", default="64MiB", show_default=True, help="Tensor bytes in total, e.g. 64MiB, 2GB.")
+@env_option("--shards", default=4, show_default=True, type=click.IntRange(min=1), help="Safetensors shards.")
+@env_option("--seed", default=0, show_default=True, type=int, help="Seed of the deterministic contents.")
+@env_option("--dtype", default="F16", show_default=True, help="safetensors dtype (F16, BF16, F32, ...).")
+@handle_errors
+def make_test_model_command(
+    directory: Path, repo_id: str, size: str, shards: int, seed: int, dtype: str
+) -> None:
+    """Write a deterministic random safetensors model to DIRECTORY/<org>/<name>/ (for serve-hub)."""
+    from agent.hub.serve import make_test_model
+
+    click.echo(make_test_model(directory, repo_id, size=size, shards=shards, seed=seed, dtype=dtype))
+
+
+def with_origin(settings: Settings, origin: str | None, token: str | None) -> Settings:
+    """`settings` with --origin / --token applied where given."""
+    return replace(
+        settings,
+        origin=replace(settings.origin, endpoint=(origin or settings.origin.endpoint).rstrip("/"),
+                       token=token or settings.origin.token),
+    )
+
+
+def choose_daemon(agent_url: str | None, explicit_local: bool) -> str | None:
+    """The daemon to work through: --agent URL ('off' = none), else the local default one if it
+    answers and nothing says to work on a given cache directly (`explicit_local`)."""
+    from agent.http.client import DEFAULT_AGENT_URL, local_agent_answers
+    from agent.http.client import agent_url as normalise
+
+    if agent_url and agent_url.lower() in ("off", "none", "standalone"):
+        return None
+    if agent_url:
+        return normalise(agent_url)
+    if not explicit_local and local_agent_answers(DEFAULT_AGENT_URL):
+        return DEFAULT_AGENT_URL
+    return None
+
+
+@main.command("serve")
+@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="Hub cache directory [default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
+@env_option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="Resume data, digests [default: ~/.local/state/weightswarm].")
+@env_option("--tracker", metavar="URL", help="Tracker base URL, e.g. http://tracker:6969 [default: none].")
+@env_option("--tracker-token-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="File holding the tracker's bearer token (needed for leases and publishing).")
+@env_option("--origin", metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
+@env_option("--token", metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--bt-listen", default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
+            help="BitTorrent listen address (port 0 = any free port).")
+@env_option("--api-listen", default="127.0.0.1:7470", show_default=True, metavar="HOST:PORT",
+            help="Local HTTP API address (agent fetch --agent, agent ls, probes).")
+@env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
+@env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
+            help="BitTorrent upload cap, bytes/s (0 = unlimited).")
+@env_option("--download-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
+            help="BitTorrent download cap, bytes/s (0 = unlimited).")
+@env_option("--stall-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+            help="No progress from peers for this long -> the origin-lease path [60].")
+@env_option("--lease-ttl", type=click.FloatRange(min=3), metavar="SECONDS", help="Origin lease TTL [30].")
+@env_option("--resume-interval", type=click.FloatRange(min=0.5), metavar="SECONDS",
+            help="Resume data saved this often while downloading: progress a crash can lose [30].")
+@env_option("--cache-max-bytes", metavar="BYTES", help="Evict LRU blobs to keep the cache under this size.")
+@env_option("--cache-max-disk-percent", type=click.FloatRange(1, 100), metavar="PERCENT",
+            help="Evict LRU blobs while the cache filesystem is fuller than this.")
+@env_option("--pin", "pins", multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
+@env_option("--kube", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+            help="Watch this node's pods for weightswarm.io/models and report status on them "
+                 "(auto = on inside a cluster, i.e. when KUBERNETES_SERVICE_HOST is set).")
+@env_option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False),
+            help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
+@env_option("--watch-namespace", metavar="NAMESPACE",
+            help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
+@env_option("--lend-node-token/--no-lend-node-token", default=True, show_default=True,
+            help="Requests that bring no HF token (pod annotation, agent wait, POST /v1/fetch) fetch with "
+                 "this node's --token; off: anonymously.")
+@handle_errors
+def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str | None,
+                  tracker_token_file: Path | None, origin: str | None, token: str | None, bt_listen: str,
+                  api_listen: str, node_name: str | None, upload_rate_limit: int | None,
+                  download_rate_limit: int | None, stall_timeout: float | None,
+                  lease_ttl: float | None, resume_interval: float | None, cache_max_bytes: str | None,
+                  cache_max_disk_percent: float | None, pins: tuple[str, ...], kube: str,
+                  kubeconfig: Path | None, watch_namespace: str | None, lend_node_token: bool) -> None:
+    """Run the node daemon: seed the cache, fetch through the swarm, serve the local API."""
+    from agent.daemon.node import build_serve_settings, serve_forever
+
+    # The one place that decides "am I in a cluster": kubelet sets this in every container.
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+    settings = build_serve_settings(
+        cache_dir=cache_dir, state_dir=state_dir, tracker=tracker, tracker_token_file=tracker_token_file,
+        origin=origin, token=token, bt_listen=bt_listen, api_listen=api_listen, node_name=node_name,
+        upload_rate_limit=upload_rate_limit, download_rate_limit=download_rate_limit,
+        stall_timeout=stall_timeout, lease_ttl=lease_ttl, resume_interval=resume_interval,
+        kube=kube == "on" or (kube == "auto" and in_cluster), kubeconfig=kubeconfig,
+        watch_namespace=watch_namespace, lend_node_token=lend_node_token,
+    )
+    from agent.cli.ops import with_ops_settings
+
+    serve_forever(with_ops_settings(settings, cache_max_bytes, cache_max_disk_percent, pins))
+
+
+@main.command("wait")
+@click.argument("model", metavar="REPO_ID[@REV]")
+@env_option("--timeout", default=3600.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
+            help="Give up (exit 7) when the model is not complete by then.")
+@env_option("--agent", "agent_url", default="127.0.0.1:7470", show_default=True, metavar="URL",
+            help="The node's agent (in a pod: the chart's node-local agent Service).")
+@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="Hub cache checked directly while the agent is unreachable "
+                 "[default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
+@env_option("--token", metavar="TOKEN",
+            help="Hub token the agent fetches a gated/private repo with [default: $HF_TOKEN].")
+@env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
+@handle_errors
+def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | None, token: str | None,
+                 quiet: bool) -> None:
+    """Block until REPO_ID[@REV] is complete on this node (an init container's job); print its path last.
+
+    Asks the agent to fetch it (so no pod annotation is needed) and shows its progress; while the
+    agent is unreachable, checks the hub cache itself. Exit 0 when complete, non-zero with the
+    reason on failure or timeout.
+    """
+    from agent.cli.wait import wait_for_model
+    from agent.core.progress import Progress
+    from agent.http.client import agent_url as normalise
+    from agent.kube.requests import parse_model_ref
+
+    ref = parse_model_ref(model.strip())
+    settings = Settings.from_env_defaults(cache_dir=cache_dir)
+    snapshot = wait_for_model(ref, timeout=timeout, agent_url=normalise(agent_url),
+                              cache_dir=settings.cache_dir, progress=Progress(quiet=quiet),
+                              token=token or settings.origin.token)
+    click.echo(str(snapshot))
+
+
+@main.command("ls")
+@env_option("--agent", "agent_url", default="127.0.0.1:7470", show_default=True, metavar="URL",
+            help="The agent daemon to ask.")
+@env_option("--json", "as_json", is_flag=True, default=False, help="Print the daemon's JSON answer.")
+@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+            help="List this hub cache directly, without a daemon [default: ask the daemon, else the "
+                 "default cache].")
+@handle_errors
+def ls_command(agent_url: str, as_json: bool, cache_dir: Path | None) -> None:
+    """List the models in the agent's cache: repo, revision -> commit, files, size, blobs seeded."""
+    import json
+
+    from agent.cli.ops import list_models
+    from agent.core.progress import human_bytes
+
+    models = list_models(agent_url, cache_dir)
+    if as_json:
+        click.echo(json.dumps(models, indent=2))
+        return
+    click.echo(f"{'REPO':<40} {'REVISION':<12} {'COMMIT':<12} {'FILES':>5} {'SIZE':>11} {'SEEDING':>7}")
+    for m in models:
+        by_commit = {c: r for r, c in m["refs"].items()}
+        for snap in m["snapshots"]:
+            rev = by_commit.get(snap["commit"], "-")
+            click.echo(f"{m['repo_id']:<40} {rev:<12} {snap['commit'][:12]:<12} "
+                       f"{snap['files']:>5} {human_bytes(snap['bytes']):>11} {snap['seeding']:>7}")
+
+
+from agent.cli.ops import register  # noqa: E402  (the node-ops commands: rm, verify, publish)
+
+register(main)

@@ -1,0 +1,275 @@
+"""The node-operations commands of the `agent` CLI: `rm`, `verify`, `publish` (registered on the group
+by agent.cli.main), plus helpers for `serve` (cache limits, pins) and `ls` (a daemon, else the cache).
+
+Each works with a running daemon when one answers (so it can stop seeding what it deletes, seed
+what it publishes) and directly on the cache otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.cli.main import choose_daemon, env_option, handle_errors, with_origin
+from agent.core.errors import EXIT_INTEGRITY, ConfigError, DaemonError
+from agent.core.settings import Settings
+
+
+def with_ops_settings(
+    settings: Settings,
+    cache_max_bytes: str | None,
+    cache_max_disk_percent: float | None,
+    pins: tuple[str, ...],
+) -> Settings:
+    from agent.cache.eviction import parse_ref
+    from agent.cache.layout import check_repo_id
+    from agent.hub.testmodel import parse_size
+
+    max_bytes = None
+    if cache_max_bytes:
+        try:
+            max_bytes = parse_size(cache_max_bytes)
+        except ValueError as exc:
+            raise ConfigError(f"--cache-max-bytes: {exc}") from None
+    for pin in pins:
+        check_repo_id(parse_ref(pin)[0])
+    ops = dataclasses.replace(
+        settings.ops,
+        cache_max_bytes=max_bytes,
+        cache_max_disk_percent=cache_max_disk_percent,
+        pins=tuple(pins),
+    )
+    return dataclasses.replace(settings, ops=ops)
+
+
+def _local_settings(cache_dir: Path | None, state_dir: Path | None) -> Settings:
+    return Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+
+
+def _daemon(agent_url: str | None, explicit_local: bool) -> Any:
+    """An AgentClient for --agent URL, or the default local daemon if it answers (and nothing says
+    to work on a given cache directly); None for standalone."""
+    from agent.http.client import AgentClient
+
+    url = choose_daemon(agent_url, explicit_local)
+    return AgentClient(url) if url is not None else None
+
+
+def list_models(agent_url: str, cache_dir: Path | None) -> list[dict[str, Any]]:
+    """`agent ls`: the daemon's view (with seeding counts); without one, the cache read directly."""
+    from agent.http.client import AgentClient
+
+    if cache_dir is None:
+        client = AgentClient(agent_url)
+        try:
+            return client.models()
+        except DaemonError as exc:
+            click.echo(f"note: {exc}; listing the local cache instead", err=True)
+        finally:
+            client.close()
+    from agent.cache.eviction import scan_cache
+
+    settings = _local_settings(cache_dir, None)
+    models = []
+    for repo in scan_cache(settings.cache_dir).values():
+        snapshots = [
+            {
+                "commit": commit,
+                "path": str(snap.path),
+                "files": len(snap.files),
+                "bytes": sum(repo.blobs.get(b, 0) for b in snap.files.values()),
+                "seeding": "-",
+            }
+            for commit, snap in sorted(repo.snapshots.items())
+        ]
+        models.append({"repo_id": repo.repo_id, "refs": repo.refs, "snapshots": snapshots})
+    return models
+
+
+def register(main: click.Group) -> None:
+    main.add_command(rm_command)
+    main.add_command(verify_command)
+    main.add_command(publish_command)
+
+
+_CACHE_OPTS = (
+    env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+               help="Hub cache directory [default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub]."),
+    env_option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+               help="The agent's state directory [default: ~/.local/state/weightswarm]."),
+    env_option("--agent", "agent_url", metavar="URL",
+               help="The agent daemon to work through ('off' = directly on the cache) [default: the local "
+                    "daemon if it answers and no --cache-dir is given]."),
+)  # fmt: skip
+
+
+def _cache_options(func: Any) -> Any:
+    for option in reversed(_CACHE_OPTS):
+        func = option(func)
+    return func
+
+
+@click.command("rm")
+@click.argument("ref", metavar="REPO[@REV]")
+@_cache_options
+@handle_errors
+def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_url: str | None) -> None:
+    """Remove a model (one revision, or every revision) from the cache; blobs no revision uses go too."""
+    from agent.cache.eviction import parse_ref, remove_model
+    from agent.cache.layout import check_repo_id
+    from agent.core.progress import human_bytes
+
+    repo_id, rev = parse_ref(ref)
+    check_repo_id(repo_id)
+    client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir))
+    if client is not None:
+        try:
+            out = client.remove_model(repo_id, rev)
+        finally:
+            client.close()
+        snaps, blobs, freed = out["snapshots"], out["blobs"], out["bytes_freed"]
+    else:
+        removed = remove_model(_local_settings(cache_dir, state_dir), repo_id, rev)
+        snaps, blobs, freed = removed.snapshots, removed.blobs, removed.bytes_freed
+    click.echo(f"removed {ref}: {len(snaps)} revision(s), {len(blobs)} blob(s), {human_bytes(freed)} freed")
+
+
+@click.command("verify")
+@click.argument("ref", metavar="[REPO[@REV]]", required=False)
+@_cache_options
+@env_option("--origin", metavar="URL", help="Hub endpoint for standalone repairs [default: $HF_ENDPOINT].")
+@env_option("--token", metavar="TOKEN", help="Hub token for standalone repairs [default: $HF_TOKEN].")
+@env_option("--no-repair", is_flag=True, default=False, help="Only report corrupt blobs.")
+@handle_errors
+def verify_command(
+    ref: str | None,
+    cache_dir: Path | None,
+    state_dir: Path | None,
+    agent_url: str | None,
+    origin: str | None,
+    token: str | None,
+    no_repair: bool,
+) -> None:
+    """Re-hash every blob (sha256 / git sha1) and re-fetch corrupt ones; non-zero exit if any stays bad."""
+    from agent.cache.verify import BlobCheck, repair, verify_cache
+
+    settings = with_origin(_local_settings(cache_dir, state_dir), origin, token)
+    client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin or token))
+
+    def report(check: BlobCheck) -> None:
+        if not check.ok:
+            where = ", ".join(p for _c, p in check.uses[:3]) or "no snapshot"
+            click.echo(f"CORRUPT {check.repo_id} {check.blob_id[:16]}… ({where}): {check.problem}", err=True)
+
+    checks = verify_cache(settings, ref, report)
+    bad = [c for c in checks if not c.ok]
+    click.echo(f"verified {len(checks)} blob(s): {len(checks) - len(bad)} ok, {len(bad)} corrupt")
+    if bad and not no_repair:
+        try:
+            still = repair(
+                settings,
+                bad,
+                _refetcher(settings, client),
+                forget=client.forget_blob if client is not None else None,
+            )
+        finally:
+            if client is not None:
+                client.close()
+        click.echo(f"repaired {len(bad) - len(still)} of {len(bad)} corrupt blob(s)")
+        bad = still
+    for check in bad:
+        click.echo(f"still corrupt: {check.repo_id} {check.blob_id} ({check.problem})", err=True)
+    if bad:
+        raise SystemExit(EXIT_INTEGRITY)
+
+
+def _refetcher(settings: Settings, client: Any) -> Any:
+    from agent.core.progress import Progress
+
+    def refetch(repo_id: str, commit: str, paths: list[str]) -> None:
+        if client is not None:
+            from agent.http.client import fetch_via_agent
+
+            fetch_via_agent(client.url, repo_id, commit, paths, (), Progress(quiet=True))
+        else:
+            from agent.fetch.engine import fetch_snapshot
+
+            fetch_snapshot(settings, repo_id, commit, paths)
+
+    return refetch
+
+
+@click.command("publish")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@env_option("--repo-id", required=True, metavar="ORG/NAME", help="The id other nodes fetch it by.")
+@env_option("--revision", default="main", show_default=True, help="The revision name that points at it.")
+@_cache_options
+@env_option("--tracker", metavar="URL", help="Tracker base URL (standalone mode; a daemon uses its own).")
+@env_option(
+    "--tracker-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File with the tracker's bearer token (standalone mode).",
+)
+@handle_errors
+def publish_command(
+    directory: Path,
+    repo_id: str,
+    revision: str,
+    cache_dir: Path | None,
+    state_dir: Path | None,
+    agent_url: str | None,
+    tracker: str | None,
+    tracker_token_file: Path | None,
+) -> None:
+    """Put a local model DIRECTORY into the cache and the swarm with no hub; print its commit id last.
+
+    With a daemon: it copies the files into its cache, publishes manifest and metainfo to its
+    tracker and seeds. Standalone: the same into --cache-dir and --tracker; an `agent serve` on that
+    cache seeds it when it starts.
+    """
+    from agent.fetch.publish import publish_directory
+
+    client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or tracker))
+    if client is not None:
+        try:
+            out = client.publish(str(directory.resolve()), repo_id, revision)
+        finally:
+            client.close()
+        click.echo(
+            f"published {repo_id}@{revision}: {len(out['files'])} files, seeded by {client.url}", err=True
+        )
+        click.echo(out["commit"])
+        return
+    from agent.daemon.node import build_serve_settings
+    from agent.swarm.tracker_client import TrackerClient
+
+    settings = build_serve_settings(
+        cache_dir=cache_dir,
+        state_dir=state_dir,
+        tracker=tracker,
+        tracker_token_file=tracker_token_file,
+        origin=None,
+        token=None,
+        bt_listen="127.0.0.1:0",
+        api_listen="127.0.0.1:0",
+        node_name=os.uname()[1],
+    )
+    tc = None
+    if settings.daemon.tracker_url:
+        tc = TrackerClient(settings.daemon.tracker_url, settings.daemon.tracker_token, settings.daemon)
+    try:
+        result = publish_directory(settings, directory, repo_id, revision, tc)
+    finally:
+        if tc is not None:
+            tc.close()
+    where = "the tracker" if result.published else "no tracker (pass --tracker)"
+    click.echo(
+        f"published {repo_id}@{revision} to {where}; nobody seeds it until `agent serve` runs "
+        f"on {settings.cache_dir}",
+        err=True,
+    )
+    click.echo(result.commit)

@@ -1,0 +1,375 @@
+"""Settings: nested dataclasses, built once (by the CLI) and passed down.
+
+No other module reads `os.environ`; `from_env_defaults` is the one place that maps the
+Hugging Face environment variables (`HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN`)
+onto defaults, as `huggingface_hub` does. `WEIGHTSWARM_<OPTION>` variables are handled by
+the CLI layer (every option has one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ORIGIN = "https://huggingface.co"
+MiB = 2**20
+
+
+def default_cache_dir(env: Mapping[str, str]) -> Path:
+    """`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub` (as huggingface_hub)."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    xdg = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """`$XDG_STATE_HOME/weightswarm`, else `~/.local/state/weightswarm`: never inside the hub cache."""
+    xdg = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg).expanduser() / "weightswarm"
+
+
+def default_origin(env: Mapping[str, str]) -> str:
+    """`$HF_ENDPOINT`, else https://huggingface.co."""
+    return (env.get("HF_ENDPOINT") or DEFAULT_ORIGIN).rstrip("/")
+
+
+def default_token(env: Mapping[str, str]) -> str | None:
+    """`$HF_TOKEN` (or the legacy `$HUGGING_FACE_HUB_TOKEN`), else anonymous."""
+    return env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+@dataclass(frozen=True)
+class OriginSettings:
+    """How the agent talks to the origin hub (huggingface.co or any HF-compatible hub)."""
+
+    endpoint: str = DEFAULT_ORIGIN
+    """Base URL of the hub, no trailing slash. Default https://huggingface.co."""
+
+    token: str | None = field(default=None, repr=False)
+    """Bearer token for gated/private repos. Never logged, never written to disk (repr=False)."""
+
+    connect_timeout: float = 10.0
+    """Seconds to wait for a TCP/TLS connection to the origin or its CDN."""
+
+    read_timeout: float = 30.0
+    """Seconds without a byte before a connection counts as dropped and its range is retried."""
+
+    max_retries: int = 6
+    """Attempts per request (per range) for 429, 5xx and dropped connections before giving up."""
+
+    backoff_base: float = 0.5
+    """First retry delay in seconds; doubles per attempt, with full jitter, capped at backoff_max."""
+
+    backoff_max: float = 30.0
+    """Longest delay between retries, seconds; a server's Retry-After is honoured up to this."""
+
+    user_agent: str = "weightswarm/0.1"
+    """User-Agent sent to the origin."""
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """How a fetch downloads: parallelism, chunking, what to verify."""
+
+    connections_per_file: int = 8
+    """Parallel HTTP range requests per file. CDNs cap per-connection speed, so >1 pays off."""
+
+    files_at_once: int = 4
+    """Files downloaded concurrently. Total connections = files_at_once x connections_per_file."""
+
+    chunk_size: int = 16 * MiB
+    """Bytes per range request; also the unit of resume. 16 MiB keeps requests few and resumes cheap."""
+
+    min_free_bytes: int = 64 * MiB
+    """Head-room kept free on the cache filesystem beyond what the download needs."""
+
+    verify_safetensors: bool = True
+    """Parse headers of downloaded *.safetensors files and check index json shard lists."""
+
+
+DEFAULT_API_LISTEN = "127.0.0.1:7470"
+HF_TOKEN_HEADER = "X-HF-Token"
+"""The requester's HF token on the agent API's `POST /v1/fetch`. Not `Authorization`: that is for
+naming the caller to the agent, this names the caller to the origin."""
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """`agent serve`: the node daemon's tracker, identity, API and fetch policy."""
+
+    tracker_url: str | None = None
+    """Base URL of the tracker (http://host:port), no trailing slash. None = origin only, no swarm."""
+
+    tracker_token: str | None = field(default=None, repr=False)
+    """Bearer token for tracker writes, read from --tracker-token-file. Never logged (repr=False)."""
+
+    node_name: str = "localhost"
+    """This node's name (default the hostname); with the BitTorrent port it forms the lease node id."""
+
+    api_listen: str = DEFAULT_API_LISTEN
+    """HOST:PORT of the local HTTP API (`agent fetch --agent`, `agent ls`). Loopback by default."""
+
+    tracker_connect_timeout: float = 3.0
+    """Seconds to connect to the tracker; short so a dead tracker falls back to the origin quickly."""
+
+    tracker_read_timeout: float = 10.0
+    """Seconds to wait for a tracker answer (the long-poll adds its own timeout on top)."""
+
+    wait_poll_seconds: float = 20.0
+    """Length of one `/v1/blobs/{id}/wait` long-poll; the tracker caps it (~30 s)."""
+
+    max_wait_seconds: float = 1800.0
+    """Longest a node waits for another node's origin download before fetching from the origin itself."""
+
+    lease_ttl: float = 30.0
+    """Origin lease time-to-live, seconds; renewed every ttl/3 while the holder downloads."""
+
+    tracker_probe_interval: float = 5.0
+    """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
+
+    shutdown_timeout: float = 10.0
+    """Seconds each component gets to stop at shutdown before the next one is stopped anyway."""
+
+    job_history: int = 200
+    """Finished jobs kept for `GET /v1/jobs/{id}`; older ones are forgotten first."""
+
+    lend_node_token: bool = True
+    """Requests that bring no HF token of their own (a pod annotation, `agent wait` or `POST /v1/fetch`
+    without one) fetch with the node's `--token`; False: they fetch anonymously, so gated repos need
+    the requester's token (`--no-lend-node-token`)."""
+
+
+@dataclass(frozen=True)
+class SwarmSettings:
+    """The BitTorrent session (agent.swarm.session): tuned for a private datacenter swarm."""
+
+    listen: str = "127.0.0.1:0"
+    """HOST:PORT libtorrent listens on (--bt-listen); port 0 = any free port. Loopback by default (tests)."""
+
+    upload_rate_limit: int = 0
+    """Bytes/s uploaded to all peers together; 0 = unlimited. Applies to private/loopback peers too."""
+
+    download_rate_limit: int = 0
+    """Bytes/s downloaded from peers and web seeds together; 0 = unlimited."""
+
+    connections_limit: int = 500
+    """Open peer connections, all torrents together. A node seeds many blobs to few peers."""
+
+    max_connections_per_torrent: int = 100
+    """Peer connections per blob torrent; -1 = unlimited. Bounds memory when one blob is hot."""
+
+    enable_dht: bool = False
+    """DHT: off; peers come from the cluster tracker, and blobs must not leak to the public DHT."""
+
+    enable_lsd: bool = False
+    """Local service discovery multicast: off (the tracker knows every peer; LSD is noise on a DC LAN)."""
+
+    enable_upnp: bool = False
+    """UPnP port mapping: off (nodes are not behind a home router)."""
+
+    enable_natpmp: bool = False
+    """NAT-PMP port mapping: off (as UPnP)."""
+
+    enable_utp: bool = False
+    """uTP (incoming and outgoing): off; its congestion control yields to TCP, pointless on a DC link."""
+
+    allow_multiple_connections_per_ip: bool = True
+    """Several agents behind one IP (tests, hostNetwork pods on one node) must be able to peer."""
+
+    send_buffer_watermark: int = 2 * MiB
+    """Bytes queued per peer connection before reading from disk pauses (default 500 KB). Several
+    times a DC link's bandwidth-delay product (10 Gb/s x 0.5 ms = 625 KB), and the kernel's socket
+    buffer adds its own. It is anonymous memory per connection: 8 MiB x 28 connections of a lease
+    holder serving 7 peers 4 blobs made the agent's RssAnon ~240 MiB in the benchmark."""
+
+    send_buffer_low_watermark: int = 512 * 1024
+    """Bytes per peer below which the send buffer is refilled, so a fast peer never drains it."""
+
+    max_queued_disk_bytes: int = 64 * MiB
+    """Bytes received but not yet written before peers are throttled (default 100 MiB): 50 ms of a
+    10 Gb/s link, which an NVMe drive or the page cache absorbs; more is only resident memory."""
+
+    aio_threads: int = 8
+    """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little."""
+
+    hashing_threads: int = 4
+    """Piece-hashing threads (default 1), at most one per CPU: SHA-1 of a 10 Gb/s stream needs more
+    than one core, and on a small node extra threads only add context switches."""
+
+    request_queue_time: int = 3
+    """Seconds of outstanding requests per peer (queue depth = rate x this); 3 s keeps fast peers busy."""
+
+    max_out_request_queue: int = 1500
+    """Most block requests in flight to one peer (default 500): 1500 x 16 KiB = 24 MiB, a 10 Gb/s BDP."""
+
+    unchoke_slots_limit: int = -1
+    """Peers uploaded to at once; -1 = all. A private swarm has no free riders to punish with choking."""
+
+    seed_choke_fastest_upload: bool = True
+    """Seeds unchoke their fastest downloaders, not round robin (matters only if slots are limited)."""
+
+    peer_timeout: int = 30
+    """Seconds a silent peer is kept before it is dropped (default 120): DC peers are fast or gone."""
+
+    web_seed_retry: int = 5
+    """Seconds before a failed web seed (the origin) is tried again (default 30)."""
+
+    min_announce_interval: int = 1
+    """Floor, seconds, under the tracker's announce `interval` (libtorrent's default 300). libtorrent
+    announces every max(interval, this); 300 s outlived our tracker's peer TTL (2.5 x 30 s), so
+    seeders vanished from it. 1 s: the cluster's own tracker sets the pace with its `interval`."""
+
+    tracker_backoff: int = 100
+    """Percent by which the retry delay after failed announces grows (libtorrent default 250: up to an
+    hour). Slower growth keeps a node findable soon after a tracker outage."""
+
+    tracker_completion_timeout: int = 10
+    """Seconds an announce may take in all before it counts as failed (default 30); a cluster
+    tracker answers in milliseconds, and a failed one is retried."""
+
+    tracker_receive_timeout: int = 5
+    """Seconds without data from the tracker before an announce counts as failed (default 10)."""
+
+    stop_tracker_timeout: int = 2
+    """Seconds shutdown waits for the final `stopped` announces (default 5): a clean stop leaves the
+    tracker's peer lists at once, and a dead tracker delays shutdown only this much."""
+
+    seeder_grace: float = 3.0
+    """Seconds an origin-lease holder whose metainfo is known first waits for its own announce to
+    find a seeder, before adding the origin as web seed. Closes the race between a seeder's announce
+    and our tracker query; with truly no seeders the announce reply ends the wait in milliseconds."""
+
+    lease_spread: float = 2.0
+    """Seconds a node that already holds an origin lease waits before asking for another (blobs of
+    16 MiB or more), so the leases of a model's shards spread over the nodes asking at once: one
+    holder of most shards is the only source of every new piece, saturates its uplink and slows
+    its own origin download. A lone node just takes each further lease this much later."""
+
+    stall_timeout: float = 60.0
+    """Seconds with no payload progress before status() says 'stalled' (the daemon then uses the origin)."""
+
+    resume_interval: float = 30.0
+    """Seconds between periodic resume-data saves of torrents that changed; also saved on finish and close."""
+
+    file_pool_size: int = 512
+    """Open files kept by libtorrent (default 40): a node seeds hundreds of shards."""
+
+    alert_queue_size: int = 10000
+    """Alerts buffered between alert-loop turns before libtorrent drops them."""
+
+    ssrf_mitigation: bool = False
+    """libtorrent's SSRF guard; off. libtorrent 2.x then refuses every web seed URL with a query string
+    on a private address (10/8, 172.16/12, 192.168/16, ...): the signed CDN URL of an in-cluster or
+    air-gapped `agent serve-hub` origin, so lease holders never got a byte from it (seen in the netns
+    benchmark; loopback is not refused, so loopback tests miss it). It guards clients that open
+    untrusted .torrent files; ours only contact URLs the agent itself chose (--tracker, the --origin's
+    resolved redirect): metainfo from the tracker is a bare info dict, which carries no URL."""
+
+    user_agent: str = "weightswarm/0.1"
+    """User-Agent for trackers and web seeds."""
+
+    peer_fingerprint: str = "-WS0100-"
+    """Start of the 20-byte peer id (Azureus style), so other clients can recognise our agents."""
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """The pod watcher and status reporter (agent.kube.client): which pods, how often, how patient."""
+
+    enabled: bool = False
+    """Watch this node's pods and report on them (--kube; `auto` = on when running in a cluster)."""
+
+    node_name: str = ""
+    """Node whose pods are watched (spec.nodeName; the chart passes the downward-API value). Required."""
+
+    namespace: str | None = None
+    """Watch only this namespace; None = all namespaces (needs a ClusterRole, not a Role)."""
+
+    kubeconfig: Path | None = None
+    """Kubeconfig file; None = in-cluster service account, else ~/.kube/config (for a laptop)."""
+
+    status_min_interval: float = 2.0
+    """Least seconds between status patches of one pod; progress in between is coalesced (latest wins).
+    A model reaching Ready or Failed is patched at once."""
+
+    watch_timeout: int = 300
+    """timeoutSeconds of one watch request; the server then ends it and the watcher re-watches.
+    Bounds how long a silently dead connection can go unnoticed."""
+
+    request_timeout: float = 30.0
+    """Seconds for a list, patch or event request (a watch waits watch_timeout plus this)."""
+
+    backoff_base: float = 1.0
+    """First reconnect delay in seconds after an API error or dropped watch; doubles, with jitter."""
+
+    backoff_max: float = 60.0
+    """Longest reconnect delay, seconds: an API server outage costs at most this much extra latency."""
+
+    poll_interval: float = 1.0
+    """Seconds between looks at the fetch jobs pods wait for (agent.kube.podsync); the status patches
+    themselves are further limited by status_min_interval."""
+
+
+@dataclass(frozen=True)
+class OpsSettings:
+    """Node operations: the HF-compatible endpoint, cache eviction and pins (agent.daemon.nodeops)."""
+
+    cache_max_bytes: int | None = None
+    """Most bytes of blobs kept in the hub cache (--cache-max-bytes); None = no size limit."""
+
+    cache_max_disk_percent: float | None = None
+    """Evict while the cache filesystem is fuller than this percent (--cache-max-disk-percent); None = off."""
+
+    pins: tuple[str, ...] = ()
+    """`REPO[@REV]` entries never evicted (--pin, repeatable); no @REV pins every revision of the repo."""
+
+    eviction_interval: float = 30.0
+    """Seconds between eviction passes; a fetch that needs room also triggers one at once."""
+
+    access_ttl: float = 60.0
+    """Seconds a client token's access decision from the origin is reused (keyed by a hash of the token)."""
+
+    public_ttl: float = 600.0
+    """Seconds the origin's word that a repo is public (not gated, not private) is trusted without asking."""
+
+    hf_fetch_timeout: float = 3600.0
+    """Longest an HF-endpoint GET waits for its blob to arrive through the swarm/origin before 504."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the agent needs, built once by the CLI."""
+
+    cache_dir: Path
+    """Hugging Face hub cache directory (models--org--name/...). vLLM mounts it read-only."""
+
+    state_dir: Path
+    """The agent's own state (resume records, digests, databases); never inside cache_dir."""
+
+    origin: OriginSettings = field(default_factory=OriginSettings)
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    swarm: SwarmSettings = field(default_factory=SwarmSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    ops: OpsSettings = field(default_factory=OpsSettings)
+
+    @classmethod
+    def from_env_defaults(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Defaults from the HF environment variables, then explicit overrides (None = default)."""
+        env = os.environ if env is None else env
+        given = {k: v for k, v in overrides.items() if v is not None}
+        cache_dir = Path(str(given.pop("cache_dir", default_cache_dir(env)))).expanduser()
+        state_dir = Path(str(given.pop("state_dir", default_state_dir(env)))).expanduser()
+        origin = given.pop("origin", None)
+        if origin is None:
+            origin = OriginSettings(endpoint=default_origin(env), token=default_token(env))
+        fetch = given.pop("fetch", None) or FetchSettings()
+        if given:
+            raise TypeError(f"unknown settings: {sorted(given)}")
+        assert isinstance(origin, OriginSettings) and isinstance(fetch, FetchSettings)
+        return cls(cache_dir=cache_dir, state_dir=state_dir, origin=origin, fetch=fetch)

@@ -1,0 +1,549 @@
+"""`agent serve`: the node daemon. Wiring and lifecycle, no policy (that is agent.swarm.policy).
+
+Start-up, in order: the BitTorrent session; seeding of every complete blob already in the
+cache (libtorrent resume data, else the piece hashes in the blob's sidecar: no re-hash); the
+supervised background tasks (tracker probe / re-registration); the HTTP API last, so
+`/readyz` answers only when the node can serve. Shutdown runs the other way round, each
+step bounded by `daemon.shutdown_timeout`.
+
+Hooks for other components (the pod watcher, metrics): `Daemon.request_model(repo_id,
+revision) -> Job` (deduped while running) and `Job.status() -> JobStatus`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+import agent.http.api as api
+from agent.cache.eviction import repo_id_of
+from agent.cache.layout import RepoCache, check_repo_id
+from agent.cache.verify import seedable_digest
+from agent.core.errors import ConfigError, TrackerError, TrackerUnavailableError, WeightswarmError
+from agent.core.settings import Settings
+from agent.fetch.job import run_fetch_job
+from agent.fetch.jobs import Job, JobKey, JobTable
+from agent.swarm.policy import SwarmFetcher, encoded_info
+from agent.swarm.session import Swarm
+from agent.swarm.tracker_client import TrackerClient
+
+if TYPE_CHECKING:
+    from agent.kube.podsync import PodSync
+
+log = logging.getLogger(__name__)
+
+_RESTART_DELAY = (1.0, 30.0)
+"""Backoff bounds (seconds) before a failed background task runs again."""
+_JOBS_AT_ONCE = 4
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class Supervisor:
+    """Endless background tasks: a failure is logged at once and the task restarts after a backoff;
+    a task that returns while the daemon runs is an error too (it should loop until `stop`)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._threads: list[threading.Thread] = []
+        self._failing: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def spawn(self, name: str, task: Callable[[threading.Event], None]) -> None:
+        t = threading.Thread(target=self._run, args=(name, task), name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _run(self, name: str, task: Callable[[threading.Event], None]) -> None:
+        delay = _RESTART_DELAY[0]
+        while not self._stop.is_set():
+            try:
+                task(self._stop)
+                if self._stop.is_set():
+                    return
+                problem = "returned unexpectedly"
+                log.error("background task %s %s; restarting it in %.0fs", name, problem, delay)
+            except Exception as exc:
+                problem = f"failed: {type(exc).__name__}: {exc}"
+                log.exception("background task %s failed; restarting it in %.0fs", name, delay)
+            with self._lock:
+                self._failing[name] = problem
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, _RESTART_DELAY[1])
+            with self._lock:
+                self._failing.pop(name, None)
+
+    def problems(self) -> list[str]:
+        with self._lock:
+            return [f"{name} {problem}" for name, problem in self._failing.items()]
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("background task %s did not stop within %.0fs", t.name, timeout)
+
+
+class ApiServer:
+    """uvicorn in a thread, so the daemon owns the process's signals and its shutdown order."""
+
+    def __init__(self, app: Any, listen: str) -> None:
+        host, port = split_hostport(listen, "--api-listen")
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.listen = listen
+        self._thread = threading.Thread(target=self._serve, name="api", daemon=True)
+        self._failed: BaseException | None = None
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except BaseException as exc:  # uvicorn exits the thread with SystemExit when it cannot bind
+            self._failed = exc
+
+    def start(self, timeout: float) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(f"cannot serve the agent API on {self.listen} (address in use?)")
+            time.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        for server in self.server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        raise RuntimeError("API server not started")
+
+    def stop(self, timeout: float) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("API server did not stop within %.0fs", timeout)
+
+
+class Daemon:
+    """One node's agent: BitTorrent session, tracker client, fetch jobs, API."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.jobs = JobTable(history=settings.daemon.job_history)
+        self._stop = threading.Event()
+        self._supervisor = Supervisor(self._stop)
+        self._held: dict[str, tuple[str, bytes]] = {}
+        """blob id -> (infohash, info) of every blob this node seeds: re-registered with the tracker."""
+        self._held_lock = threading.Lock()
+        self._needs_pieces: list[tuple[RepoCache, str]] = []
+        """Complete blobs found at start-up without piece hashes (see `_backfill_pieces`)."""
+        self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
+        self._token_key = secrets.token_bytes(32)
+        """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
+        self._tracker_up: bool | None = None
+        self.swarm: Swarm | None = None
+        self.tracker: TrackerClient | None = None
+        self.fetcher: SwarmFetcher | None = None
+        self.api_server: ApiServer | None = None
+        self.node_id = ""
+        from agent.daemon.nodeops import NodeOps
+
+        self.ops = NodeOps(settings, self)
+        """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
+        self.podsync: PodSync | None = None
+        """The pod watcher and status reporter (agent.kube.podsync.PodSync) when `settings.kube.enabled`."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        for d in (s.cache_dir, s.state_dir):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot create {d}: {exc.strerror}") from None
+        self.swarm = Swarm(s.swarm, s.state_dir / "resume")
+        # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
+        self.node_id = f"{s.daemon.node_name}:{self.swarm.listen_port}"
+        if s.daemon.tracker_url:
+            self.tracker = TrackerClient(s.daemon.tracker_url, s.daemon.tracker_token, s.daemon)
+        self.fetcher = SwarmFetcher(s, self.swarm, self.tracker, self.node_id, self._remember)
+        started = time.monotonic()
+        restored = self._restore_seeding()
+        log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
+        self._supervisor.spawn("backfill-pieces", self._backfill_pieces)
+        if self.tracker is not None:
+            self._supervisor.spawn("tracker-probe", self._probe_tracker)
+        self.ops.start(self._supervisor.spawn)
+        if s.kube.enabled:
+            from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
+
+            self.podsync = PodSync(s.kube, self)
+            self.podsync.start(self._supervisor.spawn)
+        self.api_server = ApiServer(api.create_app(self), s.daemon.api_listen)
+        self.api_server.start(timeout=s.daemon.shutdown_timeout)
+        log.info(
+            "agent %s serving the API on %s, BitTorrent on port %d",
+            self.node_id,
+            s.daemon.api_listen,
+            self.swarm.listen_port,
+        )
+
+    def stop(self) -> None:
+        """Ordered shutdown: API, jobs, background tasks, BitTorrent session (saves resume data), tracker."""
+        timeout = self.settings.daemon.shutdown_timeout
+        self._stop.set()
+        if self.api_server is not None:
+            self.api_server.stop(timeout)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._supervisor.join(timeout)  # the pod watcher and status loop stop here...
+        if self.podsync is not None:
+            self.podsync.close(timeout)  # ...then the last statuses are flushed to the pods
+        self.ops.stop()
+        if self.swarm is not None:
+            self.swarm.close(timeout)
+        if self.tracker is not None:
+            self.tracker.close()
+
+    @property
+    def api_host(self) -> str:
+        return split_hostport(self.settings.daemon.api_listen, "--api-listen")[0]
+
+    @property
+    def api_url(self) -> str:
+        assert self.api_server is not None
+        return f"http://{self.api_host}:{self.api_server.port}"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until `request_stop()`; True once stopping."""
+        return self._stop.wait(timeout)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- seeding --------------------------------------------------------------------------
+
+    def _remember(self, blob_id: str, infohash: str, info: bytes) -> None:
+        with self._held_lock:
+            self._held[blob_id] = (infohash, info)
+
+    def _restore_seeding(self) -> int:
+        """Seed every complete blob: resume data first, else the sidecar's piece hashes. No re-hash.
+
+        Blobs without piece hashes (a standalone `agent fetch`, huggingface_hub) are left to the
+        `backfill-pieces` task, so a large cache of those does not delay start-up.
+        """
+        assert self.swarm is not None and self.fetcher is not None
+        self.swarm.restore()
+        trackers = self.fetcher.trackers
+        count = 0
+        self._needs_pieces.clear()
+        for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
+            repo_id = repo_id_of(repo_dir.name) or ""
+            try:
+                cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, check_repo_id(repo_id))
+            except WeightswarmError:
+                continue
+            for blob in sorted(cache.blobs_dir.glob("*")):
+                if "." in blob.name:
+                    continue  # *.incomplete and temp files
+                digest = cache.read_sidecar(blob.name)
+                if digest is None or not digest.pieces:
+                    self._needs_pieces.append((cache, blob.name))
+                    continue
+                if not cache.blob_is_complete(blob.name, digest.size):
+                    continue
+                try:
+                    info = encoded_info(blob.name, digest)
+                    ih = self.swarm.seed(blob, info, trackers)
+                except (WeightswarmError, ValueError) as exc:
+                    log.warning("not seeding %s: %s", blob, exc)
+                    continue
+                self._remember(blob.name, ih, info)
+                count += 1
+        return count
+
+    def _backfill_pieces(self, stop: threading.Event) -> None:
+        """Hash, verify and then seed the blobs that start-up found without piece hashes."""
+        assert self.swarm is not None and self.fetcher is not None
+        trackers = self.fetcher.trackers
+        while self._needs_pieces and not stop.is_set():
+            cache, blob_id = self._needs_pieces.pop()
+            if blob_id in self.held_blobs():
+                continue  # seeded meanwhile (a fetch): no re-hash
+            digest = seedable_digest(cache, blob_id)
+            if digest is None:
+                continue
+            info = encoded_info(blob_id, digest)
+            try:
+                self._remember(blob_id, self.swarm.seed(cache.blob_path(blob_id), info, trackers), info)
+                if self.tracker is not None:
+                    self.tracker.put_metainfo(blob_id, info)  # peers find a blob through its metainfo
+            except TrackerError as exc:
+                log.warning("publishing blob %s failed (the tracker probe retries): %s", blob_id[:16], exc)
+            except (WeightswarmError, ValueError) as exc:
+                log.warning("not seeding %s: %s", blob_id[:16], exc)
+        stop.wait()  # a supervised task must not return; there is nothing left to do
+
+    def _probe_tracker(self, stop: threading.Event) -> None:
+        """Watch the tracker; when it comes (back) up, re-register every blob this node holds.
+
+        Periodic announces are libtorrent's own (at the tracker's `interval`, see
+        `SwarmSettings.min_announce_interval`). This loop only shortens an outage: libtorrent
+        backs off after failed announces, so without the forced re-announce on down→up a node
+        could stay unlisted long after the tracker is back, and metainfo published while it
+        was down would be missing.
+        """
+        assert self.tracker is not None and self.swarm is not None
+        while True:
+            up = self.tracker.healthy()
+            if up and not self._tracker_up:
+                self._reregister()
+            if self._tracker_up is not None and up != self._tracker_up:
+                log.warning("tracker %s is %s", self.tracker.base_url, "back" if up else "unreachable")
+            self._tracker_up = up
+            if stop.wait(self.settings.daemon.tracker_probe_interval):
+                return
+
+    def _reregister(self) -> None:
+        assert self.tracker is not None and self.swarm is not None
+        with self._held_lock:
+            held = list(self._held.items())
+        published = 0
+        for blob_id, (_ih, info) in held:
+            try:
+                self.tracker.put_metainfo(blob_id, info)
+                published += 1
+            except TrackerError as exc:
+                log.warning("re-registering blob %s failed: %s", blob_id, exc)
+                if isinstance(exc, TrackerUnavailableError):
+                    break  # down again: the probe loop retries the whole set when it is back
+        self.swarm.force_reannounce()
+        log.info("re-registered %d/%d blobs with the tracker", published, len(held))
+
+    # -- jobs (the hook for the API and the pod watcher) ----------------------------------
+
+    def request_model(
+        self,
+        repo_id: str,
+        revision: str = "main",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        token: str | None = None,
+    ) -> Job:
+        """Fetch a model into the cache through the swarm; a request equal to a running one joins it.
+
+        `token`: the requester's HF token, used for this job's origin calls; it lives only in the
+        job's worker (never in the job, its key, a log or on disk)."""
+        check_repo_id(repo_id)
+        if self._stop.is_set():
+            raise ConfigError("the agent is shutting down")
+        requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32] if token else ""
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester)
+        job, new = self.jobs.get_or_create(key)
+        if new:
+            self._executor.submit(self._run_job, job, token)
+        return job
+
+    def _run_job(self, job: Job, token: str | None) -> None:
+        try:
+            run_fetch_job(self, job, token)
+        except WeightswarmError as exc:
+            log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
+            job.fail(str(exc), exc.exit_code)
+        except Exception as exc:
+            log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
+            job.fail(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self.ops.job_finished(job)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        out = self._supervisor.problems()
+        if self.swarm is None or not self.swarm.healthy:
+            out.append("BitTorrent session not running")
+        if self._stop.is_set():
+            out.append("shutting down")
+        return out
+
+    def forget_blob(self, blob_id: str) -> None:
+        """Stop seeding a blob (eviction, a corrupt copy) before its files are deleted."""
+        self.blob_leaving(blob_id, None)
+
+    def blob_leaving(self, blob_id: str, stays: Path | None) -> None:
+        """One repo's file of a blob is about to be deleted (`agent rm`, eviction): stop seeding the
+        blob, or, when another repo keeps a copy (`stays`), seed it from that copy from now on."""
+        with self._held_lock:
+            held = self._held.pop(blob_id, None)
+        if held is None or self.swarm is None:
+            return
+        ih, info = held
+        if stays is not None:
+            try:
+                if self.swarm.status(ih).path == stays:
+                    self._remember(blob_id, ih, info)
+                    return
+            except WeightswarmError:
+                pass
+        self.swarm.remove(ih, delete_files=False)
+        if stays is not None:
+            try:
+                self.seed_blob(stays, blob_id, info)
+            except WeightswarmError as exc:
+                log.warning("blob %s: cannot seed it from %s: %s", blob_id[:16], stays, exc)
+
+    def seed_blob(self, path: Path, blob_id: str, info: bytes) -> str:
+        """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
+        assert self.swarm is not None and self.fetcher is not None
+        ih = self.swarm.seed(path, info, self.fetcher.trackers)
+        self._remember(blob_id, ih, info)
+        return ih
+
+    def held_blobs(self) -> dict[str, str]:
+        with self._held_lock:
+            return {blob_id: ih for blob_id, (ih, _info) in self._held.items()}
+
+    def list_models(self) -> list[dict[str, Any]]:
+        """Models in the cache: revisions, snapshots with file counts and sizes, blobs seeded."""
+        held = self.held_blobs()
+        models: list[dict[str, Any]] = []
+        for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
+            repo_id = repo_id_of(repo_dir.name)
+            refs = {
+                str(p.relative_to(repo_dir / "refs")): p.read_text().strip()
+                for p in sorted((repo_dir / "refs").rglob("*"))
+                if p.is_file()
+            }
+            snapshots = []
+            for snap in sorted((repo_dir / "snapshots").glob("*")):
+                files = [p for p in snap.rglob("*") if p.is_symlink() or p.is_file()]
+                blobs = {Path(p.resolve()).name for p in files if p.exists()}
+                snapshots.append(
+                    {
+                        "commit": snap.name,
+                        "path": str(snap),
+                        "files": len(files),
+                        "bytes": sum(p.stat().st_size for p in files if p.exists()),
+                        "seeding": sum(1 for b in blobs if b in held),
+                    }
+                )
+            models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots})
+        return models
+
+
+def build_serve_settings(
+    *,
+    cache_dir: Path | None,
+    state_dir: Path | None,
+    tracker: str | None,
+    tracker_token_file: Path | None,
+    origin: str | None,
+    token: str | None,
+    bt_listen: str,
+    api_listen: str,
+    node_name: str | None,
+    upload_rate_limit: int | None = None,
+    download_rate_limit: int | None = None,
+    stall_timeout: float | None = None,
+    lease_ttl: float | None = None,
+    resume_interval: float | None = None,
+    kube: bool = False,
+    kubeconfig: Path | None = None,
+    watch_namespace: str | None = None,
+    lend_node_token: bool = True,
+) -> Settings:
+    """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
+    split_hostport(bt_listen, "--bt-listen")
+    split_hostport(api_listen, "--api-listen")
+    tracker_token = None
+    if tracker_token_file is not None:
+        try:
+            tracker_token = tracker_token_file.read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read --tracker-token-file {tracker_token_file}: {exc.strerror}"
+            ) from None
+        if tracker_token is None:
+            raise ConfigError(f"--tracker-token-file {tracker_token_file} is empty")
+    if tracker and not tracker.startswith(("http://", "https://")):
+        raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
+    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
+    swarm = dataclasses.replace(settings.swarm, listen=bt_listen)
+    if upload_rate_limit is not None:
+        swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
+    if download_rate_limit is not None:
+        swarm = dataclasses.replace(swarm, download_rate_limit=download_rate_limit)
+    if stall_timeout is not None:
+        swarm = dataclasses.replace(swarm, stall_timeout=stall_timeout)
+    if resume_interval is not None:
+        swarm = dataclasses.replace(swarm, resume_interval=resume_interval)
+    daemon = dataclasses.replace(
+        settings.daemon,
+        tracker_url=tracker.rstrip("/") if tracker else None,
+        tracker_token=tracker_token,
+        node_name=node_name or socket.gethostname(),
+        api_listen=api_listen,
+        lend_node_token=lend_node_token,
+    )
+    if lease_ttl is not None:
+        daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)
+    origin_settings = dataclasses.replace(
+        settings.origin,
+        endpoint=(origin or settings.origin.endpoint).rstrip("/"),
+        token=token or settings.origin.token,
+    )
+    # The watcher needs the real node name (the downward API's spec.nodeName), not the hostname:
+    # left empty without --node-name, so the watcher refuses to start with an actionable line.
+    kube_settings = dataclasses.replace(
+        settings.kube, enabled=kube, node_name=node_name or "", kubeconfig=kubeconfig,
+        namespace=watch_namespace or None,
+    )
+    return dataclasses.replace(
+        settings, swarm=swarm, daemon=daemon, origin=origin_settings, kube=kube_settings
+    )
+
+
+def serve_forever(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then shut down in order."""
+    daemon = Daemon(settings)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        daemon.start()
+        # One line on stdout so scripts know the daemon is ready and where (ports may be 0 = any).
+        assert daemon.api_server is not None and daemon.swarm is not None
+        print(
+            f"agent {daemon.node_id} ready: api http://{daemon.api_host}:{daemon.api_server.port} "
+            f"bt-port {daemon.swarm.listen_port}",
+            flush=True,
+        )
+        while not daemon.wait(1.0):
+            pass
+    finally:
+        daemon.stop()

@@ -1,0 +1,244 @@
+"""The fetch engine: plan a snapshot, get the missing blobs from a source, make them visible.
+
+    plan (resolve revision -> commit, list, filter, refuse unsafe paths)
+      -> skip blobs already complete (size + sidecar; no re-hash), linking those another repo holds
+      -> check free disk space up front
+      -> per missing blob, `files_at_once` at a time: source.fetch_blob (download + hash +
+         verify) -> safetensors check -> fsync + os.replace into blobs/ -> snapshot symlink
+      -> index json checks -> refs/<revision> (only when every requested file is in place)
+
+Cache granularity: the key is (repo, resolved commit, path) -> blob id, and a blob is named by
+its content hash, so a moved `main` resolves to a new commit whose changed files have new
+blob ids: stale bytes are never served. A failure loses only its own file; blobs that
+completed stay installed for the next run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
+from agent.core.errors import (
+    AuthError,
+    CacheError,
+    DiskSpaceError,
+    IntegrityError,
+    NotFoundError,
+    WeightswarmError,
+)
+from agent.core.hashing import BlobHashes
+from agent.core.plan import BlobSource, FetchPlan, FetchResult, FileEntry
+from agent.core.progress import Progress
+from agent.core.settings import Settings
+from agent.fetch.safetensors import check_index, check_safetensors
+from agent.origin.client import OriginClient, RemoteFile
+from agent.origin.ranges import OriginSource
+
+log = logging.getLogger(__name__)
+
+_FATAL = (AuthError, CacheError, DiskSpaceError)
+"""Failures that would repeat for every other file: once one happens, files not yet started are skipped."""
+
+
+class _Skipped(Exception):
+    """A file not started because an earlier file hit a `_FATAL` error."""
+
+
+def _matches(path: str, patterns: Sequence[str]) -> bool:
+    # As huggingface_hub's filter_repo_objects: a pattern ending in "/" means everything below it.
+    return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in patterns)
+
+
+def filter_files(
+    files: Sequence[RemoteFile], include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> list[RemoteFile]:
+    return [
+        f
+        for f in files
+        if (not include or _matches(f.path, include)) and not (exclude and _matches(f.path, exclude))
+    ]
+
+
+def plan_from_origin(
+    client: OriginClient,
+    repo_id: str,
+    revision: str,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> FetchPlan:
+    """Resolve, list and filter. Unsafe paths anywhere in the listing refuse the whole plan."""
+    check_repo_id(repo_id)
+    commit = client.resolve(repo_id, revision)
+    listing = client.list_files(repo_id, commit)
+    for f in listing:
+        safe_relpath(f.path)
+    chosen = filter_files(listing, include, exclude)
+    if not chosen:
+        if include or exclude:
+            raise NotFoundError(
+                f"{repo_id}@{revision}: no file matches --include {list(include)} / --exclude {list(exclude)}"
+            )
+        raise NotFoundError(f"{repo_id}@{revision}: the repository has no files")
+    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs) for f in chosen)
+    return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
+
+
+def check_disk_space(cache: RepoCache, missing: Sequence[FileEntry], headroom: int) -> None:
+    """Refuse up front when the blobs cannot fit (space already held by partial blobs counts as ours)."""
+    needed = 0
+    for entry in missing:
+        try:
+            held = cache.incomplete_path(entry.blob_id).stat().st_blocks * 512
+        except FileNotFoundError:
+            held = 0
+        needed += max(0, entry.size - held)
+    if not needed:
+        return
+    free = shutil.disk_usage(cache.blobs_dir).free
+    if free < needed + headroom:
+        raise DiskSpaceError(str(cache.blobs_dir), needed + headroom, free)
+
+
+class FetchEngine:
+    """Runs one plan against one source into one cache."""
+
+    def __init__(self, settings: Settings, source: BlobSource, progress: Progress) -> None:
+        self.settings = settings
+        self.source = source
+        self.progress = progress
+        self._abort = False
+
+    def run(self, plan: FetchPlan) -> FetchResult:
+        cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, plan.repo_id)
+        cache.prepare()
+        unique: dict[str, FileEntry] = {}
+        for entry in plan.files:
+            unique.setdefault(entry.blob_id, entry)
+        # Content another repo of this cache already holds is linked, not downloaded again.
+        missing = [e for e in unique.values() if not cache.adopt_blob(e.blob_id, e.size)]
+        cached_bytes = sum(e.size for e in unique.values()) - sum(e.size for e in missing)
+        check_disk_space(cache, missing, self.settings.fetch.min_free_bytes)
+
+        # Files whose blob is already complete are linked now: their snapshot entries are valid.
+        missing_ids = {e.blob_id for e in missing}
+        for entry in plan.files:
+            if entry.blob_id not in missing_ids:
+                cache.link_snapshot(plan.commit, entry.path, entry.blob_id)
+
+        errors: list[tuple[FileEntry, BaseException]] = []
+        installed: set[str] = set()
+        if missing:
+            self.progress.set_total(sum(e.size for e in missing))
+            workers = max(1, min(self.settings.fetch.files_at_once, len(missing)))
+            # Largest first: the long poles start early, small files fill the gaps.
+            order = sorted(missing, key=lambda e: -e.size)
+            with ThreadPoolExecutor(workers, thread_name_prefix="fetch-file") as pool:
+                futures = [(e, pool.submit(self._fetch_one, plan, cache, e)) for e in order]
+                for entry, fut in futures:
+                    exc = fut.exception()
+                    if exc is None:
+                        installed.add(entry.blob_id)
+                    elif not isinstance(exc, _Skipped):
+                        # One summary line reaches the user (stderr); the per-file detail is for logs.
+                        log.info("%s failed: %s", entry.path, exc)
+                        errors.append((entry, exc))
+            self.progress.close()
+        for entry in plan.files:
+            if entry.blob_id in installed:
+                cache.link_snapshot(plan.commit, entry.path, entry.blob_id)
+        if errors:
+            raise _summarise(errors, len(missing))
+
+        self._check_indexes(plan, cache)
+        cache.write_ref(plan.revision, plan.commit)
+        return FetchResult(
+            snapshot_path=cache.snapshot_dir(plan.commit),
+            commit=plan.commit,
+            files=plan.files,
+            bytes_from_origin=self.source.bytes_received,
+            bytes_cached=cached_bytes + self.source.bytes_resumed,
+            downloaded=tuple(e.path for e in missing),
+        )
+
+    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+        if self._abort:
+            raise _Skipped()
+        fp = self.progress.start_file(entry.path, entry.size)
+        try:
+            hashes = self.source.fetch_blob(plan, entry, cache, fp)
+            install_downloaded(cache, entry, hashes, self.settings.fetch.verify_safetensors)
+        except _FATAL:
+            self._abort = True
+            raise
+        finally:
+            fp.finish()
+
+    def _check_indexes(self, plan: FetchPlan, cache: RepoCache) -> None:
+        if not self.settings.fetch.verify_safetensors:
+            return
+        present = {e.path for e in plan.files}
+        for entry in plan.files:
+            if entry.path.endswith(".safetensors.index.json"):
+                check_index(cache.snapshot_file(plan.commit, entry.path), entry.path, present, plan.all_paths)
+
+
+def install_downloaded(cache: RepoCache, entry: FileEntry, hashes: BlobHashes, check: bool) -> None:
+    """Install a hash-verified `blobs/<id>.incomplete` (safetensors checked first); drop its record."""
+    incomplete = cache.incomplete_path(entry.blob_id)
+    if check and entry.path.endswith(".safetensors"):
+        try:
+            check_safetensors(incomplete, entry.path)
+        except IntegrityError:
+            # The bytes are exactly what the origin published, but no loader could use
+            # them: nothing is installed, so no snapshot ever points at a broken shard.
+            cache.discard_partial(entry.blob_id)
+            raise
+    # mtime is filled in by install_blob once the blob has its final name.
+    digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
+    cache.install_blob(entry.blob_id, incomplete, digest)
+    cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
+
+
+def _summarise(errors: list[tuple[FileEntry, BaseException]], attempted: int) -> BaseException:
+    """One error for the CLI: the first failure itself when alone, else a count plus the first."""
+    entry, first = errors[0]
+    if not isinstance(first, WeightswarmError):
+        return first
+    if len(errors) == 1:
+        return first
+    kind = type(first)
+    others = ", ".join(e.path for e, _ in errors[1:4]) + ("…" if len(errors) > 4 else "")
+    try:
+        err = kind.__new__(kind)
+        message = f"{len(errors)} of {attempted} files failed; first: {first} (also: {others})"
+        WeightswarmError.__init__(err, message)
+        return err
+    except TypeError:
+        return first
+
+
+def fetch_snapshot(
+    settings: Settings,
+    repo_id: str,
+    revision: str = "main",
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> FetchResult:
+    """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified."""
+    f = settings.fetch
+    client = OriginClient(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
+    try:
+        plan = plan_from_origin(client, repo_id, revision, include, exclude)
+        # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
+        # the daemon's path (daemon_fetch) keeps OriginSource's default and computes them.
+        source = OriginSource(client, f, piece_hashes=False)
+        engine = FetchEngine(settings, source, progress or Progress(quiet=True))
+        return engine.run(plan)
+    finally:
+        client.close()
+

@@ -1,0 +1,124 @@
+"""One daemon fetch job: plan at the origin, blobs through the swarm, snapshot in the hub cache.
+
+The origin fetch engine (agent.fetch.engine) does the planning, the disk-space check, the snapshot
+links, the index checks and `refs/`; the swarm source (agent.swarm.policy) decides per blob
+where the bytes come from and installs each blob itself (libtorrent finishes a blob in place
+under its final name, so there is no temp file for the engine to move).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+from agent.cache.layout import RepoCache
+from agent.core.errors import AuthError, NotFoundError, TrackerError
+from agent.core.plan import FetchPlan, FileEntry
+from agent.core.progress import FileProgress as BarFile
+from agent.core.progress import Progress
+from agent.core.settings import OriginSettings, Settings
+from agent.fetch.engine import FetchEngine
+from agent.fetch.jobs import FileProgress, Job
+from agent.fetch.planning import plan_fetch
+from agent.origin.client import OriginClient
+from agent.origin.ranges import OriginSource
+from agent.swarm.policy import BlobOutcome, SwarmSource
+
+if TYPE_CHECKING:
+    from agent.daemon.node import Daemon
+
+log = logging.getLogger(__name__)
+
+
+class JobProgress(Progress):
+    """The engine's progress sink, writing into a job instead of a terminal."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(quiet=True)
+        self.job = job
+
+    def _advance(self, fp: BarFile, n: int) -> None:
+        super()._advance(fp, n)
+        self.job.file_progress(fp.name, fp.done)
+
+
+class SwarmFetchEngine(FetchEngine):
+    """The engine with a source that installs blobs itself: no temp file to check and move."""
+
+    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+        fp = self.progress.start_file(entry.path, entry.size)
+        try:
+            self.source.fetch_blob(plan, entry, cache, fp)
+        finally:
+            fp.finish()
+
+
+def origin_for_request(settings: Settings, token: str | None) -> tuple[OriginSettings, str]:
+    """The origin settings one request runs with, and which token that is, in words for errors.
+
+    The requester's own token wins; without one the node's token is lent where the deployment
+    allows it (`daemon.lend_node_token`), else the request is anonymous."""
+    if token:
+        return dataclasses.replace(settings.origin, token=token), "the requester's token"
+    if settings.daemon.lend_node_token and settings.origin.token:
+        return settings.origin, "the node's token (the request brought none)"
+    return dataclasses.replace(settings.origin, token=None), "no token (pass one with --token or HF_TOKEN)"
+
+
+def run_fetch_job(daemon: Daemon, job: Job, token: str | None = None) -> None:
+    settings = daemon.settings
+    assert daemon.fetcher is not None
+    f = settings.fetch
+    origin, which = origin_for_request(settings, token)
+    client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
+    try:
+        _run(daemon, job, client)
+    except (AuthError, NotFoundError) as exc:
+        raise type(exc)(f"{exc} [the agent fetched with {which}]") from None
+    finally:
+        client.close()
+
+
+def _run(daemon: Daemon, job: Job, client: OriginClient) -> None:
+    settings = daemon.settings
+    assert daemon.fetcher is not None
+    f = settings.fetch
+    key = job.key
+    plan = plan_fetch(client, daemon.tracker, key.repo_id, key.revision, key.include, key.exclude)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
+    daemon.ops.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
+    files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
+    for fp in files:
+        if cache.adopt_blob(fp.blob_id, fp.size):
+            fp.done, fp.source = fp.size, "cache"
+    job.set_plan(plan.commit, files)
+    job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
+
+    def on_blob(entry: FileEntry, outcome: BlobOutcome, engine_bytes: int) -> None:
+        # Live counters: the API and the pod reporter see peers vs origin bytes as blobs land.
+        for e in plan.files:
+            if e.blob_id == entry.blob_id:
+                job.file_progress(e.path, e.size, outcome.source)
+        job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
+
+    source = SwarmSource(daemon.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
+    result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
+    _publish_manifest(daemon, plan)
+    job.finish(str(result.snapshot_path))
+
+
+def _publish_manifest(daemon: Daemon, plan: FetchPlan) -> None:
+    """Tell the tracker what this commit holds (its model list and swarm health use it)."""
+    tracker = daemon.tracker
+    if tracker is None:
+        return
+    held = daemon.held_blobs()
+    files = [
+        {"path": e.path, "size": e.size, "blob_id": e.blob_id, "infohash": held.get(e.blob_id)}
+        for e in plan.files
+    ]
+    try:
+        tracker.put_manifest(plan.repo_id, plan.commit, plan.revision, files)
+    except TrackerError as exc:
+        log.info("manifest of %s@%s not published: %s", plan.repo_id, plan.commit[:12], exc)

@@ -1,0 +1,166 @@
+"""`agent publish DIR --repo-id ID`: a local model (private, fine-tuned) enters the swarm with no hub.
+
+Each file is copied once into `blobs/` while one pass computes its blob id (sha256, as an LFS oid),
+the xxh3 sidecar and the BitTorrent piece hashes; the snapshot gets relative symlinks and
+`refs/<revision>`, exactly as a fetched model. The commit id is deterministic: the sha1 of the
+sorted (path, blob id) list, so publishing the same files twice gives the same commit on every
+node. The tracker gets each blob's metainfo and the manifest (with the tracker token); the
+daemon seeds. Other nodes then `agent fetch ID` (or use the pod annotation) and the daemon's fetch
+path plans from the tracker's manifest when the origin does not know the repo (agent.fetch.planning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
+from agent.core.errors import ConfigError, DiskSpaceError, TrackerError
+from agent.core.hashing import BlobHasher
+from agent.core.metainfo import info_dict
+from agent.core.settings import Settings
+from agent.swarm.tracker_client import TrackerClient
+from tracker.bencode import bencode
+
+log = logging.getLogger(__name__)
+
+_BLOCK = 4 * 2**20
+
+SeedBlob = Callable[[Path, str, bytes], str]
+"""(blob path, blob id, bencoded info) -> infohash: the daemon starts seeding it."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    repo_id: str
+    revision: str
+    commit: str
+    snapshot: Path
+    files: list[dict[str, Any]]
+    """path, size, blob_id, infohash per file (the manifest)."""
+    published: bool
+    """The tracker has the manifest and metainfo."""
+    seeded: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "snapshot": str(self.snapshot),
+            "files": self.files,
+            "published": self.published,
+            "seeded": self.seeded,
+        }
+
+
+def commit_for(files: list[tuple[str, str]]) -> str:
+    """Deterministic 40-hex commit id of a published snapshot: sha1 of the sorted (path, blob id) list."""
+    return hashlib.sha1(json.dumps(sorted(files), separators=(",", ":")).encode()).hexdigest()
+
+
+def local_files(directory: Path) -> list[tuple[str, Path]]:
+    """(repo path, file) for every regular file below `directory`, hidden files and folders skipped."""
+    if not directory.is_dir():
+        raise ConfigError(f"{directory} is not a directory; publish a folder that holds the model files")
+    out = []
+    for dirpath, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            p = Path(dirpath) / name
+            if name.startswith(".") or not p.is_file():
+                continue
+            rel = p.relative_to(directory).as_posix()
+            safe_relpath(rel)
+            out.append((rel, p))
+    if not out:
+        raise ConfigError(f"{directory} holds no files to publish")
+    return out
+
+
+def _copy_hashed(src: Path, cache: RepoCache) -> tuple[str, BlobDigest, Path]:
+    """Copy `src` into a temp in `blobs/` while hashing it; (blob id, digest, temp path)."""
+    size = src.stat().st_size
+    hasher = BlobHasher(size, is_lfs=True)
+    tmp = cache.blobs_dir / f"publish-{uuid.uuid4().hex}.incomplete"
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(_BLOCK):
+                hasher.update(chunk)
+                fout.write(chunk)
+        h = hasher.finish()
+        if h.size != size or src.stat().st_size != size:
+            raise ConfigError(f"{src} changed while it was being published; publish again")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return h.content_id, BlobDigest(h.size, 0, h.xxh3, h.piece_length, h.pieces), tmp
+
+
+def publish_directory(
+    settings: Settings,
+    directory: Path,
+    repo_id: str,
+    revision: str = "main",
+    tracker: TrackerClient | None = None,
+    seed: SeedBlob | None = None,
+) -> PublishResult:
+    check_repo_id(repo_id)
+    safe_relpath(revision)
+    directory = directory.expanduser().resolve()
+    files = local_files(directory)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, repo_id)
+    cache.prepare()
+    need = sum(p.stat().st_size for _rel, p in files) + settings.fetch.min_free_bytes
+    free = shutil.disk_usage(cache.blobs_dir).free
+    if free < need:
+        raise DiskSpaceError(str(cache.blobs_dir), need, free)
+
+    entries: list[tuple[str, str, BlobDigest]] = []
+    for rel, path in files:
+        blob_id, digest, tmp = _copy_hashed(path, cache)
+        if cache.adopt_blob(blob_id, digest.size):
+            tmp.unlink(missing_ok=True)  # the same content is already here (a republish, another repo)
+            known = cache.read_sidecar(blob_id)
+            # A standalone `agent fetch` records no piece hashes; the ones just computed serve.
+            digest = known if known is not None and known.pieces else digest
+        else:
+            cache.install_blob(blob_id, tmp, digest)
+        entries.append((rel, blob_id, digest))
+    commit = commit_for([(rel, blob_id) for rel, blob_id, _d in entries])
+    for rel, blob_id, _d in entries:
+        cache.link_snapshot(commit, rel, blob_id)
+    cache.write_ref(revision, commit)
+
+    manifest: list[dict[str, Any]] = []
+    seeded = 0
+    infos: dict[str, bytes] = {}
+    for rel, blob_id, d in entries:
+        info = infos.get(blob_id)
+        if info is None:
+            info = infos[blob_id] = bencode(info_dict(blob_id, d.size, d.piece_length, d.pieces))
+            if seed is not None:
+                seed(cache.blob_path(blob_id), blob_id, info)
+                seeded += 1
+        manifest.append(
+            {"path": rel, "size": d.size, "blob_id": blob_id, "infohash": hashlib.sha1(info).hexdigest()}
+        )
+    published = False
+    if tracker is not None:
+        try:
+            for blob_id, info in infos.items():
+                tracker.put_metainfo(blob_id, info)
+            tracker.put_manifest(repo_id, commit, revision, manifest)
+            published = True
+        except TrackerError as exc:
+            log.warning("%s@%s is in the local cache but not on the tracker: %s", repo_id, commit[:12], exc)
+            raise
+    return PublishResult(repo_id, revision, commit, cache.snapshot_dir(commit), manifest, published, seeded)

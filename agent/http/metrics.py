@@ -1,0 +1,146 @@
+"""Prometheus metrics of one agent (own `CollectorRegistry` per daemon, so in-process test daemons and
+the default registry never mix), served as `GET /metrics` on the agent API.
+
+Event counters are incremented where things happen (a fetch job ends, a blob is evicted, the HF
+endpoint serves a file); the state of the swarm and the cache's disk usage are read at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from agent.fetch.jobs import JobStatus
+
+log = logging.getLogger(__name__)
+
+_FETCH_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+@dataclass(frozen=True)
+class SwarmSnapshot:
+    """What the scrape reads from the daemon: torrents, connected peers, bytes uploaded since start."""
+
+    torrents: int
+    peers: int
+    uploaded: int
+
+
+class _StateCollector(Collector):
+    def __init__(self, swarm: Callable[[], SwarmSnapshot], cache_bytes: Callable[[], int]) -> None:
+        self._swarm = swarm
+        self._cache_bytes = cache_bytes
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # registering must not run a scrape (it would cache an empty cache size)
+
+    def collect(self) -> Iterator[Any]:
+        try:
+            s = self._swarm()
+        except Exception:  # a scrape must not fail because a torrent vanished mid-read
+            log.debug("swarm state unavailable for metrics", exc_info=True)
+            s = SwarmSnapshot(0, 0, 0)
+        yield GaugeMetricFamily(
+            "weightswarm_agent_active_torrents", "Blob torrents in the session.", s.torrents
+        )
+        yield GaugeMetricFamily(
+            "weightswarm_agent_connected_peers", "Peer connections, all torrents.", s.peers
+        )
+        yield CounterMetricFamily(
+            "weightswarm_agent_upload_bytes",
+            "Payload bytes uploaded to peers since the agent started.",
+            s.uploaded,
+        )
+        yield GaugeMetricFamily(
+            "weightswarm_agent_cache_bytes",
+            "Bytes of blobs (complete and partial) in the hub cache.",
+            self._cache_bytes(),
+        )
+
+
+class AgentMetrics:
+    """The agent's metrics. `bind_state` once the swarm exists; the rest can be used from the start."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.bytes = Counter(
+            "weightswarm_agent_fetched_bytes",
+            "Bytes of fetched models by where they came from.",
+            ["source"],
+            registry=r,
+        )
+        for source in ("peer", "origin", "cache_hit"):
+            self.bytes.labels(source)
+        self.fetch_duration = Histogram(
+            "weightswarm_agent_fetch_duration_seconds",
+            "Wall time of a model fetch job (successful ones).",
+            buckets=_FETCH_BUCKETS,
+            registry=r,
+        )
+        self.fetches = Counter(
+            "weightswarm_agent_fetches", "Fetch jobs finished, by outcome.", ["outcome"], registry=r
+        )
+        for outcome in ("ready", "failed"):
+            self.fetches.labels(outcome)
+        self.fetch_failures = Counter(
+            "weightswarm_agent_fetch_failures", "Fetch jobs that failed.", registry=r
+        )
+        self.evictions = Counter("weightswarm_agent_evictions", "Blobs evicted from the cache.", registry=r)
+        self.evicted_bytes = Counter(
+            "weightswarm_agent_evicted_bytes", "Bytes evicted from the cache.", registry=r
+        )
+        self.cache_full = Counter(
+            "weightswarm_agent_cache_full",
+            "Model requests refused because they cannot fit under the limit.",
+            registry=r,
+        )
+        self.hf_requests = Counter(
+            "weightswarm_agent_hf_requests",
+            "HF-endpoint requests by route kind and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.served_bytes = Counter(
+            "weightswarm_agent_served_bytes",
+            "File bytes the HF endpoint answered with (Content-Length).",
+            registry=r,
+        )
+
+    def bind_state(self, swarm: Callable[[], SwarmSnapshot], cache_bytes: Callable[[], int]) -> None:
+        self.registry.register(_StateCollector(swarm, cache_bytes))
+
+    def observe_job(self, status: JobStatus) -> None:
+        """One finished fetch job: bytes by source, duration, outcome."""
+        if status.phase == "Ready":
+            self.fetches.labels("ready").inc()
+            self.bytes.labels("peer").inc(status.bytes_from_peers)
+            self.bytes.labels("origin").inc(status.bytes_from_origin)
+            self.bytes.labels("cache_hit").inc(status.bytes_from_cache)
+            end = status.finished or time.time()
+            self.fetch_duration.observe(max(0.0, end - status.created))
+        elif status.phase == "Failed":
+            self.fetches.labels("failed").inc()
+            self.fetch_failures.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def metrics_router(metrics: AgentMetrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/metrics")
+    def get_metrics(_request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return router

@@ -1,0 +1,202 @@
+"""Pods on this node → fetch jobs → status on the pods: the glue between agent.kube.client and the daemon.
+
+Flow: the `PodWatcher` (agent.kube.client) calls `on_request(pod, models)` / `on_pod_gone(pod)` from its
+thread; the `RequestTracker` turns those into "nobody wanted this model before" (start one daemon
+job, however many pods ask) and "nobody wants it any more" (unpin it). A supervised loop
+(`run`) looks at the jobs every `KubeSettings.poll_interval`, hands each pod its whole
+`weightswarm.io/status` to the `StatusReporter` (which rate-limits and coalesces the patches)
+and creates the Events, so every Kubernetes write that reflects progress is decided in one place:
+
+    ModelFetchStarted (Normal)   the pod asked for a model that is not Ready yet
+    ModelReady (Normal)          the model is complete and verified in this node's cache
+    ModelFetchFailed (Warning)   the fetch failed; the error is in the event and in the status
+    ModelCacheFull (Warning)     the model cannot fit under the cache limit (eviction's hook)
+
+A model some running pod asked for is pinned (`NodeOps.extra_pins`): eviction never removes
+what a workload on this node reads. A failed model is fetched again when another pod asks for
+it (a retry needs no agent restart: delete the pod, or scale up).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agent.core.errors import CacheFullError, WeightswarmError
+from agent.core.settings import KubeSettings
+from agent.fetch.jobs import Job
+from agent.kube.requests import FINAL_PHASES, ModelRef, ModelStatus, PodKey, RequestTracker
+
+if TYPE_CHECKING:
+    from agent.daemon.node import Daemon
+
+log = logging.getLogger(__name__)
+
+Spawn = Callable[[str, Callable[[threading.Event], None]], None]
+
+
+class PodSync:
+    """Serves the models pods on this node ask for, and tells them how it goes.
+
+    `start(spawn)` runs the watcher and the status loop as the daemon's supervised tasks;
+    `close()` (after those stopped) flushes the last statuses and releases the API client.
+    """
+
+    def __init__(self, settings: KubeSettings, daemon: Daemon, api_client: Any | None = None) -> None:
+        # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
+        from agent.kube.client import PodWatcher, StatusReporter, make_api_client
+
+        self._settings = settings
+        self._daemon = daemon
+        self._own_client = api_client is None
+        self._api = make_api_client(settings) if api_client is None else api_client
+        self.reporter = StatusReporter(settings, self._api)
+        self.watcher = PodWatcher(
+            settings, self._api, self.on_request, self.on_pod_gone, reporter=self.reporter
+        )
+        self.requests = RequestTracker()
+        self._lock = threading.Lock()
+        self._jobs: dict[ModelRef, Job] = {}
+        self._errors: dict[ModelRef, str] = {}
+        """Models that could not even be requested (e.g. the agent is shutting down)."""
+        self._told: dict[tuple[PodKey, ModelRef], str] = {}
+        """The last event sent per (pod, model): Started, Ready or Failed; each is sent once per change."""
+        daemon.ops.evictor.cannot_fit_hooks.append(self._cannot_fit)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self, spawn: Spawn) -> None:
+        spawn("pod-watcher", self.watcher.run)
+        spawn("pod-status", self.run)
+
+    def run(self, stop: threading.Event) -> None:
+        """The status loop: until `stop`, look at the jobs and report them on their pods."""
+        while True:
+            self.sync_once()
+            if stop.wait(self._settings.poll_interval):
+                return
+
+    def close(self, timeout: float = 10.0) -> None:
+        """After the watcher stopped: report the final state, flush pending patches, release the client."""
+        try:
+            self.sync_once()
+        except Exception:  # noqa: BLE001 - shutting down: what is pending still gets flushed below
+            log.exception("last pod status sync failed")
+        self.reporter.close(timeout)
+        if self._own_client:
+            self._api.close()
+
+    # -- watcher callbacks (the watcher's thread) -------------------------------------------------
+
+    def on_request(self, pod: PodKey, models: list[ModelRef]) -> None:
+        before = self.requests.models_for(pod)
+        added, removed = self.requests.set_pod(pod, models)
+        with self._lock:
+            for model in models:
+                new_for_pod = model not in before
+                if model in added or model not in self._jobs or (new_for_pod and self._failed(model)):
+                    self._start(model)
+            for model in removed:
+                self._drop(model)
+            for key in [k for k in self._told if k[0] == pod and k[1] not in models]:
+                del self._told[key]
+        self._update_pins()
+        log.info("pod %s asks for %s", pod, ", ".join(m.key for m in models))
+
+    def on_pod_gone(self, pod: PodKey) -> None:
+        removed = self.requests.remove_pod(pod)
+        with self._lock:
+            for model in removed:
+                self._drop(model)
+            for key in [k for k in self._told if k[0] == pod]:
+                del self._told[key]
+        self._update_pins()
+        if removed:
+            log.info("pod %s gone; no pod wants %s any more", pod, ", ".join(m.key for m in removed))
+
+    def _start(self, model: ModelRef) -> None:
+        try:
+            self._jobs[model] = self._daemon.request_model(model.repo_id, model.revision)
+            self._errors.pop(model, None)
+        except WeightswarmError as exc:
+            self._jobs.pop(model, None)
+            self._errors[model] = str(exc)
+
+    def _drop(self, model: ModelRef) -> None:
+        # The job itself runs on (it may be shared with an API client); we only stop reporting it.
+        self._jobs.pop(model, None)
+        self._errors.pop(model, None)
+
+    def _failed(self, model: ModelRef) -> bool:
+        if model in self._errors:
+            return True
+        job = self._jobs.get(model)
+        return job is not None and job.status().phase == "Failed"
+
+    def _update_pins(self) -> None:
+        with self._lock:
+            pins = {m.key for m in (*self._jobs, *self._errors)}
+        # Replaced, never mutated: the evictor copies the set from another thread.
+        self._daemon.ops.extra_pins = pins
+
+    # -- the status loop --------------------------------------------------------------------------
+
+    def sync_once(self) -> None:
+        """Report every tracked pod's status now and create the Events its changes call for."""
+        with self._lock:
+            statuses = {m: self._status(m) for m in (*self._jobs, *self._errors)}
+        by_pod: dict[PodKey, dict[ModelRef, ModelStatus]] = {}
+        for model, status in statuses.items():
+            for pod in self.requests.pods_for(model):
+                by_pod.setdefault(pod, {})[model] = status
+        for pod, per_model in by_pod.items():
+            self.reporter.report(pod, per_model)
+            for model, status in sorted(per_model.items()):
+                self._events(pod, model, status)
+
+    def _status(self, model: ModelRef) -> ModelStatus:
+        error = self._errors.get(model)
+        if error is not None:
+            return ModelStatus(phase="Failed", error=error)
+        st = self._jobs[model].status()
+        return ModelStatus(
+            phase=st.phase,
+            bytes_done=st.bytes_done,
+            bytes_total=st.bytes_total,
+            bytes_from_peers=st.bytes_from_peers,
+            bytes_from_origin=st.bytes_from_origin,
+            error=st.error,
+            snapshot=st.snapshot,
+        )
+
+    def _events(self, pod: PodKey, model: ModelRef, status: ModelStatus) -> None:
+        key = (pod, model)
+        with self._lock:
+            told = self._told.get(key)
+            new: str | None
+            if status.phase in FINAL_PHASES:
+                new = status.phase if told != status.phase else None
+            else:
+                new = "Started" if told is None else None
+            if new is None or (key[1] not in self.requests.models_for(pod)):
+                return
+            self._told[key] = new
+        if new == "Started":
+            self.reporter.event(pod, "ModelFetchStarted", f"fetching {model.key} into this node's cache")
+        elif new == "Ready":
+            self.reporter.event(
+                pod, "ModelReady", f"{model.key} is complete in this node's cache: {status.snapshot}"
+            )
+        else:
+            self.reporter.event(
+                pod, "ModelFetchFailed", f"fetch of {model.key} failed: {status.error}", "Warning"
+            )
+
+    def _cannot_fit(self, error: CacheFullError) -> None:
+        """Eviction's hook (a job's thread): tell the pods waiting for that repo why it will fail."""
+        with self._lock:
+            models = [m for m in (*self._jobs, *self._errors) if m.repo_id == error.repo_id]
+        for pod in sorted({p for m in models for p in self.requests.pods_for(m)}, key=str):
+            self.reporter.event(pod, "ModelCacheFull", str(error), "Warning")

@@ -1,0 +1,350 @@
+"""Client of a Hugging Face-compatible hub: resolve, list, per-file metadata, ranged GETs.
+
+One urllib3 PoolManager (keep-alive connections reused across ranges and files). Every
+request is retried a bounded number of times on 429 (honouring Retry-After), 5xx and dropped
+connections, with full-jitter exponential backoff. HTTP errors become `agent.core.errors` classes
+with one-line messages; response bodies are cut short and the token never appears anywhere
+but the Authorization header, which is dropped when a redirect leaves the origin's host (as
+huggingface_hub does: a CDN must not see the token).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import quote, urljoin, urlsplit
+
+import urllib3
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import ProtocolError
+
+from agent.core.errors import (
+    AuthError,
+    NotFoundError,
+    OriginError,
+    RateLimitedError,
+    WeightswarmError,
+    snippet,
+)
+from agent.core.settings import OriginSettings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_MAX_REDIRECTS = 5
+_MAX_PAGES = 10_000
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a repo at a commit, as the tree listing reports it."""
+
+    path: str
+    size: int
+    blob_id: str
+    """sha256 (the LFS oid) for LFS files, else the git blob sha1."""
+    is_lfs: bool
+
+
+@dataclass(frozen=True)
+class FileMetadata:
+    """What HEAD /resolve/ says about one file."""
+
+    commit: str | None
+    blob_id: str
+    size: int
+    url: str
+    """Where the bytes are: the redirect Location (CDN) for LFS files, else the resolve URL."""
+
+
+class Retryable(Exception):
+    """A transient failure: retry after `delay` seconds (None = use backoff), else raise `error`."""
+
+    def __init__(self, error: WeightswarmError, delay: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.delay = delay
+
+
+def same_host(a: str, b: str) -> bool:
+    sa, sb = urlsplit(a), urlsplit(b)
+    return (sa.scheme, sa.netloc) == (sb.scheme, sb.netloc)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: rare from hubs; the backoff applies instead
+
+
+class OriginClient:
+    """Talks to one hub endpoint. Thread-safe (urllib3 pools are)."""
+
+    def __init__(self, settings: OriginSettings, max_connections: int = 16) -> None:
+        self.settings = settings
+        self.endpoint = settings.endpoint.rstrip("/")
+        self._pool = urllib3.PoolManager(
+            num_pools=8,
+            maxsize=max(1, max_connections),
+            block=False,
+            retries=False,
+            timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
+        )
+
+    def __repr__(self) -> str:
+        return f"OriginClient({self.endpoint!r})"
+
+    def close(self) -> None:
+        self._pool.clear()
+
+    # --- plumbing --------------------------------------------------------------------------------
+
+    def headers_for(self, url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        headers = {"User-Agent": self.settings.user_agent, "Accept-Encoding": "identity"}
+        if self.settings.token and same_host(url, self.endpoint):
+            headers["Authorization"] = f"Bearer {self.settings.token}"
+        headers.update(extra or {})
+        return headers
+
+    def backoff(self, attempt: int, hint: float | None) -> float:
+        """Full jitter (AWS style): uniform(0, base*2^attempt), capped; Retry-After is a floor."""
+        cap = self.settings.backoff_max
+        jitter = random.uniform(0, min(cap, self.settings.backoff_base * 2**attempt))
+        if hint is not None:
+            return min(cap, hint + jitter * 0.1)
+        return jitter
+
+    def retrying(self, what: str, attempt_fn: Callable[[], T]) -> T:
+        """Run `attempt_fn` until it stops raising `Retryable`, at most `max_retries` attempts."""
+        attempts = max(1, self.settings.max_retries)
+        for attempt in range(attempts):
+            try:
+                return attempt_fn()
+            except Retryable as exc:
+                if attempt + 1 >= attempts:
+                    raise exc.error from None
+                delay = self.backoff(attempt, exc.delay)
+                log.info("%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        headers: dict[str, str] | None = None,
+        follow_redirects: bool = True,
+    ) -> urllib3.BaseHTTPResponse:
+        """One request (no retries): follows redirects itself so the token stays on the origin host.
+
+        Returns the response unread (preload_content=False) for 2xx/3xx-not-followed; raises
+        `Retryable` for transient failures and a mapped `WeightswarmError` for the rest.
+        """
+        for _ in range(_MAX_REDIRECTS + 1):
+            resp = self._send(method, url, what, headers)
+            if follow_redirects and resp.status in (301, 302, 303, 307, 308):
+                location = resp.headers.get("Location")
+                resp.drain_conn()
+                resp.release_conn()
+                if not location:
+                    raise OriginError(f"{what}: redirect without Location from {_host(url)}")
+                url = urljoin(url, location)
+                continue
+            if resp.status >= 400:
+                body = resp.read(4096) if method != "HEAD" else b""
+                resp.release_conn()
+                raise_for_status(resp.status, resp.headers, body, what)
+            return resp
+        raise OriginError(f"{what}: too many redirects")
+
+    def _send(
+        self, method: str, url: str, what: str, headers: dict[str, str] | None
+    ) -> urllib3.BaseHTTPResponse:
+        # A pooled keep-alive connection the server has since closed fails at once; that is not
+        # an origin failure, so one immediate resend on a fresh connection comes before backoff.
+        for fresh_try in (False, True):
+            try:
+                return self._pool.request(
+                    method,
+                    url,
+                    headers=self.headers_for(url, headers),
+                    redirect=False,
+                    preload_content=False,
+                    decode_content=False,
+                )
+            except Urllib3Error as exc:
+                stale = isinstance(exc, ProtocolError) and not fresh_try
+                if not stale:
+                    error = OriginError(f"{what}: connection to {_host(url)} failed ({_reason(exc)})")
+                    raise Retryable(error) from None
+        raise AssertionError("unreachable")
+
+    def get_json(self, url: str, what: str) -> tuple[object, urllib3.BaseHTTPResponse]:
+        def attempt() -> tuple[object, urllib3.BaseHTTPResponse]:
+            resp = self.request("GET", url, what, {"Accept": "application/json"})
+            try:
+                body = resp.read()
+            except Urllib3Error as exc:
+                raise Retryable(OriginError(f"{what}: connection dropped ({_reason(exc)})")) from None
+            finally:
+                resp.release_conn()
+            try:
+                return json.loads(body), resp
+            except ValueError:
+                raise OriginError(f"{what}: origin sent invalid JSON: {snippet(body, 80)}") from None
+
+        return self.retrying(what, attempt)
+
+    # --- the hub API -----------------------------------------------------------------------------
+
+    def resolve(self, repo_id: str, revision: str) -> str:
+        """Revision (branch, tag or commit) -> 40-hex commit."""
+        url = f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}"
+        data, _ = self.get_json(url, f"{repo_id}@{revision}")
+        sha = data.get("sha") if isinstance(data, dict) else None
+        if not isinstance(sha, str) or len(sha) != 40:
+            raise OriginError(f"{repo_id}@{revision}: origin did not return a commit sha")
+        return sha.lower()
+
+    def list_files(self, repo_id: str, commit: str) -> list[RemoteFile]:
+        """Every file at `commit` (recursive tree listing, following `Link: rel="next"` pages)."""
+        url: str | None = f"{self.endpoint}/api/models/{repo_id}/tree/{commit}?recursive=true"
+        files: list[RemoteFile] = []
+        for _ in range(_MAX_PAGES):
+            if url is None:
+                return files
+            data, resp = self.get_json(url, f"{repo_id}@{commit[:12]} file list")
+            if not isinstance(data, list):
+                raise OriginError(f"{repo_id}: file list is not a JSON array")
+            files.extend(_remote_file(item, repo_id) for item in data if _is_file(item))
+            nxt = _link_next(resp.headers.get("Link"))
+            url = urljoin(url, nxt) if nxt else None
+        raise OriginError(f"{repo_id}: file list has more than {_MAX_PAGES} pages")
+
+    def resolve_url(self, repo_id: str, commit: str, path: str) -> str:
+        return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path)}"
+
+    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
+        """HEAD /resolve/ without following redirects: commit, blob id, size, download URL."""
+        url = self.resolve_url(repo_id, commit, path)
+        what = f"{repo_id}/{path}"
+
+        def attempt() -> FileMetadata:
+            resp = self.request("HEAD", url, what, follow_redirects=False)
+            resp.release_conn()
+            h = resp.headers
+            etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
+            size_s = h.get("X-Linked-Size") or h.get("Content-Length") or ""
+            if not etag or not size_s.isdigit():
+                raise OriginError(f"{what}: origin gave no ETag/size for the file")
+            location = h.get("Location")
+            target = urljoin(url, location) if resp.status in (301, 302, 303, 307, 308) and location else url
+            return FileMetadata(h.get("X-Repo-Commit"), etag.lower(), int(size_s), target)
+
+        return self.retrying(what, attempt)
+
+
+def raise_for_status(status: int, headers: object, body: bytes, what: str) -> None:
+    """Map an HTTP error to an `agent.core.errors` class (transient ones as `Retryable`)."""
+    get = getattr(headers, "get", lambda _k, _d=None: None)
+    code = get("X-Error-Code") or ""
+    detail = snippet(get("X-Error-Message") or body, 120)
+    suffix = f": {detail}" if detail else ""
+    if status == 429:
+        raise Retryable(RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing"),
+                        _retry_after(get("Retry-After")))
+    if status in _RETRY_STATUSES:
+        error = OriginError(f"{what}: origin error {status}{suffix}")
+        raise Retryable(error, _retry_after(get("Retry-After")))
+    if status == 401 and not code and "credential" in detail.lower():
+        raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")
+    if code == "RepoNotFound" or (status == 401 and not code):
+        raise NotFoundError(f"{what}: repository not found (or it is private: pass --token){suffix}")
+    if code == "RevisionNotFound":
+        raise NotFoundError(f"{what}: revision not found{suffix}")
+    if code == "EntryNotFound" or status == 404:
+        raise NotFoundError(f"{what}: not found{suffix}")
+    if status in (401, 403):
+        raise AuthError(f"{what}: access refused ({status} {code or 'forbidden'}); "
+                        f"check --token / HF_TOKEN and that it was granted access{suffix}")
+    raise OriginError(f"{what}: origin answered {status}{suffix}")
+
+
+def _is_file(item: object) -> bool:
+    return isinstance(item, dict) and item.get("type") == "file"
+
+
+def _remote_file(item: object, repo_id: str) -> RemoteFile:
+    assert isinstance(item, dict)
+    try:
+        lfs = item.get("lfs")
+        if isinstance(lfs, dict) and lfs.get("oid"):
+            size = int(lfs["size"] if "size" in lfs else item["size"])
+            return RemoteFile(str(item["path"]), size, str(lfs["oid"]).lower(), True)
+        return RemoteFile(str(item["path"]), int(item["size"]), str(item["oid"]).lower(), False)
+    except (KeyError, TypeError, ValueError):
+        bad = snippet(json.dumps(item), 80)
+        raise OriginError(f"{repo_id}: malformed entry in the file list: {bad}") from None
+
+
+def _link_next(link: str | None) -> str | None:
+    """The `rel="next"` target of an RFC 8288 Link header."""
+    if not link:
+        return None
+    for part in link.split(","):
+        segs = part.split(";")
+        if any(s.strip().replace(" ", "") in ('rel="next"', "rel=next") for s in segs[1:]):
+            return segs[0].strip().strip("<>")
+    return None
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+def _reason(exc: BaseException) -> str:
+    """A short cause without URLs' query strings (signed CDN URLs carry credentials)."""
+    reason = getattr(exc, "reason", None) or exc
+    return type(reason).__name__
+
+
+def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:
+    """Fill `view` from the raw body; fewer bytes only at its end, 0 once it is complete.
+
+    Reads from the socket straight into the caller's buffer. `resp.read(n)` costs, per block,
+    a zeroed bytearray plus a bytes copy in http.client and an allocation: measured at loopback
+    rates that was a large share of `agent fetch`'s CPU, which on a 2-core node competes with
+    hashing. urllib3's own byte count is bypassed, so callers decide keep-alive themselves
+    (`body_complete`). A dropped connection or a read timeout surfaces as a Retryable.
+    """
+    raw = getattr(resp, "_fp", None)
+    if not isinstance(raw, http.client.HTTPResponse):  # not urllib3's usual response: the portable path
+        try:
+            data = resp.read(len(view))
+        except Urllib3Error as exc:
+            raise Retryable(OriginError(f"connection dropped ({_reason(exc)})")) from None
+        view[: len(data)] = data
+        return len(data)
+    try:
+        return raw.readinto(view)
+    except (OSError, http.client.HTTPException) as exc:
+        raise Retryable(OriginError(f"connection dropped ({_reason(exc)})")) from None
+
+
+def body_complete(resp: urllib3.BaseHTTPResponse) -> bool:
+    """Whether every body byte was read through `read_body_into` (the connection can be reused)."""
+    raw = getattr(resp, "_fp", None)
+    if isinstance(raw, http.client.HTTPResponse):
+        return raw.length == 0
+    return not resp.length_remaining

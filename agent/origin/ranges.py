@@ -1,0 +1,417 @@
+"""`OriginSource`: one blob from the origin with parallel HTTP range requests, resumable.
+
+Per blob: `connections_per_file` worker threads take `chunk_size` chunks in order and
+`os.pwrite` them into the preallocated `blobs/<id>.incomplete`; the calling thread hashes the
+contiguous written prefix as it grows (`os.preadv` from the page cache), so when the last
+byte lands only the tail is left to hash. A dropped connection, truncated body or 5xx
+retries that chunk from the byte it had reached; a server that ignores Range (200 instead
+of 206) is detected on the first request, before any other connection opens, and the blob
+then comes as one sequential stream.
+
+Resume: `state_dir/partials/<blob id>.json` lists the chunks fully written, updated
+atomically after each one. Data is written before its chunk is recorded, and both go through
+the page cache, so a SIGKILL loses nothing written (the kernel still owns the dirty pages).
+A power loss can lose pages the record claims; the record is not fsynced for that reason
+alone: the final hash over the whole blob catches it and the blob is discarded, not installed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+
+import urllib3
+
+from agent.cache.layout import RepoCache, start_writeback, write_atomic
+from agent.core.errors import CacheError, DiskSpaceError, IntegrityError, OriginError, WeightswarmError
+from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.plan import FetchPlan, FileEntry
+from agent.core.progress import FileProgress
+from agent.core.settings import FetchSettings
+from agent.origin.client import OriginClient, Retryable, body_complete, read_body_into
+
+READ_BLOCK = 1 << 20
+"""Bytes per socket read, straight into a worker's own buffer (no per-block allocation)."""
+HASH_BLOCK = 4 << 20
+WRITEBACK_EVERY = 16 << 20
+RECORD_EVERY = 4 << 20
+"""Bytes a worker writes between resume-record updates: a kill loses at most this much per connection."""
+
+
+class _Cancelled(Exception):
+    """Another worker of the same blob failed; stop quietly."""
+
+
+@dataclass
+class _Job:
+    """Shared state of one blob's download (guarded by `cond`)."""
+
+    entry: FileEntry
+    url: str
+    fd: int
+    chunk_size: int
+    nchunks: int
+    done: set[int]
+    progress: FileProgress
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held around each pwrite. ext4 (and most filesystems) serialise buffered writes to one inode
+    anyway; waiting here sleeps, whereas the kernel's inode lock spins optimistically and, with 8
+    writers per file on a 2-core node, burnt up to a core that hashing needed (perf: rwsem_spin_on_owner)."""
+    written: dict[int, int] = field(default_factory=dict)
+    """Contiguous bytes written from each chunk's start (for chunks in flight)."""
+    pending: list[int] = field(default_factory=list)
+    mode: str | None = None
+    """None until the first response: 'ranges' (206) or 'stream' (server ignored Range)."""
+    error: BaseException | None = None
+    received: int = 0
+    unrecorded: int = 0
+
+    def chunk_bounds(self, idx: int) -> tuple[int, int]:
+        start = idx * self.chunk_size
+        return start, min(start + self.chunk_size, self.entry.size)
+
+    def contiguous_end(self, pos: int) -> int:
+        """How far from `pos` the file is known to be written."""
+        while pos < self.entry.size:
+            idx = pos // self.chunk_size
+            start, end = self.chunk_bounds(idx)
+            if idx in self.done:
+                pos = end
+                continue
+            return max(pos, start + self.written.get(idx, 0))
+        return pos
+
+    def write_from(self, resp: urllib3.BaseHTTPResponse, buf: memoryview, pos: int, end: int) -> int:
+        """Read up to `end - pos` body bytes into `buf`, write them to the file at `pos`; 0 = body ended."""
+        n = read_body_into(resp, buf[: min(len(buf), end - pos)])
+        if n:
+            with self.write_lock:
+                os.pwrite(self.fd, buf[:n], pos)
+        return n
+
+
+class OriginSource:
+    """The origin hub as a `BlobSource`."""
+
+    name = "origin"
+
+    def __init__(self, client: OriginClient, settings: FetchSettings, *, piece_hashes: bool = True) -> None:
+        self.client = client
+        self.settings = settings
+        self.piece_hashes = piece_hashes
+        """Compute BitTorrent piece sha1s while hashing (the swarm publishes them as metainfo).
+
+        About as costly as the sha256 itself; a fetch that will never publish metainfo turns it
+        off and its sidecars then carry no pieces (`BlobHashes.pieces == b""`)."""
+        self._lock = threading.Lock()
+        self._received = 0
+        self._resumed = 0
+
+    @property
+    def bytes_received(self) -> int:
+        return self._received
+
+    @property
+    def bytes_resumed(self) -> int:
+        return self._resumed
+
+    def fetch_blob(
+        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+    ) -> BlobHashes:
+        meta = self.client.file_metadata(plan.repo_id, plan.commit, entry.path)
+        if meta.commit and meta.commit.lower() != plan.commit:
+            raise OriginError(
+                f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
+            )
+        if meta.blob_id != entry.blob_id or meta.size != entry.size:
+            raise IntegrityError(
+                f"{entry.path}: origin metadata (id {meta.blob_id[:12]}, {meta.size} B) disagrees with "
+                f"its listing (id {entry.blob_id[:12]}, {entry.size} B)"
+            )
+        incomplete = cache.incomplete_path(entry.blob_id)
+        done, written = self._load_record(cache, entry)
+        try:
+            fd = os.open(incomplete, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
+        try:
+            _preallocate(fd, entry.size)
+            chunk = self.settings.chunk_size
+            job = _Job(entry, meta.url, fd, chunk, -(-entry.size // chunk), done, progress, written=written)
+            job.pending = [i for i in range(job.nchunks) if i not in done]
+            resumed = sum(job.chunk_bounds(i)[1] - job.chunk_bounds(i)[0] for i in done)
+            resumed += sum(written.values())
+            if resumed:
+                progress.advance(resumed)
+                with self._lock:
+                    self._resumed += resumed
+            self._save_record(cache, plan, job)
+            hashes = self._run(plan, cache, job)
+        except WeightswarmError:
+            raise
+        except OSError as exc:
+            cache.discard_partial(entry.blob_id)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(cache.blobs_dir).free
+                raise DiskSpaceError(str(cache.blobs_dir), entry.size, free) from None
+            raise CacheError(f"{entry.path}: cannot write {incomplete}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        if hashes.content_id != entry.blob_id or hashes.size != entry.size:
+            cache.discard_partial(entry.blob_id)
+            kind = "sha256" if entry.is_lfs else "git sha1"
+            raise IntegrityError(
+                f"{entry.path}: downloaded content does not match the origin's {kind} "
+                f"(expected {entry.blob_id[:16]}…, got {hashes.content_id[:16]}…); discarded, retry the fetch"
+            )
+        return hashes
+
+    # --- the download ----------------------------------------------------------------------------
+
+    def _run(self, plan: FetchPlan, cache: RepoCache, job: _Job) -> BlobHashes:
+        workers: list[threading.Thread] = []
+        if job.pending:
+            nworkers = max(1, min(self.settings.connections_per_file, len(job.pending)))
+            for n in range(nworkers):
+                t = threading.Thread(
+                    target=self._worker, args=(plan, cache, job, n == 0), name=f"fetch-{job.entry.path}-{n}",
+                    daemon=True,
+                )
+                t.start()
+                workers.append(t)
+        try:
+            return self._hash(job)
+        finally:
+            with job.cond:
+                if job.error is None and job.contiguous_end(0) < job.entry.size:
+                    job.error = _Cancelled()
+                job.cond.notify_all()
+            for t in workers:
+                t.join()
+            with self._lock:
+                self._received += job.received
+
+    def _hash(self, job: _Job) -> BlobHashes:
+        hasher = BlobHasher(job.entry.size, job.entry.is_lfs, pieces=self.piece_hashes)
+        buf = bytearray(HASH_BLOCK)
+        view = memoryview(buf)
+        pos = flushed = 0
+        size = job.entry.size
+        while pos < size:
+            with job.cond:
+                while True:
+                    if job.error is not None:
+                        raise job.error
+                    avail = job.contiguous_end(pos)
+                    if avail > pos:
+                        break
+                    job.cond.wait(1.0)
+            while pos < avail:
+                n = os.preadv(job.fd, [view[: min(HASH_BLOCK, avail - pos)]], pos)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short read of a written range", str(job.entry.path))
+                hasher.update(view[:n])
+                pos += n
+            if pos - flushed >= WRITEBACK_EVERY or pos == size:
+                start_writeback(job.fd, flushed, pos - flushed)
+                flushed = pos
+        return hasher.finish()
+
+    def _worker(self, plan: FetchPlan, cache: RepoCache, job: _Job, probe: bool) -> None:
+        buf = memoryview(bytearray(READ_BLOCK))
+        try:
+            if not probe:
+                with job.cond:
+                    while job.mode is None and job.error is None:
+                        job.cond.wait()
+                    if job.mode != "ranges":
+                        return
+            while True:
+                with job.cond:
+                    if job.error is not None or not job.pending:
+                        return
+                    idx = job.pending.pop(0)
+                self._fetch_chunk(plan, cache, job, idx, probe, buf)
+                probe = False
+                with job.cond:
+                    if job.mode == "stream":
+                        job.done.update(range(job.nchunks))
+                    else:
+                        job.done.add(idx)
+                    job.written.pop(idx, None)
+                    job.cond.notify_all()
+                self._save_record(cache, plan, job)
+        except _Cancelled:
+            return
+        except BaseException as exc:  # handed to the hashing thread, which raises it
+            with job.cond:
+                if job.error is None or isinstance(job.error, _Cancelled):
+                    job.error = exc
+                if job.mode is None:
+                    job.mode = "failed"
+                job.cond.notify_all()
+
+    def _fetch_chunk(
+        self, plan: FetchPlan, cache: RepoCache, job: _Job, idx: int, probe: bool, buf: memoryview
+    ) -> None:
+        start, end = job.chunk_bounds(idx)
+        what = job.entry.path
+        with job.cond:
+            state = {"pos": start + job.written.get(idx, 0)}
+        if state["pos"] >= end:
+            return
+
+        def attempt() -> None:
+            pos = state["pos"]
+            resp = self.client.request("GET", job.url, what, {"Range": f"bytes={pos}-{end - 1}"})
+            try:
+                if resp.status == 200:
+                    if not ((probe and job.mode is None) or job.mode == "stream"):
+                        raise OriginError(f"{what}: origin ignored Range after honouring it")
+                    self._stream_whole(job, resp, state, buf)
+                    return
+                if resp.status != 206:
+                    raise OriginError(f"{what}: unexpected status {resp.status} for a range request")
+                crange = resp.headers.get("Content-Range", "")
+                if not crange.startswith(f"bytes {pos}-"):
+                    raise OriginError(f"{what}: origin sent range {crange!r}, asked for {pos}-{end - 1}")
+                with job.cond:
+                    if job.mode is None:
+                        job.mode = "ranges"
+                        job.cond.notify_all()
+                while pos < end:
+                    n = job.write_from(resp, buf, pos, end)
+                    if not n:
+                        break
+                    pos += n
+                    state["pos"] = pos
+                    if self._wrote(job, idx, pos - start, n):
+                        self._save_record(cache, plan, job)
+                if pos < end:
+                    raise Retryable(OriginError(f"{what}: body ended at byte {pos} of {start}-{end - 1}"))
+                if not body_complete(resp):
+                    raise OriginError(f"{what}: origin sent more bytes than the range asked for")
+            finally:
+                _release(resp)
+
+        self.client.retrying(what, attempt)
+
+    def _stream_whole(
+        self, job: _Job, resp: urllib3.BaseHTTPResponse, state: dict[str, int], buf: memoryview
+    ) -> None:
+        """Server ignored Range: take the whole body in order on this one connection."""
+        with job.cond:
+            job.mode = "stream"
+            job.pending.clear()
+            job.cond.notify_all()
+        size = job.entry.size
+        pos = 0
+        while pos < size:
+            n = job.write_from(resp, buf, pos, size)
+            if not n:
+                break
+            pos += n
+            # A restart of this stream re-sends from 0: nothing before `pos` is re-counted as done.
+            with job.cond:
+                job.received += n
+                idx = (pos - 1) // job.chunk_size
+                job.done.update(range(idx))
+                job.written[idx] = pos - idx * job.chunk_size
+                job.cond.notify_all()
+            job.progress.advance(n)
+        state["pos"] = 0
+        if pos < size:
+            with job.cond:
+                job.done.clear()
+                job.written.clear()
+            raise Retryable(OriginError(f"{job.entry.path}: body ended at byte {pos} of {size}"))
+        if not body_complete(resp):
+            raise OriginError(f"{job.entry.path}: origin sent more than {size} bytes")
+
+    def _wrote(self, job: _Job, idx: int, chunk_written: int, n: int) -> bool:
+        """Account for `n` bytes written; True when the resume record is due for an update."""
+        with job.cond:
+            if job.error is not None:
+                raise _Cancelled()
+            job.written[idx] = chunk_written
+            job.received += n
+            job.unrecorded += n
+            due = job.unrecorded >= RECORD_EVERY
+            if due:
+                job.unrecorded = 0
+            job.cond.notify_all()
+        job.progress.advance(n)
+        return due
+
+    # --- resume records --------------------------------------------------------------------------
+
+    def _load_record(self, cache: RepoCache, entry: FileEntry) -> tuple[set[int], dict[int, int]]:
+        """Completed chunks (and bytes of started ones) from an earlier run, if its record fits exactly."""
+        path = cache.partial_record_path(entry.blob_id)
+        incomplete = cache.incomplete_path(entry.blob_id)
+        try:
+            rec = json.loads(path.read_bytes())
+            ok = (
+                rec["blob_id"] == entry.blob_id
+                and rec["size"] == entry.size
+                and rec["chunk_size"] == self.settings.chunk_size
+                and incomplete.stat().st_size == entry.size
+            )
+            if ok:
+                nchunks = -(-entry.size // self.settings.chunk_size)
+                done = {int(i) for i in rec["done"] if 0 <= int(i) < nchunks}
+                written = {int(i): int(n) for i, n in rec.get("written", {}).items()}
+                started = {i: n for i, n in written.items() if 0 <= i < nchunks and i not in done and n > 0}
+                return done, started
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        cache.discard_partial(entry.blob_id)
+        return set(), {}
+
+    def _save_record(self, cache: RepoCache, plan: FetchPlan, job: _Job) -> None:
+        with job.cond:
+            done = sorted(job.done)
+            streaming = job.mode == "stream"
+            written = {str(i): n for i, n in job.written.items() if i not in job.done and not streaming}
+        record = {
+            "blob_id": job.entry.blob_id,
+            "size": job.entry.size,
+            "chunk_size": job.chunk_size,
+            "done": done,
+            "written": written,
+            "repo_id": plan.repo_id,
+            "commit": plan.commit,
+            "path": job.entry.path,
+        }
+        # Concurrent workers write whole records via os.replace: the last one wins and each lists
+        # only chunks that were written, so any interleaving is safe.
+        write_atomic(cache.partial_record_path(job.entry.blob_id), json.dumps(record).encode(), fsync=False)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve the blob's space now, so a full disk fails at the start of a file, not after hours."""
+    if os.fstat(fd).st_size == size:
+        return
+    os.ftruncate(fd, size)
+    if size and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            # EOPNOTSUPP etc.: the sparse file still works; a full disk is the caller's DiskSpaceError.
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+
+
+def _release(resp: urllib3.BaseHTTPResponse) -> None:
+    """Return a fully read connection to the pool; close one we stopped reading mid-body."""
+    try:
+        if not body_complete(resp):
+            resp.close()
+        resp.release_conn()
+    except Exception:  # noqa: BLE001 - cleanup must not mask the real error
+        pass

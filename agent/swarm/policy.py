@@ -1,0 +1,582 @@
+"""The per-blob policy of the swarm: where each blob's bytes come from (ARCHITECTURE "Fetch flow").
+
+    1. complete in the local cache                          -> done (size + xxh3 sidecar, no re-hash)
+    2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers
+    3. metainfo known, no seeders                           -> ask for the origin lease; the holder
+       joins the swarm first and, unless its own announce finds a seeder within
+       `swarm.seeder_grace` (then it gives the lease back and does 2), adds the origin (a resolved
+       CDN URL) as a web seed; the others join the same swarm
+    4. metainfo unknown                                     -> ask for the origin lease; the holder
+       downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
+       and seeds; the others long-poll the tracker, then do 2
+    5. tracker unreachable                                  -> origin engine only; the blob is seeded
+       anyway and published when the tracker returns (the daemon's probe loop)
+    6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
+       (a lease holder whose web seed stalls as long, or fails and then brings nothing for
+       3 x `swarm.web_seed_retry` seconds, uses the origin engine: same origin, own retries and errors)
+
+A blob finished by libtorrent is verified once end to end (sha256 / git sha1 against the blob id,
+which is what the origin promised) in the same pass that writes its xxh3 sidecar, before any
+snapshot link points at it. Why, when libtorrent has already checked every piece's SHA-1: those piece
+hashes are only as good as the metainfo, and any holder of the tracker token can publish the
+metainfo of a blob id. The publisher computed it from bytes it had verified (the origin engine
+hashes sha256 and pieces in one stream; `agent publish` hashes its own files), and `_check_info`
+pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
+then every node would install the same wrong "verified" weights in silence. The re-read turns that
+into a loud IntegrityError. Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for xxh3), once per blob
+per node. (Hashing in piece order while the download runs would hide it, but pieces arrive in rarest-
+first order, and sequential downloading would make every node want the same pieces at once.) The
+piece SHA-1s are not recomputed here (the metainfo has them): they were the larger part of this
+pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agent.cache.layout import BlobDigest, RepoCache, write_atomic
+from agent.cache.verify import seedable_digest
+from agent.core.errors import (
+    IntegrityError,
+    SwarmError,
+    TrackerError,
+    TrackerUnavailableError,
+    WaitTimeoutError,
+    WeightswarmError,
+)
+from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.metainfo import info_dict
+from agent.core.plan import FetchPlan, FileEntry
+from agent.core.progress import FileProgress
+from agent.core.settings import Settings
+from agent.fetch.engine import install_downloaded
+from agent.origin.ranges import OriginSource
+from agent.swarm.session import Swarm, WebSeed
+from agent.swarm.tracker_client import Lease, TrackerClient
+from tracker.bencode import bdecode, bencode
+
+log = logging.getLogger(__name__)
+
+BlobOrigin = Literal["cache", "peers", "origin"]
+_READ_BLOCK = 4 * 2**20
+_TICK = 0.5
+_ANNOUNCE_WAIT = 5.0
+"""Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
+_SPREAD_MIN_BYTES = 16 * 2**20
+"""Blobs from this size on have their origin leases spread over nodes; small files are not worth a wait."""
+_WEB_SEED_TRIES = 3
+"""A web seed that failed and then brought nothing for this many of libtorrent's retry periods is given
+up: a refused (SSRF, 403) or unreachable URL, or one libtorrent dropped (404), then costs ~15 s, not a
+whole stall timeout; a web seed that recovers (progress) is kept."""
+
+
+@dataclass(frozen=True)
+class BlobOutcome:
+    source: BlobOrigin
+    bytes_from_peers: int = 0
+    bytes_from_origin: int = 0
+    """Bytes libtorrent took from the origin as a web seed (origin-engine bytes are counted by it)."""
+
+
+OriginDownload = Callable[[], None]
+"""Runs the origin engine for this one blob; returns once `blobs/<id>` and its sidecar are installed."""
+WebSeedUrl = Callable[[], str]
+"""The URL a web seed may fetch the blob from without credentials (the Hub's redirect resolved)."""
+Progress = Callable[[int], None]
+"""Called with the bytes of this blob present so far."""
+
+
+class _Stalled(Exception):
+    pass
+
+
+def encoded_info(blob_id: str, digest: BlobDigest) -> bytes:
+    """The bencoded v1 info dict of a blob, rebuilt from its sidecar (its piece hashes live there)."""
+    return bencode(info_dict(blob_id, digest.size, digest.piece_length, digest.pieces))
+
+
+class SwarmFetcher:
+    """Obtains blobs for the daemon's jobs. Thread-safe; one per daemon."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        swarm: Swarm,
+        tracker: TrackerClient | None,
+        node_id: str,
+        on_seeding: Callable[[str, str, bytes], None],
+    ) -> None:
+        self.settings = settings
+        self.swarm = swarm
+        self.tracker = tracker
+        self.node_id = node_id
+        self._on_seeding = on_seeding
+        """(blob_id, infohash, info) for every blob this node starts seeding: the daemon remembers it."""
+        self._active: dict[str, bytes] = {}
+        """blob id -> info of libtorrent downloads in flight (to stop them before an origin fallback)."""
+        self._web_seeded: set[str] = set()
+        """Blobs whose torrent got the origin as a web seed (their bytes may be origin bytes)."""
+        self._leases: set[str] = set()
+        """Blobs whose origin lease this node holds or is asking for (see `_acquire_lease`)."""
+        self._blob_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @property
+    def trackers(self) -> list[str]:
+        return [self.tracker.announce_url] if self.tracker else []
+
+    def _lock_for(self, blob_id: str) -> threading.Lock:
+        # Two jobs wanting the same blob (two revisions sharing a shard) must not race on its files.
+        with self._locks_guard:
+            return self._blob_locks.setdefault(blob_id, threading.Lock())
+
+    # -- the policy -----------------------------------------------------------------------
+
+    def obtain(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        with self._lock_for(blob.blob_id):
+            if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
+                self._seed_from_cache(cache, blob)
+                return BlobOutcome("cache")
+            if self.tracker is None:
+                return self._from_origin(cache, blob, origin_download, publish=False)
+            try:
+                return self._via_tracker(cache, blob, origin_download, web_seed_url, progress)
+            except TrackerUnavailableError as exc:
+                log.warning("%s; fetching %s from the origin", exc, blob.path)
+                return self._from_origin(
+                    cache, blob, origin_download, publish=False, info=self._known_info(blob)
+                )
+
+    def _via_tracker(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        assert self.tracker is not None
+        deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
+        peers_stalled = False
+        while True:
+            info = self.tracker.get_metainfo(blob.blob_id)
+            state = self.tracker.blob_state(blob.blob_id)
+            if info is not None:
+                self._check_info(blob, info)
+            if info is not None and state.seeders > 0 and not peers_stalled:
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
+                    peers_stalled = True
+                    continue
+            lease = self._acquire_lease(blob)
+            if (
+                lease.granted
+                and info is not None
+                and not peers_stalled
+                and self._seeder_appeared(blob, info, cache)
+            ):
+                # The tracker's count was a snapshot: a seeder announced (or restarted) since.
+                log.info("%s: a seeder appeared; giving the origin lease back", blob.path)
+                self._release(blob.blob_id)
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    peers_stalled = True
+                    continue
+            if lease.granted:
+                return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
+            if info is not None and not peers_stalled:
+                # The holder is filling the swarm from the origin: take pieces from it as they arrive.
+                try:
+                    return self._from_swarm(cache, blob, info, None, progress)
+                except _Stalled:
+                    peers_stalled = True
+                    continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("waited too long for %s from node %s; using the origin", blob.path, lease.holder)
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
+            log.info("%s: node %s holds the origin lease; waiting for it", blob.path, lease.holder)
+            self.tracker.wait_blob(blob.blob_id, min(self.settings.daemon.wait_poll_seconds, left))
+            peers_stalled = False
+
+    def _as_lease_holder(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        info: bytes | None,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        assert self.tracker is not None
+        stop = threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(blob.blob_id, stop), name=f"lease-{blob.blob_id[:12]}", daemon=True
+        )
+        beat.start()
+        try:
+            if info is None:
+                return self._from_origin(cache, blob, origin_download, publish=True)
+            try:
+                seed = WebSeed(web_seed_url())
+                return self._from_swarm(cache, blob, info, seed, progress)
+            except (SwarmError, _Stalled) as exc:
+                log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
+        finally:
+            stop.set()
+            beat.join(timeout=5)
+            self._release(blob.blob_id)
+
+    def _acquire_lease(self, blob: FileEntry) -> Lease:
+        """Ask for the blob's origin lease; a node already holding one first lets others ask.
+
+        Nodes asked for a model at once race for its shards' leases, and one fast node could win
+        them all: it then pulls every shard from the origin and is the only source of each new
+        piece for all peers, so its uplink saturates and its own origin download slows (measured:
+        8 nodes, one holder of 3 of 4 shards, 1.4x the bound). Waiting `swarm.lease_spread`
+        seconds before a second lease lets idle nodes take them; a lone node only loses that.
+        """
+        assert self.tracker is not None
+        with self._locks_guard:
+            holding = len(self._leases)
+            self._leases.add(blob.blob_id)
+        try:
+            if holding and blob.size >= _SPREAD_MIN_BYTES:
+                time.sleep(self.settings.swarm.lease_spread)
+            lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+        except BaseException:
+            self._forget_lease(blob.blob_id)
+            raise
+        if not lease.granted:
+            self._forget_lease(blob.blob_id)
+        return lease
+
+    def _forget_lease(self, blob_id: str) -> None:
+        with self._locks_guard:
+            self._leases.discard(blob_id)
+
+    def _release(self, blob_id: str) -> None:
+        assert self.tracker is not None
+        self._forget_lease(blob_id)
+        try:
+            self.tracker.release_lease(blob_id, self.node_id)
+        except TrackerError as exc:
+            log.info("could not release the lease on %s: %s", blob_id, exc)
+
+    def _seeder_appeared(self, blob: FileEntry, info: bytes, cache: RepoCache) -> bool:
+        """Join the blob's swarm without the origin and say whether a seeder shows up.
+
+        True as soon as libtorrent is connected to a seed or the tracker's announce reply counts
+        one; False once the reply counts none and no seed is connected, or after
+        `swarm.seeder_grace` seconds. A torrent restored after a restart may have found its
+        seeders long ago, which this sees at once.
+        """
+        ih = self._start_download(cache, blob, info, None)
+        deadline = time.monotonic() + self.settings.swarm.seeder_grace
+        while True:
+            st = self.swarm.status(ih)
+            if st.num_seeds > 0 or st.swarm_seeders > 0 or st.state == "seeding":
+                return True
+            if st.swarm_seeders == 0 or st.state == "error" or time.monotonic() >= deadline:
+                return False
+            try:
+                self.swarm.wait(ih, 0.1)
+            except WaitTimeoutError:
+                pass
+
+    def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
+        assert self.tracker is not None
+        while not stop.wait(self.settings.daemon.lease_ttl / 3):
+            try:
+                if not self.tracker.heartbeat(blob_id, self.node_id):
+                    log.warning("lost the origin lease on %s; finishing the download anyway", blob_id)
+                    return
+            except TrackerError as exc:
+                log.info("lease heartbeat for %s failed: %s", blob_id, exc)
+
+    # -- sources --------------------------------------------------------------------------
+
+    def _from_origin(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        publish: bool,
+        info: bytes | None = None,
+    ) -> BlobOutcome:
+        self._drop_torrent(blob.blob_id, info)
+        origin_download()
+        digest = cache.read_sidecar(blob.blob_id)
+        if digest is None:
+            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
+        info = encoded_info(blob.blob_id, digest)
+        self._seed(cache, blob, info, publish=publish)
+        # The origin engine's own counters say how many bytes it really pulled (resume included).
+        return BlobOutcome("origin")
+
+    def _start_download(
+        self, cache: RepoCache, blob: FileEntry, info: bytes, web_seed: WebSeed | None
+    ) -> str:
+        """Join the blob's swarm (idempotent), recorded as in flight; returns the infohash."""
+        with self._locks_guard:
+            self._active[blob.blob_id] = info
+            if web_seed is not None:
+                self._web_seeded.add(blob.blob_id)
+        return self.swarm.download(
+            cache.blobs_dir,
+            blob.blob_id,
+            info,
+            trackers=self.trackers,
+            web_seeds=[web_seed] if web_seed else [],
+            incomplete_name=cache.incomplete_path(blob.blob_id).name,
+        )
+
+    def _from_swarm(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        info: bytes,
+        web_seed: WebSeed | None,
+        progress: Progress,
+    ) -> BlobOutcome:
+        ih = self._start_download(cache, blob, info, web_seed)
+        stall = self.settings.swarm.stall_timeout
+        last_done, last_change = -1, time.monotonic()
+        errors_at_progress = 0
+        while True:
+            try:
+                st = self.swarm.wait(ih, _TICK)
+            except WaitTimeoutError:
+                st = self.swarm.status(ih)
+            progress(st.done)
+            if st.state == "error":
+                self._drop_torrent(blob.blob_id, info)
+                raise SwarmError(f"BitTorrent download of {blob.path} failed: {st.error}")
+            if st.state == "seeding":
+                break
+            now = time.monotonic()
+            if st.done != last_done:
+                last_done, last_change, errors_at_progress = st.done, now, st.web_seed_errors
+            elif now - last_change > stall:
+                raise _Stalled(
+                    f"no progress for {now - last_change:.0f}s: {st.state}, {st.done}/{st.total} bytes, "
+                    f"{st.num_peers} peers ({st.num_seeds} seeds)"
+                )
+            elif (
+                web_seed is not None
+                and st.web_seed_errors > errors_at_progress
+                and now - last_change > _WEB_SEED_TRIES * self.settings.swarm.web_seed_retry
+            ):
+                raise _Stalled(f"{st.web_seed_error} (nothing received for {now - last_change:.0f}s)")
+        with self._locks_guard:
+            self._active.pop(blob.blob_id, None)
+        # The torrent may have been started for another repo (one torrent per blob, whoever asked
+        # first): the file is where libtorrent put it, and this repo gets a link to it.
+        self._verify_and_record(st.path, blob, info, ih, cache)
+        if not cache.adopt_blob(blob.blob_id, blob.size):
+            raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
+        log.info(
+            "%s: %d bytes from peers, %d from web seeds",
+            blob.path,
+            st.bytes_from_peers,
+            st.bytes_from_web_seeds,
+        )
+        self._on_seeding(blob.blob_id, ih, info)
+        with self._locks_guard:
+            web_seeded = blob.blob_id in self._web_seeded
+            self._web_seeded.discard(blob.blob_id)
+        if not web_seeded:
+            # No web seed on this torrent: every payload byte came from a peer, whatever the
+            # swarm's sampled split says (it attributes unsampled bytes to web seeds).
+            return BlobOutcome("peers", bytes_from_peers=st.bytes_from_peers + st.bytes_from_web_seeds)
+        return BlobOutcome(
+            "peers" if st.bytes_from_web_seeds == 0 else "origin",
+            bytes_from_peers=st.bytes_from_peers,
+            bytes_from_origin=st.bytes_from_web_seeds,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _check_info(self, blob: FileEntry, info: bytes) -> None:
+        try:
+            d = bdecode(info)
+        except ValueError:
+            raise IntegrityError(f"the tracker's metainfo for {blob.path} is not valid bencode") from None
+        if (
+            not isinstance(d, dict)
+            or d.get(b"name") != blob.blob_id.encode()
+            or d.get(b"length") != blob.size
+        ):
+            raise IntegrityError(
+                f"the tracker's metainfo for {blob.path} does not describe blob "
+                f"{blob.blob_id} of {blob.size} bytes"
+            )
+
+    def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
+        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks."""
+        hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
+        with open(path, "rb", buffering=0) as fh:
+            while chunk := fh.read(_READ_BLOCK):
+                hasher.update(chunk)
+        got = hasher.finish()
+        if got.content_id != blob.blob_id or got.size != blob.size:
+            self.swarm.remove(ih, delete_files=True)
+            path.unlink(missing_ok=True)
+            raise IntegrityError(
+                f"{blob.path}: the swarm's bytes hash to {got.content_id[:16]}…, "
+                f"expected {blob.blob_id[:16]}…; "
+                "discarded (the published metainfo is wrong)"
+            )
+        st = path.stat()
+        d = bdecode(info)
+        assert isinstance(d, dict)
+        piece_length, pieces = d[b"piece length"], d[b"pieces"]
+        assert isinstance(piece_length, int) and isinstance(pieces, bytes)
+        sidecar = BlobDigest(st.st_size, st.st_mtime_ns, got.xxh3, piece_length, pieces)
+        write_atomic(cache.sidecar_path(blob.blob_id), sidecar.to_json(), fsync=False)
+
+    def _seed(self, cache: RepoCache, blob: FileEntry, info: bytes, publish: bool) -> None:
+        ih = self.swarm.seed(cache.blob_path(blob.blob_id), info, self.trackers)
+        self._on_seeding(blob.blob_id, ih, info)
+        if publish and self.tracker is not None:
+            # Announce before publishing: nodes waiting on the lease wake up at the metainfo, and if
+            # the tracker did not count us as a seeder yet, one of them took the released lease and
+            # pulled the blob from the origin a second time (origin egress 1.14 S in the benchmark).
+            deadline = time.monotonic() + _ANNOUNCE_WAIT
+            while self.swarm.status(ih).swarm_seeders < 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
+            try:
+                self.tracker.put_metainfo(blob.blob_id, info)
+            except TrackerError as exc:
+                log.warning(
+                    "could not publish metainfo of %s (will retry when the tracker is back): %s",
+                    blob.path,
+                    exc,
+                )
+
+    def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
+        digest = seedable_digest(cache, blob.blob_id)
+        if digest is None:
+            return
+        try:
+            self._seed(cache, blob, encoded_info(blob.blob_id, digest), publish=False)
+        except (SwarmError, ValueError) as exc:
+            log.warning("not seeding %s: %s", blob.path, exc)
+
+    def _known_info(self, blob: FileEntry) -> bytes | None:
+        with self._locks_guard:
+            return self._active.get(blob.blob_id)
+
+    def _drop_torrent(self, blob_id: str, info: bytes | None) -> None:
+        """Stop a libtorrent download of this blob so the origin engine owns its `.incomplete` file."""
+        if info is None:
+            return
+        with self._locks_guard:
+            self._web_seeded.discard(blob_id)
+        try:
+            self.swarm.remove(hashlib.sha1(info).hexdigest(), delete_files=False)
+        except WeightswarmError:
+            pass
+
+
+class SwarmSource:
+    """The swarm as a `BlobSource` for one fetch (agent.fetch.engine): the policy above per blob.
+
+    Unlike the origin source it installs each blob itself (libtorrent renames the finished file
+    to `blobs/<id>`, and the origin path must publish and seed right after installing), so the
+    engine finds the blob complete and only links the snapshot.
+    """
+
+    name = "swarm"
+
+    def __init__(
+        self,
+        fetcher: SwarmFetcher,
+        origin: OriginSource,
+        verify_safetensors: bool = True,
+        on_blob: Callable[[FileEntry, BlobOutcome, int], None] | None = None,
+    ) -> None:
+        self.fetcher = fetcher
+        self.origin = origin
+        self.verify_safetensors = verify_safetensors
+        self._on_blob = on_blob
+        """Called as each blob completes: (entry, outcome, bytes the origin engine pulled for it)."""
+        self._lock = threading.Lock()
+        self.bytes_from_peers = 0
+        self.bytes_from_origin = 0
+        self._resumed = 0
+        self.sources: dict[str, BlobOrigin] = {}
+        """repo path -> where its bytes came from, for job status."""
+
+    @property
+    def bytes_received(self) -> int:
+        with self._lock:
+            return self.bytes_from_peers + self.bytes_from_origin
+
+    @property
+    def bytes_resumed(self) -> int:
+        with self._lock:
+            return self._resumed
+
+    def fetch_blob(
+        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+    ) -> BlobHashes:
+        reported = 0
+
+        def on_progress(done: int) -> None:
+            nonlocal reported
+            if done > reported:
+                progress.advance(done - reported)
+                reported = done
+
+        engine_bytes = 0
+
+        def from_origin() -> None:
+            nonlocal reported, engine_bytes
+            # A source of its own per blob: the shared one's counters also move with the other
+            # blobs downloading at the same time, which would count their bytes here too.
+            origin = self.origin
+            one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
+            try:
+                hashes = one.fetch_blob(plan, entry, cache, progress)
+            finally:
+                engine_bytes = one.bytes_received
+                with self._lock:
+                    self.bytes_from_origin += one.bytes_received
+                    self._resumed += one.bytes_resumed
+            reported = entry.size
+            install_downloaded(cache, entry, hashes, self.verify_safetensors)
+
+        def web_seed_url() -> str:
+            return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
+
+        outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
+        on_progress(entry.size)
+        with self._lock:
+            self.sources[entry.path] = outcome.source
+            self.bytes_from_peers += outcome.bytes_from_peers
+            self.bytes_from_origin += outcome.bytes_from_origin
+        if self._on_blob is not None:
+            self._on_blob(entry, outcome, engine_bytes)
+        digest = cache.read_sidecar(entry.blob_id)
+        if digest is None:
+            raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
+        return BlobHashes(entry.blob_id, digest.size, digest.xxh3, digest.piece_length, digest.pieces)

@@ -1,0 +1,789 @@
+"""The libtorrent adapter: the only module that imports libtorrent.
+
+One torrent per blob. The torrent's single file is the blob, saved straight into the hub
+cache's `blobs/` directory, so a complete blob is seeded from the cache with no copy.
+
+While a download runs the file is named `<blob id>.incomplete` (huggingface_hub treats
+`blobs/<id>` as complete once it exists); after libtorrent has hash-checked every piece it
+is renamed to `<blob id>`, fsynced, and only then reported complete (state "seeding").
+
+Web seeds (BEP 19) and headers: `torrent_info.add_url_seed(url, auth, headers)` passes
+extra headers, and libtorrent follows redirects, but it re-sends the *same* headers to the
+redirect target (another host: the CDN). A bearer token for the Hub would leak to the
+CDN, so `download()` refuses a web seed that has an Authorization header; the daemon
+resolves the Hub's redirect itself and passes the final signed CDN URL, which needs no
+auth. (See `WebSeed`.)
+
+Resume data lives in `resume_dir/<infohash>.resume` (libtorrent's bencoded format plus
+our keys `weightswarm-final-name` and `weightswarm-clean`), written atomically. Web seed URLs
+are stripped from it: signed URLs expire and are credentials of a sort.
+
+Crash safety: only `close()` writes resume data marked clean (after pausing the session, so
+it is the last word). An unfinished download whose resume data is not clean (the process was
+killed) is re-checked against its piece hashes when it is added again: every verified piece
+the `.incomplete` file holds counts, not just those in the last periodic save.
+
+Announces: libtorrent obeys the tracker's `interval` only above its `min_announce_interval`
+(default 300 s, longer than our tracker keeps a silent peer), so SwarmSettings lowers that
+floor; seeders then stay listed with no re-announce loop of our own.
+
+Thread safety: libtorrent's session and handles are thread-safe; our per-torrent records
+are guarded by one lock, and waiters sleep on its condition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import libtorrent as lt
+
+from agent.core.errors import SwarmError, WaitTimeoutError
+from agent.core.settings import SwarmSettings
+
+log = logging.getLogger(__name__)
+
+RESUME_SUFFIX = ".resume"
+INCOMPLETE_SUFFIX = ".incomplete"
+_FINAL_NAME_KEY = b"weightswarm-final-name"
+_CLEAN_KEY = b"weightswarm-clean"
+_TICK = 0.25  # seconds: alert wait bound, so close() stops the loop promptly
+_POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
+_CLOSE_TIMEOUT = 10.0
+_MAX_LOOP_RESTARTS = 20
+_SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie")
+
+
+@dataclass(frozen=True)
+class WebSeed:
+    """The origin as a BEP 19 web seed.
+
+    `headers` are sent with every request, and libtorrent re-sends them after a redirect to
+    another host: never put a Hub token here for a URL that redirects to a CDN. Pass the
+    resolved (signed) CDN URL instead. Headers are kept out of repr (they may hold secrets).
+    """
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class BlobStatus:
+    """One blob torrent, as the daemon sees it. Byte counters are for this process's session."""
+
+    infohash: str
+    state: str
+    """checking | downloading | stalled | finishing (verified, being renamed) | seeding | error | paused."""
+    path: Path
+    """Where the complete blob is (or will be): save_path / final name."""
+    total: int
+    done: int
+    download_rate: int
+    upload_rate: int
+    num_peers: int
+    num_seeds: int
+    bytes_from_peers: int
+    bytes_from_web_seeds: int
+    bytes_uploaded: int
+    hash_failures: int
+    banned_peers: int
+    error: str | None
+    last_progress_monotonic: float
+    swarm_seeders: int = -1
+    """Seeders the tracker counted in its last announce reply to this torrent; -1 = no reply yet."""
+    web_seed_errors: int = 0
+    """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
+    web_seed_error: str | None = None
+    """The last of those failures, one line, its URL without the query (which may be a signature)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "seeding"
+
+
+@dataclass
+class _Torrent:
+    handle: Any
+    infohash: str
+    save_path: Path
+    final_name: str
+    current_name: str
+    total: int
+    complete: bool = False
+    error: str | None = None
+    hash_failures: int = 0
+    banned_peers: int = 0
+    web_seeded: bool = False
+    finishing: bool = False
+    """Its rename to the final name is requested (once)."""
+    web_seed_errors: int = 0
+    web_seed_error: str | None = None
+    peer_bytes: int = 0
+    peer_seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    last_done: int = -1
+    last_progress: float = field(default_factory=time.monotonic)
+    last_resume_save: float = field(default_factory=time.monotonic)
+
+
+def _settings_pack(s: SwarmSettings) -> dict[str, Any]:
+    alerts = (
+        lt.alert.category_t.error_notification
+        | lt.alert.category_t.status_notification
+        | lt.alert.category_t.storage_notification
+        | lt.alert.category_t.peer_notification
+        | lt.alert.category_t.tracker_notification
+        | lt.alert.category_t.ip_block_notification
+        # One alert per verified piece (256 KiB..16 MiB): cheap, and the moment to sample
+        # per-connection counters (web seed vs peer bytes) before a connection goes away.
+        | lt.alert.category_t.piece_progress_notification
+    )
+    return {
+        "listen_interfaces": s.listen,
+        "outgoing_interfaces": "",
+        "enable_dht": s.enable_dht,
+        "enable_lsd": s.enable_lsd,
+        "enable_upnp": s.enable_upnp,
+        "enable_natpmp": s.enable_natpmp,
+        "enable_outgoing_utp": s.enable_utp,
+        "enable_incoming_utp": s.enable_utp,
+        # With uTP off there is nothing to balance TCP against.
+        "mixed_mode_algorithm": int(lt.bandwidth_mixed_algo_t.prefer_tcp),
+        "allow_multiple_connections_per_ip": s.allow_multiple_connections_per_ip,
+        "upload_rate_limit": s.upload_rate_limit,
+        "download_rate_limit": s.download_rate_limit,
+        "connections_limit": s.connections_limit,
+        "send_buffer_watermark": s.send_buffer_watermark,
+        "send_buffer_low_watermark": s.send_buffer_low_watermark,
+        "max_queued_disk_bytes": s.max_queued_disk_bytes,
+        # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
+        # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
+        "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
+        "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
+        "request_queue_time": s.request_queue_time,
+        "max_out_request_queue": s.max_out_request_queue,
+        # Private swarm: every node is a cooperating agent, so tit-for-tat choking only slows it
+        # down. fixed_slots with unlimited slots = unchoke everyone who is interested.
+        "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
+        "unchoke_slots_limit": s.unchoke_slots_limit,
+        "seed_choking_algorithm": int(
+            lt.seed_choking_algorithm_t.fastest_upload
+            if s.seed_choke_fastest_upload
+            else lt.seed_choking_algorithm_t.round_robin
+        ),
+        "peer_timeout": s.peer_timeout,
+        "min_announce_interval": s.min_announce_interval,
+        "tracker_backoff": s.tracker_backoff,
+        "tracker_completion_timeout": s.tracker_completion_timeout,
+        "tracker_receive_timeout": s.tracker_receive_timeout,
+        "stop_tracker_timeout": s.stop_tracker_timeout,
+        "urlseed_wait_retry": s.web_seed_retry,
+        "file_pool_size": s.file_pool_size,
+        "alert_queue_size": s.alert_queue_size,
+        "alert_mask": int(alerts),
+        "ssrf_mitigation": s.ssrf_mitigation,
+        "user_agent": s.user_agent,
+        "peer_fingerprint": s.peer_fingerprint,
+        # Plaintext: RC4 "encryption" costs CPU and protects nothing inside a cluster.
+        "out_enc_policy": int(lt.enc_policy.disabled),
+        "in_enc_policy": int(lt.enc_policy.enabled),
+        # Connect to new peers quickly: a cold start adds many peers at once.
+        "connection_speed": 200,
+        "smooth_connects": False,
+        # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
+        # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
+        # retries after min_reconnect_time: each blob fetched from a lease holder that had just
+        # completed it waited 5 s (netns benchmark; reproduced on loopback). Keep such connections,
+        # reconnect within a second if one goes anyway, and close idle ones after a while instead.
+        "close_redundant_connections": False,
+        "min_reconnect_time": 1,
+        "inactivity_timeout": 120,
+    }
+
+
+def _torrent_info(info: bytes, what: str) -> Any:
+    if not info.startswith(b"d"):
+        raise SwarmError(f"invalid torrent info for {what}: not a bencoded dictionary")
+    try:
+        ti = lt.torrent_info(b"d4:info" + info + b"e")
+    except RuntimeError as exc:
+        raise SwarmError(f"invalid torrent info for {what}: {exc}") from None
+    if ti.num_files() != 1:
+        raise SwarmError(f"invalid torrent info for {what}: {ti.num_files()} files, expected one blob")
+    return ti
+
+
+def _infohash_of(ti: Any) -> str:
+    return str(ti.info_hashes().v1)
+
+
+def _bdecode_dict(raw: bytes) -> dict[bytes, Any]:
+    decoded = lt.bdecode(raw)
+    if not isinstance(decoded, dict):
+        raise RuntimeError("not a bencoded dictionary")
+    return cast(dict[bytes, Any], decoded)
+
+
+def _load_resume(path: Path) -> tuple[Any, dict[bytes, Any]]:
+    """(libtorrent's add_torrent_params, the whole dict with our keys) of a resume file."""
+    raw = path.read_bytes()
+    return lt.read_resume_data(raw), _bdecode_dict(raw)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _fsync_file_and_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Swarm:
+    """A libtorrent session seeding and fetching blobs. Several may live in one process."""
+
+    def __init__(self, settings: SwarmSettings, resume_dir: Path) -> None:
+        self.settings = settings
+        self.resume_dir = Path(resume_dir)
+        self.resume_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._torrents: dict[str, _Torrent] = {}
+        self._pending_saves: set[str] = set()
+        self._stop = threading.Event()
+        self._closed = False
+        self._final_saves = False
+        """Set by close() once the session is paused: resume data saved from then on is clean."""
+        self.loop_failures = 0
+        """Times the alert loop failed and was restarted (each one is logged with its traceback)."""
+        try:
+            self._ses = lt.session(cast(Any, _settings_pack(settings)))
+        except (RuntimeError, KeyError) as exc:
+            raise SwarmError(f"cannot start the BitTorrent session on {settings.listen}: {exc}") from None
+        # libtorrent exempts private and loopback addresses from rate limits by default (its
+        # "local" peer class). In a datacenter every peer is private, and the operator's limit
+        # is meant for them: put every address in the global class only.
+        everyone = 1 << lt.session.global_peer_class_id
+        classes = lt.ip_filter()
+        classes.add_rule("0.0.0.0", "255.255.255.255", everyone)
+        classes.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", everyone)
+        self._ses.set_peer_class_filter(classes)
+        self._thread = threading.Thread(target=self._supervise, name="swarm-alerts", daemon=True)
+        self._thread.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def listen_port(self) -> int:
+        return int(self._ses.listen_port())
+
+    def __enter__(self) -> Swarm:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Save resume data for every torrent (bounded wait), stop the alert loop, end the session."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ses.pause()
+        self._final_saves = True
+        with self._lock:
+            records = list(self._torrents.values())
+        for rec in records:
+            self._request_save(rec, flush=True)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._pending_saves and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("resume data of %d torrents not saved by close", len(self._pending_saves))
+                    break
+                self._changed.wait(left)
+        self._stop.set()
+        self._thread.join(timeout=max(1.0, deadline - time.monotonic()))
+        with self._lock:
+            self._torrents.clear()
+        del self._ses  # the session's destructor waits for its threads
+
+    # -- adding torrents ---------------------------------------------------------------------
+
+    def seed(self, blob_path: Path, info: bytes, trackers: Sequence[str] = ()) -> str:
+        """Seed a complete blob without hashing it now; returns the infohash (hex). Idempotent.
+
+        Without resume data the torrent is added in seed mode: libtorrent checks each piece the
+        first time a peer asks for it, so a corrupt file is caught without a start-up re-hash.
+        """
+        blob_path = Path(blob_path)
+        ti = _torrent_info(info, blob_path.name)
+        ih = _infohash_of(ti)
+        with self._lock:
+            if ih in self._torrents:
+                return ih
+        try:
+            size = blob_path.stat().st_size
+        except FileNotFoundError:
+            raise SwarmError(f"cannot seed {blob_path}: file does not exist") from None
+        if size != ti.total_size():
+            raise SwarmError(
+                f"cannot seed {blob_path}: size {size} differs from the metainfo's {ti.total_size()}"
+            )
+        atp = self._read_resume(ih)[0]
+        if atp is None or atp.ti is None or not all(atp.have_pieces or [False]):
+            atp = lt.add_torrent_params()
+            atp.flags |= lt.torrent_flags.seed_mode
+        atp.ti = ti
+        atp.save_path = str(blob_path.parent)
+        if blob_path.name != ti.name():
+            atp.renamed_files = {0: blob_path.name}
+        atp.trackers = list(trackers)
+        self._add(atp, ih, blob_path.parent, blob_path.name, blob_path.name, complete=True)
+        return ih
+
+    def download(
+        self,
+        dest_dir: Path,
+        blob_id: str,
+        info: bytes,
+        trackers: Sequence[str] = (),
+        web_seeds: Sequence[WebSeed] = (),
+        peers: Sequence[tuple[str, int]] = (),
+        incomplete_name: str | None = None,
+    ) -> str:
+        """Start fetching blob `blob_id` into `dest_dir`; returns the infohash. Idempotent.
+
+        Until every piece is verified the file is `dest_dir/<incomplete_name>` (default
+        `<blob_id>.incomplete`); then it becomes `dest_dir/<blob_id>` and status is "seeding".
+        """
+        dest_dir = Path(dest_dir)
+        ti = _torrent_info(info, blob_id)
+        for ws in web_seeds:
+            if "@" in urlsplit(ws.url).netloc or any(k.lower() in _SECRET_HEADERS for k in ws.headers):
+                # libtorrent would forward it to the redirect target (see the module docstring).
+                raise SwarmError(
+                    f"web seed for blob {blob_id} carries credentials (URL or headers); resolve the "
+                    "origin's redirect first and pass the signed CDN URL without them"
+                )
+            ti.add_url_seed(ws.url, "", list(ws.headers.items()))
+        ih = _infohash_of(ti)
+        with self._lock:
+            existing = self._torrents.get(ih)
+        if existing is not None:
+            existing.web_seeded = existing.web_seeded or bool(web_seeds)
+            for ws in web_seeds:
+                existing.handle.add_url_seed(ws.url)
+            for host, port in peers:
+                existing.handle.connect_peer((host, port))
+            return ih
+        incomplete = incomplete_name or blob_id + INCOMPLETE_SUFFIX
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        resumed, clean = self._read_resume(ih)
+        if resumed is not None and resumed.ti is None:
+            resumed = None
+        atp = resumed if resumed is not None else lt.add_torrent_params()
+        atp.ti = ti
+        atp.save_path = str(dest_dir)
+        atp.renamed_files = {0: incomplete}
+        atp.trackers = list(trackers)
+        # Web seeds travel in `ti` (with their headers); atp.url_seeds would add them again bare.
+        atp.url_seeds = []
+        rec = self._add(atp, ih, dest_dir, blob_id, incomplete, complete=False)
+        if resumed is not None and not clean:
+            self._recheck(rec)
+        rec.web_seeded = bool(web_seeds)
+        for host, port in peers:
+            rec.handle.connect_peer((host, port))
+        return ih
+
+    def restore(self) -> list[str]:
+        """Re-add every torrent in resume_dir whose data file exists, without re-hashing it.
+
+        Exception: an unfinished download left by a crash is re-checked (see the module docstring)."""
+        restored: list[str] = []
+        for path in sorted(self.resume_dir.glob("*" + RESUME_SUFFIX)):
+            ih = path.name[: -len(RESUME_SUFFIX)]
+            with self._lock:
+                if ih in self._torrents:
+                    continue
+            try:
+                atp, ours = _load_resume(path)
+                final = ours.get(_FINAL_NAME_KEY)
+            except (OSError, RuntimeError) as exc:
+                log.warning("skipping unreadable resume file %s: %s", path, exc)
+                continue
+            if atp.ti is None or not final:
+                log.warning("skipping resume file %s: no metainfo or final name", path)
+                continue
+            final_name = final.decode()
+            save_path = Path(atp.save_path)
+            current = dict(atp.renamed_files).get(0, atp.ti.name())
+            if not (save_path / current).exists():
+                log.info("not restoring %s: %s is gone", ih, save_path / current)
+                path.unlink(missing_ok=True)
+                continue
+            # Only a verified (or seeded) blob ever has its final name: that is completeness.
+            complete = current == final_name
+            atp.flags &= ~(lt.torrent_flags.paused | lt.torrent_flags.auto_managed)
+            rec = self._add(atp, ih, save_path, final_name, current, complete=complete)
+            if not complete and not ours.get(_CLEAN_KEY):
+                self._recheck(rec)
+            restored.append(ih)
+        return restored
+
+    def _read_resume(self, ih: str) -> tuple[Any, bool]:
+        """(libtorrent's add_torrent_params or None, whether close() wrote it)."""
+        try:
+            atp, ours = _load_resume(self.resume_dir / (ih + RESUME_SUFFIX))
+            return atp, bool(ours.get(_CLEAN_KEY))
+        except (OSError, RuntimeError):
+            return None, False
+
+    def _recheck(self, rec: _Torrent) -> None:
+        # The resume data predates the crash: pieces verified after its last save are on disk but
+        # not in it. Hashing the partial file (holes read as zeros, fast) recovers all of them;
+        # re-downloading them from peers would cost the network what a local read costs the disk.
+        log.info("re-checking unfinished %s after an unclean stop", rec.current_name)
+        rec.handle.force_recheck()
+
+    def _add(self, atp: Any, ih: str, save_path: Path, final: str, current: str, complete: bool) -> _Torrent:
+        if self._closed:
+            raise SwarmError("the BitTorrent session is closed")
+        # Not auto-managed: libtorrent's queueing would pause torrents beyond active_limit,
+        # and a node must seed every blob it has.
+        atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+        atp.max_connections = self.settings.max_connections_per_torrent
+        # Under the lock, so the alert loop (`_record_for`) cannot see this torrent's alerts before
+        # its record exists: a small blob can be fetched from LAN peers before this thread gets the
+        # GIL back, and its dropped torrent_finished_alert left it "finishing" for ever (benchmark).
+        with self._changed:
+            try:
+                handle = self._ses.add_torrent(atp)
+            except RuntimeError as exc:
+                raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
+            total = atp.ti.total_size()
+            rec = _Torrent(handle, ih, save_path, final, current, total=total, complete=complete)
+            self._torrents[ih] = rec
+            self._changed.notify_all()
+        self._request_save(rec)
+        return rec
+
+    # -- queries and control -----------------------------------------------------------------
+
+    def torrents(self) -> list[str]:
+        with self._lock:
+            return list(self._torrents)
+
+    def _get(self, ih: str) -> _Torrent:
+        with self._lock:
+            rec = self._torrents.get(ih)
+        if rec is None:
+            raise SwarmError(f"no torrent {ih} in this session")
+        return rec
+
+    def status(self, infohash: str) -> BlobStatus:
+        rec = self._get(infohash)
+        st = rec.handle.status()
+        with self._lock:
+            if st.total_wanted_done != rec.last_done:
+                rec.last_done = st.total_wanted_done
+                rec.last_progress = time.monotonic()
+            payload = int(st.total_payload_download)
+            peers = min(rec.peer_bytes, payload) if rec.web_seeded else payload
+            return BlobStatus(
+                infohash=infohash,
+                state=self._state(rec, st),
+                path=rec.save_path / rec.final_name,
+                total=rec.total,
+                done=int(st.total_wanted_done),
+                download_rate=int(st.download_payload_rate),
+                upload_rate=int(st.upload_payload_rate),
+                num_peers=int(st.num_peers),
+                num_seeds=int(st.num_seeds),
+                bytes_from_peers=peers,
+                bytes_from_web_seeds=payload - peers,
+                bytes_uploaded=int(st.total_payload_upload),
+                hash_failures=rec.hash_failures,
+                banned_peers=rec.banned_peers,
+                error=rec.error or (st.errc.message() if st.errc.value() else None),
+                last_progress_monotonic=rec.last_progress,
+                swarm_seeders=int(st.num_complete),
+                web_seed_errors=rec.web_seed_errors,
+                web_seed_error=rec.web_seed_error,
+            )
+
+    def _state(self, rec: _Torrent, st: Any) -> str:
+        if rec.error or st.errc.value():
+            return "error"
+        if st.state in (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data):
+            return "checking"
+        if rec.complete:
+            return "seeding"
+        if st.is_finished:
+            return "finishing"
+        if st.paused:
+            return "paused"
+        if time.monotonic() - rec.last_progress > self.settings.stall_timeout:
+            return "stalled"
+        return "downloading"
+
+    def wait(self, infohash: str, timeout: float) -> BlobStatus:
+        """Block until the blob is complete (final name, flushed) or failed; at most `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(infohash)
+            if status.state in ("seeding", "error"):
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeoutError(
+                    f"blob torrent {infohash} not complete after {timeout:.0f}s "
+                    f"({status.done}/{status.total} bytes, {status.num_peers} peers, state {status.state})"
+                )
+            with self._changed:
+                self._changed.wait(min(left, _TICK))
+
+    def remove(self, infohash: str, delete_files: bool = False) -> None:
+        """Stop seeding/fetching; forget its resume data; with delete_files also its data file."""
+        with self._lock:
+            rec = self._torrents.pop(infohash, None)
+            self._pending_saves.discard(infohash)
+        if rec is None:
+            return
+        flags = lt.session.delete_files if delete_files else 0
+        self._ses.remove_torrent(rec.handle, flags)
+        (self.resume_dir / (infohash + RESUME_SUFFIX)).unlink(missing_ok=True)
+
+    def force_reannounce(self, infohash: str | None = None) -> None:
+        with self._lock:
+            recs = list(self._torrents.values()) if infohash is None else [self._torrents[infohash]]
+        for rec in recs:
+            rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+
+    def add_peer(self, infohash: str, host: str, port: int) -> None:
+        self._get(infohash).handle.connect_peer((host, port))
+
+    # -- alert loop --------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Run the alert loop; log a failure at once and restart it (bounded)."""
+        while not self._stop.is_set():
+            try:
+                self._loop()
+            except Exception:
+                self.loop_failures += 1
+                log.exception("swarm alert loop failed (%d); restarting", self.loop_failures)
+                if self.loop_failures >= _MAX_LOOP_RESTARTS:
+                    log.error("swarm alert loop gave up after %d failures", self.loop_failures)
+                    return
+                self._stop.wait(min(5.0, 0.1 * 2**self.loop_failures))
+            else:
+                if not self._stop.is_set():
+                    log.error("swarm alert loop returned while the swarm is open; restarting")
+
+    @property
+    def healthy(self) -> bool:
+        """False once the alert loop has died for good (completion would no longer be seen)."""
+        return self._thread.is_alive() or self._closed
+
+    def _loop(self) -> None:
+        next_poll = 0.0
+        while not self._stop.is_set():
+            if self._ses.wait_for_alert(int(_TICK * 1000)) is not None:
+                for alert in self._ses.pop_alerts():
+                    self._on_alert(alert)
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + _POLL_PEERS
+                self._poll()
+
+    def _poll(self) -> None:
+        with self._lock:
+            recs = list(self._torrents.values())
+        now = time.monotonic()
+        for rec in recs:
+            if now - rec.last_resume_save > self.settings.resume_interval:
+                rec.last_resume_save = now
+                self._request_save(rec, only_if_modified=True)
+            if rec.complete:
+                continue
+            self._sample_sources(rec)
+            if self.status(rec.infohash).state == "finishing":  # also refreshes last_progress
+                # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
+                self._on_finished(rec)
+
+    def _sample_sources(self, rec: _Torrent) -> None:
+        """Add BitTorrent peers' new payload bytes to the torrent's peer total.
+
+        libtorrent counts payload per torrent, not per source. Peer connections update their
+        counters block by block, web seed connections only when a whole HTTP response is in
+        (up to 16 MiB): so peers are summed from their per-connection counters, sampled on
+        every verified piece and every poll, and web seed bytes are the rest. Bytes a peer sends
+        after the last sample of a connection that then closes count as web seed bytes (errs
+        towards over-stating origin egress, never hiding it). Without web seeds all is peers, and
+        nothing is sampled: get_peer_info on every verified piece is CPU a warm fetch can use.
+        """
+        if rec.complete or not rec.web_seeded:
+            return
+        for p in rec.handle.get_peer_info():
+            if p.connection_type != lt.peer_info.standard_bittorrent:
+                continue
+            key = (str(p.ip[0]), int(p.ip[1]))
+            got = int(p.total_download)
+            with self._lock:
+                seen = rec.peer_seen.get(key, 0)
+                # A reconnect from the same endpoint restarts the connection's counter.
+                rec.peer_bytes += got - seen if got >= seen else got
+                rec.peer_seen[key] = got
+
+    def _record_for(self, alert: Any) -> _Torrent | None:
+        handle = getattr(alert, "handle", None)
+        if handle is None or not handle.is_valid():
+            return None
+        ih = str(handle.info_hashes().v1)
+        with self._lock:
+            return self._torrents.get(ih)
+
+    def _on_alert(self, alert: Any) -> None:
+        if isinstance(alert, lt.save_resume_data_alert):
+            self._on_resume_data(alert)
+            return
+        if isinstance(alert, lt.save_resume_data_failed_alert):
+            self._save_done(self._record_for(alert))
+            return
+        rec = self._record_for(alert)
+        if rec is None:
+            return
+        if isinstance(alert, lt.piece_finished_alert):
+            self._sample_sources(rec)
+        elif isinstance(alert, lt.torrent_finished_alert):
+            self._sample_sources(rec)
+            self._on_finished(rec)
+        elif isinstance(alert, lt.file_renamed_alert):
+            self._on_renamed(rec, str(alert.new_name()))
+        elif isinstance(alert, lt.hash_failed_alert):
+            with self._lock:
+                rec.hash_failures += 1
+            log.warning("piece %d of %s failed its hash check", alert.piece_index, rec.final_name)
+        elif isinstance(alert, lt.peer_ban_alert):
+            with self._lock:
+                rec.banned_peers += 1
+            log.warning("banned peer %s:%d for %s (sent bad data)", *alert.endpoint, rec.final_name)
+        elif isinstance(alert, lt.file_rename_failed_alert | lt.torrent_error_alert | lt.file_error_alert):
+            self._fail(rec, alert.message())
+        elif isinstance(alert, lt.tracker_error_alert):
+            log.info("tracker error for %s: %s", rec.final_name, alert.message())
+        elif isinstance(alert, lt.url_seed_alert):
+            self._on_web_seed_error(rec, alert)
+
+    def _on_web_seed_error(self, rec: _Torrent, alert: Any) -> None:
+        # Not alert.message(): it holds the whole URL, and a signed CDN URL's query is a credential.
+        parts = urlsplit(str(alert.server_url()))
+        reason = str(alert.error_message() or alert.error.message())
+        line = f"web seed {parts.scheme}://{parts.netloc}{parts.path} failed: {reason}"
+        with self._changed:
+            rec.web_seed_errors += 1
+            rec.web_seed_error = line
+            first = rec.web_seed_errors == 1
+            self._changed.notify_all()
+        # The first failure is what an operator needs (e.g. an origin the agent cannot reach);
+        # libtorrent retries every `web_seed_retry` seconds, and the repeats are noise.
+        (log.warning if first else log.info)("%s: %s", rec.final_name, line)
+
+    def _fail(self, rec: _Torrent, message: str) -> None:
+        log.error("blob %s: %s", rec.final_name, message)
+        with self._changed:
+            rec.error = message
+            self._changed.notify_all()
+
+    def _on_finished(self, rec: _Torrent) -> None:
+        if rec.complete or rec.finishing:
+            return
+        rec.finishing = True
+        if rec.current_name == rec.final_name:
+            self._on_renamed(rec, rec.final_name)
+        else:
+            # Runs on libtorrent's disk thread after every queued write, then file_renamed_alert.
+            rec.handle.rename_file(0, rec.final_name)
+
+    def _on_renamed(self, rec: _Torrent, new_name: str) -> None:
+        new = Path(new_name)
+        name = new.name if new.is_absolute() else new_name
+        if name != rec.final_name:
+            return
+        try:
+            _fsync_file_and_dir(rec.save_path / rec.final_name)
+        except OSError as exc:
+            self._fail(rec, f"cannot flush {rec.save_path / rec.final_name}: {exc.strerror}")
+            return
+        with self._changed:
+            rec.current_name = rec.final_name
+            rec.complete = True
+            self._changed.notify_all()
+        self._request_save(rec, flush=True)
+        log.info("blob %s complete", rec.final_name)
+
+    def _request_save(self, rec: _Torrent, flush: bool = False, only_if_modified: bool = False) -> None:
+        flags = lt.torrent_handle.save_info_dict
+        if flush:
+            flags |= lt.torrent_handle.flush_disk_cache
+        if only_if_modified:
+            flags |= lt.torrent_handle.only_if_modified
+        with self._lock:
+            self._pending_saves.add(rec.infohash)
+        rec.handle.save_resume_data(flags)
+
+    def _on_resume_data(self, alert: Any) -> None:
+        rec = self._record_for(alert)
+        try:
+            if rec is None:
+                return
+            data = _bdecode_dict(lt.write_resume_data_buf(alert.params))
+            # Web seeds are per-lease and may be signed URLs: never persisted.
+            for key in (b"url-list", b"httpseeds"):
+                data.pop(key, None)
+            data[_FINAL_NAME_KEY] = rec.final_name.encode()
+            # close() pauses the session before its saves, so those describe the files exactly.
+            data[_CLEAN_KEY] = 1 if self._final_saves else 0
+            try:
+                _atomic_write(self.resume_dir / (rec.infohash + RESUME_SUFFIX), lt.bencode(data))
+            except OSError as exc:
+                log.error("cannot write resume data for %s: %s", rec.final_name, exc)
+        finally:
+            self._save_done(rec)
+
+    def _save_done(self, rec: _Torrent | None) -> None:
+        """A resume save answered (written or failed): close() may stop waiting for it."""
+        with self._changed:
+            if rec is not None:
+                self._pending_saves.discard(rec.infohash)
+            self._changed.notify_all()

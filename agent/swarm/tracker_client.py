@@ -1,0 +1,216 @@
+"""HTTP client for the tracker's `/v1` routes (metainfo, leases, manifests, the long-poll wait).
+
+Failures map to two classes so callers make one decision: `TrackerUnavailableError`
+(connection refused, timeout, 5xx: carry on from the origin) and `TrackerError` (the
+tracker answered and refused: a bug or a misconfiguration worth a clear message). A 404
+on a lookup is not an error but `None`. The bearer token is sent only in the header, never
+in a message or a repr; response bodies are cut short before they reach an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agent.core.errors import TrackerError, TrackerUnavailableError, snippet
+from agent.core.settings import DaemonSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BlobState:
+    """What the tracker knows about one blob (`GET /v1/blobs/{id}` and the long-poll)."""
+
+    blob_id: str
+    infohash: str | None
+    seeders: int
+    leechers: int
+    lease_holder: str | None
+
+    @classmethod
+    def from_json(cls, blob_id: str, data: dict[str, Any]) -> BlobState:
+        lease = data.get("lease") or None
+        holder = lease.get("holder") if isinstance(lease, dict) else None
+        return cls(
+            blob_id=blob_id,
+            infohash=data.get("infohash") or None,
+            seeders=int(data.get("seeders") or 0),
+            leechers=int(data.get("leechers") or 0),
+            lease_holder=str(holder) if holder else None,
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The answer to a lease request: granted to us, or who holds it."""
+
+    granted: bool
+    holder: str | None
+    expires_in: float
+
+
+class TrackerClient:
+    """One tracker, one connection pool. Thread-safe (httpx.Client is)."""
+
+    def __init__(self, base_url: str, token: str | None, settings: DaemonSettings) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._settings = settings
+        headers = {"User-Agent": "weightswarm-agent/0.1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._timeout = httpx.Timeout(settings.tracker_read_timeout, connect=settings.tracker_connect_timeout)
+        # trust_env=False: a proxy variable must not reroute cluster-internal tracker traffic.
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=self._timeout, trust_env=False
+        )
+
+    def __repr__(self) -> str:
+        return f"TrackerClient({self.base_url!r})"
+
+    @property
+    def announce_url(self) -> str:
+        """The BitTorrent announce URL handed to libtorrent."""
+        return f"{self.base_url}/announce"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _request(
+        self, method: str, path: str, *, ok_404: bool = False, timeout: float | None = None, **kw: Any
+    ) -> httpx.Response | None:
+        request_timeout = self._timeout
+        if timeout is not None:
+            request_timeout = httpx.Timeout(
+                timeout + self._settings.tracker_read_timeout, connect=self._settings.tracker_connect_timeout
+            )
+        try:
+            resp = self._http.request(method, path, timeout=request_timeout, **kw)
+        except httpx.TransportError as exc:
+            raise TrackerUnavailableError(
+                f"tracker {self.base_url} unreachable ({type(exc).__name__}) for {method} {path}"
+            ) from None
+        if resp.status_code == 404 and ok_404:
+            return None
+        if resp.status_code >= 500:
+            raise TrackerUnavailableError(
+                f"tracker {self.base_url} failed {method} {path}: HTTP {resp.status_code}", resp.status_code
+            )
+        if resp.status_code == 401:
+            raise TrackerError(
+                f"tracker {self.base_url} refused the token for {method} {path} (401); "
+                "check --tracker-token-file",
+                401,
+            )
+        if resp.status_code >= 400:
+            raise TrackerError(
+                f"tracker {self.base_url} rejected {method} {path}: HTTP {resp.status_code} "
+                f"{snippet(resp.content)}",
+                resp.status_code,
+            )
+        return resp
+
+    def _json(self, resp: httpx.Response) -> dict[str, Any]:
+        try:
+            data = resp.json()
+        except ValueError:
+            raise TrackerError(f"tracker {self.base_url} sent non-JSON: {snippet(resp.content)}") from None
+        if not isinstance(data, dict):
+            raise TrackerError(f"tracker {self.base_url} sent an unexpected answer: {snippet(resp.content)}")
+        return data
+
+    # -- health ---------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        """True when the tracker answers `/readyz` (its store is reachable)."""
+        try:
+            resp = self._http.get("/readyz", timeout=self._timeout)
+        except httpx.TransportError:
+            return False
+        return resp.status_code == 200
+
+    # -- blobs ----------------------------------------------------------------------------
+
+    def get_metainfo(self, blob_id: str) -> bytes | None:
+        """The blob's bencoded info dict, or None when no node has published it yet."""
+        resp = self._request("GET", f"/v1/blobs/{blob_id}/metainfo", ok_404=True)
+        return None if resp is None else resp.content
+
+    def put_metainfo(self, blob_id: str, info: bytes) -> str:
+        """Publish the blob's bencoded info dict; returns its infohash. Idempotent."""
+        resp = self._request(
+            "PUT",
+            f"/v1/blobs/{blob_id}/metainfo",
+            content=info,
+            headers={"Content-Type": "application/x-bittorrent"},
+        )
+        assert resp is not None
+        return str(self._json(resp).get("infohash", ""))
+
+    def blob_state(self, blob_id: str) -> BlobState:
+        resp = self._request("GET", f"/v1/blobs/{blob_id}", ok_404=True)
+        if resp is None:
+            return BlobState(blob_id, None, 0, 0, None)
+        return BlobState.from_json(blob_id, self._json(resp))
+
+    def wait_blob(self, blob_id: str, timeout: float) -> BlobState:
+        """Long-poll until the blob has metainfo and a seeder, or its state changes, or `timeout`."""
+        resp = self._request(
+            "GET",
+            f"/v1/blobs/{blob_id}/wait",
+            ok_404=True,
+            params={"timeout": f"{timeout:g}"},
+            timeout=timeout,
+        )
+        if resp is None:
+            return BlobState(blob_id, None, 0, 0, None)
+        return BlobState.from_json(blob_id, self._json(resp))
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def acquire_lease(self, blob_id: str, node_id: str, ttl: float) -> Lease:
+        resp = self._request("POST", f"/v1/leases/{blob_id}", json={"node_id": node_id, "ttl": ttl})
+        assert resp is not None
+        data = self._json(resp)
+        holder = data.get("holder")
+        return Lease(
+            granted=bool(data.get("granted")),
+            holder=str(holder) if holder else None,
+            expires_in=float(data.get("expires_in") or 0.0),
+        )
+
+    def heartbeat(self, blob_id: str, node_id: str) -> bool:
+        """Renew our lease; False when it was lost (expired and taken by another node)."""
+        try:
+            self._request("POST", f"/v1/leases/{blob_id}/heartbeat", json={"node_id": node_id})
+        except TrackerError as exc:
+            if exc.status in (404, 409) and not isinstance(exc, TrackerUnavailableError):
+                return False
+            raise
+        return True
+
+    def release_lease(self, blob_id: str, node_id: str) -> None:
+        self._request("DELETE", f"/v1/leases/{blob_id}", ok_404=True, params={"node_id": node_id})
+
+    # -- manifests ------------------------------------------------------------------------
+
+    def put_manifest(
+        self, repo_id: str, commit: str, revision: str | None, files: list[dict[str, Any]]
+    ) -> None:
+        self._request("PUT", f"/v1/manifests/{repo_id}/{commit}", json={"revision": revision, "files": files})
+
+    def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
+        resp = self._request("GET", f"/v1/manifests/{repo_id}/{commit}", ok_404=True)
+        return None if resp is None else self._json(resp)
+
+    def resolve(self, repo_id: str, revision: str) -> str | None:
+        resp = self._request("GET", f"/v1/resolve/{repo_id}/{revision}", ok_404=True)
+        if resp is None:
+            return None
+        commit = self._json(resp).get("commit")
+        return str(commit) if commit else None
