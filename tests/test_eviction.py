@@ -1,4 +1,4 @@
-"""Eviction, pins, leases and `agent rm` on a real hub cache filled by the real fetch engine."""
+"""Eviction, pins, readers and `agent rm` on a real hub cache filled by the real fetch engine."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from huggingface_hub import scan_cache_dir
 
-from agent.cache.eviction import BlobLeases, Evictor, UsageLog, remove_model, scan_cache
+from agent.cache.eviction import BlobReaders, Evictor, UsageLog, remove_model, scan_cache
 from agent.cli.main import main
 from agent.core.errors import CacheFullError
 from agent.core.settings import OpsSettings, Settings
@@ -63,7 +63,7 @@ def test_eviction_keeps_pinned_and_recent_models_and_the_cache_consistent(filled
     for age, repo in ((300, "acme/pinned"), (200, "acme/old"), (100, "acme/recent")):
         usage.touch(scan_cache(settings.cache_dir)[repo].blobs, when=now - age)
     evicted_log = []
-    ev = Evictor(settings, usage, BlobLeases(), on_evict=evicted_log.append)
+    ev = Evictor(settings, usage, BlobReaders(), on_evict=evicted_log.append)
 
     evicted = ev.run_once()
     assert evicted and {r for e in evicted for r in e.repo_ids} == {"acme/old"}
@@ -86,12 +86,12 @@ def test_a_leased_blob_is_never_evicted_and_a_model_that_cannot_fit_is_refused(f
     settings = dataclasses.replace(
         settings, ops=OpsSettings(cache_max_bytes=total // 4, pins=("acme/pinned",))
     )
-    leases = BlobLeases()
+    readers = BlobReaders()
     repos = scan_cache(settings.cache_dir)
     held = next(b for b in repos["acme/recent"].blobs if b not in repos["acme/pinned"].blobs)
-    leases.acquire(held)
+    readers.acquire(held)
     refused = []
-    ev = Evictor(settings, UsageLog(settings.state_dir / "usage.json"), leases)
+    ev = Evictor(settings, UsageLog(settings.state_dir / "usage.json"), readers)
     ev.cannot_fit_hooks.append(refused.append)
 
     with pytest.raises(CacheFullError, match="acme/huge needs"):
@@ -106,7 +106,7 @@ def test_a_leased_blob_is_never_evicted_and_a_model_that_cannot_fit_is_refused(f
     # Old and unpinned: all of it went, except content it shares with the pinned model (one file,
     # pinned for every repo that uses it, e.g. the identical `.gitattributes`).
     assert "acme/old" not in left or set(left["acme/old"].blobs) <= set(left["acme/pinned"].blobs)
-    leases.release(held)
+    readers.release(held)
     ev.run_once()
     assert held not in scan_cache(settings.cache_dir)["acme/recent"].blobs
     assert_consistent(settings.cache_dir)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from huggingface_hub import scan_cache_dir, snapshot_download
 
-from agent.cache.eviction import BlobLeases, Evictor, UsageLog, own_bytes, remove_model, scan_cache
+from agent.cache.eviction import BlobReaders, Evictor, UsageLog, own_bytes, remove_model, scan_cache
 from agent.cache.layout import RepoCache, repo_folder_name
 from agent.core.settings import Settings
 from agent.fetch.engine import fetch_snapshot
@@ -221,7 +221,7 @@ def test_eviction_counts_shared_content_once_and_frees_it_with_the_last_repo(fam
     ops = dataclasses.replace(settings.ops, cache_max_bytes=limit)
     limited = dataclasses.replace(settings, ops=ops)
 
-    pinned = Evictor(limited, usage, BlobLeases(), pins=lambda: [TUNED])
+    pinned = Evictor(limited, usage, BlobReaders(), pins=lambda: [TUNED])
     (evicted,) = pinned.run_once()
     assert evicted.blob_id != family.shard_sha  # the fine-tune is pinned, so its shared shard stays
     base_copy = settings.cache_dir / repo_folder_name(BASE) / "blobs" / family.shard_sha
@@ -229,7 +229,7 @@ def test_eviction_counts_shared_content_once_and_frees_it_with_the_last_repo(fam
 
     fetch_snapshot(settings, BASE)  # put the evicted blob back
     usage.touch([family.shard_sha], when=1000.0)
-    (evicted,) = Evictor(limited, usage, BlobLeases()).run_once()
+    (evicted,) = Evictor(limited, usage, BlobReaders()).run_once()
     assert evicted.blob_id == family.shard_sha
     assert set(evicted.repo_ids) == {BASE, TUNED}
     assert evicted.size == len(family.files[BASE][SHARD])  # one file freed, not two

@@ -19,7 +19,8 @@ from tracker.api import create_api
 from tracker.auth import matches
 from tracker.metrics import Metrics
 from tracker.settings import TrackerSettings
-from tracker.store import Store, open_store
+from tracker.store import Store
+from tracker.stores import open_store
 
 log = logging.getLogger("tracker.access")
 

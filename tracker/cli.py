@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from tracker.clikit import CommandDecorator, env_option, error_handler
+from clikit import CommandDecorator, env_option, error_handler
 from tracker.errors import TrackerError
 from tracker.settings import TrackerSettings, read_secret_file
 

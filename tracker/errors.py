@@ -6,25 +6,9 @@ and exits, never a traceback. Messages never contain tokens or passkeys.
 
 from __future__ import annotations
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-
-class ExpectedError(Exception):
-    """An expected failure: a one-line message a person can act on, and the process exit code.
-
-    The base of the tracker's errors and of the agent's (`agent.errors.WeightswarmError`); each
-    CLI catches its own family (`tracker.clikit.error_handler`).
-    """
-
-    exit_code = EXIT_FAILURE
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+from clikit import EXIT_FAILURE as EXIT_FAILURE
+from clikit import EXIT_USAGE as EXIT_USAGE
+from clikit import ExpectedError
 
 
 class TrackerError(ExpectedError):

@@ -12,9 +12,6 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracker.errors import ConfigError
-from tracker.settings import TrackerSettings
-
 PeerAddr = tuple[bytes, bytes, int]
 """(peer_id, packed IP address (4 or 16 bytes), port)."""
 
@@ -139,22 +136,3 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-def open_store(settings: TrackerSettings) -> Store:
-    """Pick the implementation: --redis URL → Redis, else SQLite (--db PATH, or in memory)."""
-    if settings.redis_url is not None:
-        scheme = settings.redis_url.split("://", 1)[0].lower() if "://" in settings.redis_url else ""
-        if scheme not in _REDIS_SCHEMES:
-            raise ConfigError(
-                f"--redis must be a redis://, rediss:// or unix:// URL, got scheme {scheme or 'none'!r}"
-            )
-        from tracker.store_redis import RedisStore
-
-        return RedisStore(settings)
-    from tracker.store_sqlite import SqliteStore
-
-    return SqliteStore(settings)
-
-
-_REDIS_SCHEMES = {"redis", "rediss", "unix"}

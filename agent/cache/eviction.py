@@ -14,7 +14,7 @@ removes it from every repo (only then are its bytes freed). `agent rm` of one re
 repo's link only; the content stays for the others, and the daemon keeps seeding it from their copy.
 
 Never evicted: blobs of a pinned model (`--pin REPO[@REV]`, plus whatever the `pins` provider
-returns: running fetch jobs, pods on this node) and blobs held by a `BlobLeases` lease (an HF
+returns: running fetch jobs, pods on this node) and blobs held by a `BlobReaders` hold (an HF
 endpoint response in flight).
 
 Evicting a blob also removes, first, the `refs/` entries and the snapshot directories of every
@@ -26,7 +26,6 @@ age out on their own); a removed revision is fetched again on the next request.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -41,9 +40,8 @@ import psutil
 
 from agent.cache.layout import BlobDigest, write_atomic
 from agent.core.errors import CacheFullError, NotFoundError
-from agent.core.metainfo import info_dict
+from agent.core.metainfo import infohash
 from agent.core.settings import Settings
-from tracker.bencode import bencode
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +169,7 @@ def pinned_blobs(repos: dict[str, CachedRepo], pins: Iterable[str]) -> set[str]:
     return keys
 
 
-# -- last use and leases ----------------------------------------------------------------------------
+# -- last use and readers ----------------------------------------------------------------------------
 
 
 class UsageLog:
@@ -222,7 +220,7 @@ class UsageLog:
             log.warning("cannot save blob usage times to %s: %s", self.path, exc.strerror)
 
 
-class BlobLeases:
+class BlobReaders:
     """Reference counts of blobs being read or served; eviction skips a held blob, and a reader waits
     for an eviction of its blob that already started (then finds the blob gone and fetches it again)."""
 
@@ -283,8 +281,7 @@ def forget_blob_state(state_dir: Path, blob_id: str) -> None:
     sidecar = state_dir / "digests" / f"{blob_id}.json"
     try:
         d = BlobDigest.from_json(sidecar.read_bytes())
-        info = bencode(info_dict(blob_id, d.size, d.piece_length, d.pieces))
-        (state_dir / "resume" / f"{hashlib.sha1(info).hexdigest()}.resume").unlink(missing_ok=True)
+        (state_dir / "resume" / f"{infohash(d.encoded_info(blob_id))}.resume").unlink(missing_ok=True)
     except (FileNotFoundError, ValueError, KeyError):
         pass
     sidecar.unlink(missing_ok=True)
@@ -338,7 +335,7 @@ def remove_model(
     settings: Settings,
     repo_id: str,
     revision: str | None = None,
-    leases: BlobLeases | None = None,
+    readers: BlobReaders | None = None,
     leaving: BlobLeaving | None = None,
 ) -> Removed:
     """`agent rm REPO[@REV]`: the revision(s), then every blob of the repo no remaining revision uses.
@@ -353,10 +350,10 @@ def remove_model(
     for commit in commits:
         drop_snapshot(repo, commit)
     still_used = {b for s in repo.snapshots.values() for b in s.files.values()}
-    leases = leases or BlobLeases()
+    readers = readers or BlobReaders()
     freed, gone, kept = 0, [], []
     for blob_id in sorted(set(repo.blobs) - still_used):
-        with leases.evicting(blob_id) as claimed:
+        with readers.evicting(blob_id) as claimed:
             if not claimed:
                 log.warning("%s: blob %s is being served; left in place", repo_id, blob_id[:12])
                 continue
@@ -388,14 +385,14 @@ class Evictor:
         self,
         settings: Settings,
         usage: UsageLog,
-        leases: BlobLeases,
+        readers: BlobReaders,
         pins: Callable[[], Iterable[str]] = lambda: (),
         leaving: BlobLeaving | None = None,
         on_evict: Callable[[Evicted], None] | None = None,
     ) -> None:
         self.settings = settings
         self.usage = usage
-        self.leases = leases
+        self.readers = readers
         self._pins = pins
         self._leaving = leaving
         self._on_evict = on_evict
@@ -428,7 +425,7 @@ class Evictor:
     def candidates(self, repos: dict[str, CachedRepo], protect: set[str]) -> list[tuple[float, str, int]]:
         """Evictable blobs, least recently used first: (last use, blob id, bytes it frees)."""
         pinned = pinned_blobs(repos, self.pins()) | protect
-        busy = self.leases.held()
+        busy = self.readers.held()
         files: dict[str, dict[Inode, int]] = {}
         home: dict[str, Path] = {}
         for repo in repos.values():
@@ -466,7 +463,7 @@ class Evictor:
         for last, blob_id, size in self.candidates(repos, protect):
             if freed >= need:
                 break
-            with self.leases.evicting(blob_id) as claimed:
+            with self.readers.evicting(blob_id) as claimed:
                 if not claimed:
                     continue
                 if self._leaving is not None:

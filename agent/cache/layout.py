@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from agent.core.errors import CacheError, ConfigError, UnsafePathError
+from agent.core.metainfo import encoded_info
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,10 @@ class BlobDigest:
     xxh3: str
     piece_length: int
     pieces: bytes
+
+    def encoded_info(self, blob_id: str) -> bytes:
+        """The blob's bencoded info dict, rebuilt from the piece hashes kept here."""
+        return encoded_info(blob_id, self.size, self.piece_length, self.pieces)
 
     def to_json(self) -> bytes:
         return json.dumps(

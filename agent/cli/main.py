@@ -12,13 +12,10 @@ from pathlib import Path
 
 import click
 
-from agent.core.errors import WeightswarmError
+from agent.cli.common import choose_daemon, handle_errors, with_origin
+from agent.cli.ops import register
 from agent.core.settings import Settings
-from tracker.clikit import CommandDecorator, error_handler
-from tracker.clikit import env_option as env_option  # re-exported: agent.cli.ops uses it too
-
-handle_errors: CommandDecorator = error_handler(WeightswarmError, say_interrupted=True, os_errors=True)
-"""Expected failures -> one line on stderr and their exit code; so are unexpected OSErrors."""
+from clikit import env_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -136,30 +133,6 @@ def make_test_model_command(
     from agent.hub.serve import make_test_model
 
     click.echo(make_test_model(directory, repo_id, size=size, shards=shards, seed=seed, dtype=dtype))
-
-
-def with_origin(settings: Settings, origin: str | None, token: str | None) -> Settings:
-    """`settings` with --origin / --token applied where given."""
-    return replace(
-        settings,
-        origin=replace(settings.origin, endpoint=(origin or settings.origin.endpoint).rstrip("/"),
-                       token=token or settings.origin.token),
-    )
-
-
-def choose_daemon(agent_url: str | None, explicit_local: bool) -> str | None:
-    """The daemon to work through: --agent URL ('off' = none), else the local default one if it
-    answers and nothing says to work on a given cache directly (`explicit_local`)."""
-    from agent.http.client import DEFAULT_AGENT_URL, local_agent_answers
-    from agent.http.client import agent_url as normalise
-
-    if agent_url and agent_url.lower() in ("off", "none", "standalone"):
-        return None
-    if agent_url:
-        return normalise(agent_url)
-    if not explicit_local and local_agent_answers(DEFAULT_AGENT_URL):
-        return DEFAULT_AGENT_URL
-    return None
 
 
 @main.command("serve")
@@ -289,6 +262,4 @@ def ls_command(agent_url: str, as_json: bool, cache_dir: Path | None) -> None:
                        f"{snap['files']:>5} {human_bytes(snap['bytes']):>11} {snap['seeding']:>7}")
 
 
-from agent.cli.ops import register  # noqa: E402  (the node-ops commands: rm, verify, publish)
-
-register(main)
+register(main)  # the node-ops commands: rm, verify, publish

@@ -14,9 +14,10 @@ from typing import Any
 
 import click
 
-from agent.cli.main import choose_daemon, env_option, handle_errors, with_origin
+from agent.cli.common import choose_daemon, handle_errors, with_origin
 from agent.core.errors import EXIT_INTEGRITY, ConfigError, DaemonError
 from agent.core.settings import Settings
+from clikit import env_option
 
 
 def with_ops_settings(

@@ -9,9 +9,9 @@ bodies are cut short (`snippet`) before they reach a message or a log.
 from __future__ import annotations
 
 # The generic codes are the tracker's too: one definition (the agent may import tracker.errors).
-from tracker.errors import EXIT_FAILURE as EXIT_FAILURE
-from tracker.errors import EXIT_USAGE as EXIT_USAGE
-from tracker.errors import ExpectedError
+from clikit import EXIT_FAILURE as EXIT_FAILURE
+from clikit import EXIT_USAGE as EXIT_USAGE
+from clikit import ExpectedError
 
 EXIT_NOT_FOUND = 3
 EXIT_AUTH = 4

@@ -72,6 +72,11 @@ def info_dict(name: str, length: int, piece_length: int, pieces: bytes) -> dict[
     return {"name": name, "length": length, "piece length": piece_length, "pieces": pieces}
 
 
-def infohash(info: dict[str, object]) -> str:
-    """Hex sha1 of the bencoded info dict: the torrent's v1 infohash."""
-    return hashlib.sha1(bencode(info)).hexdigest()
+def encoded_info(blob_id: str, size: int, piece_length: int, pieces: bytes) -> bytes:
+    """A blob's bencoded info dict: what libtorrent, the tracker and every node agree on. Built here only."""
+    return bencode(info_dict(blob_id, size, piece_length, pieces))
+
+
+def infohash(info: bytes | dict[str, object]) -> str:
+    """Hex sha1 of the bencoded info dict (given encoded or as a dict): the torrent's v1 infohash."""
+    return hashlib.sha1(info if isinstance(info, bytes) else bencode(info)).hexdigest()

@@ -1,19 +1,11 @@
-"""What a fetch must produce, and the interface of a source of blobs.
-
-A `FetchPlan` (repo, resolved commit, files) can come from the origin's listing or, later,
-from a tracker manifest; any `BlobSource` (the origin today, the swarm later) fills a blob's
-`.incomplete` file and returns its verified hashes; the engine (agent.fetch.engine) installs it.
-"""
+"""What a fetch must produce: a `FetchPlan` (repo, resolved commit, files), from the origin's listing
+or a tracker manifest, and the `FetchResult`. Sources of blobs (`agent.fetch.engine.BlobSource`)
+fill the plan's blobs; the engine installs them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-from agent.cache.layout import RepoCache
-from agent.core.hashing import BlobHashes
-from agent.core.progress import FileProgress
 
 
 @dataclass(frozen=True)
@@ -48,29 +40,3 @@ class FetchResult:
     """Bytes of requested files that were already complete (or partially, resumed) in the cache."""
     downloaded: tuple[str, ...]
     """Paths whose blobs this run downloaded."""
-
-
-class BlobSource(Protocol):
-    """Fills `cache.incomplete_path(entry.blob_id)` with the verified blob; the engine installs it."""
-
-    name: str
-
-    def fetch_blob(
-        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
-    ) -> BlobHashes:
-        """Download, hash while writing and verify against `entry.blob_id`; raise on failure.
-
-        On failure the source leaves either a resumable partial (transient errors) or nothing
-        (integrity errors); never a file under the final blob name.
-        """
-        ...
-
-    @property
-    def bytes_received(self) -> int:
-        """Bytes this source has received over the network so far."""
-        ...
-
-    @property
-    def bytes_resumed(self) -> int:
-        """Bytes of partial blobs reused from earlier runs."""
-        ...

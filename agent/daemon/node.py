@@ -1,13 +1,11 @@
 """`agent serve`: the node daemon. Wiring and lifecycle, no policy (that is agent.swarm.policy).
 
-Start-up, in order: the BitTorrent session; seeding of every complete blob already in the
-cache (libtorrent resume data, else the piece hashes in the blob's sidecar: no re-hash); the
-supervised background tasks (tracker probe / re-registration); the HTTP API last, so
-`/readyz` answers only when the node can serve. Shutdown runs the other way round, each
-step bounded by `daemon.shutdown_timeout`.
-
-Hooks for other components (the pod watcher, metrics): `Daemon.request_model(repo_id,
-revision) -> Job` (deduped while running) and `Job.status() -> JobStatus`.
+Construction builds every part (the BitTorrent session first) and hands each only what it uses:
+callables and small parts, never the daemon. Start-up, in order: seeding of every complete blob
+already in the cache (agent.swarm.seeding: resume data, else the sidecar's piece hashes, no
+re-hash); the supervised background tasks (tracker probe / re-registration, piece backfill,
+eviction, the pod watcher); the HTTP API last, so `/readyz` answers only when the node can serve.
+Shutdown runs the other way round, each step bounded by `daemon.shutdown_timeout`.
 """
 
 from __future__ import annotations
@@ -27,15 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-import agent.http.api as api
 from agent.cache.eviction import repo_id_of
-from agent.cache.layout import RepoCache, check_repo_id
-from agent.cache.verify import seedable_digest
-from agent.core.errors import ConfigError, TrackerError, TrackerUnavailableError, WeightswarmError
+from agent.cache.layout import check_repo_id
+from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.settings import Settings
-from agent.fetch.job import run_fetch_job
+from agent.daemon.nodeops import NodeOps
+from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
-from agent.swarm.policy import SwarmFetcher, encoded_info
+from agent.http.api import NodeApi, create_app
+from agent.swarm.policy import SwarmFetcher
+from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
 
@@ -145,62 +144,71 @@ class ApiServer:
 
 
 class Daemon:
-    """One node's agent: BitTorrent session, tracker client, fetch jobs, API."""
+    """One node's agent: BitTorrent session, tracker client, fetch jobs, API.
+
+    Complete when constructed: the session, the tracker client, the seeder, the fetch policy, the
+    node operations, the pod watcher (with `--kube`) and the API server are built here, each handed
+    only the parts it uses; `start()` restores seeding and starts the tasks and the API.
+    """
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.jobs = JobTable(history=settings.daemon.job_history)
-        self._stop = threading.Event()
-        self._supervisor = Supervisor(self._stop)
-        self._held: dict[str, tuple[str, bytes]] = {}
-        """blob id -> (infohash, info) of every blob this node seeds: re-registered with the tracker."""
-        self._held_lock = threading.Lock()
-        self._needs_pieces: list[tuple[RepoCache, str]] = []
-        """Complete blobs found at start-up without piece hashes (see `_backfill_pieces`)."""
-        self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
-        self._token_key = secrets.token_bytes(32)
-        """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
-        self._tracker_up: bool | None = None
-        self.swarm: Swarm | None = None
-        self.tracker: TrackerClient | None = None
-        self.fetcher: SwarmFetcher | None = None
-        self.api_server: ApiServer | None = None
-        self.node_id = ""
-        from agent.daemon.nodeops import NodeOps
-
-        self.ops = NodeOps(settings, self)
-        """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
-        self.podsync: PodSync | None = None
-        """The pod watcher and status reporter (agent.kube.podsync.PodSync) when `settings.kube.enabled`."""
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> None:
-        s = self.settings
+        s = self.settings = settings
         for d in (s.cache_dir, s.state_dir):
             try:
                 d.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"cannot create {d}: {exc.strerror}") from None
+        self.jobs = JobTable(history=s.daemon.job_history)
+        self._stop = threading.Event()
+        self._supervisor = Supervisor(self._stop)
+        self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
+        self._token_key = secrets.token_bytes(32)
+        """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
+        self._tracker_up: bool | None = None
+        """The last probe's answer; None before the first."""
         self.swarm = Swarm(s.swarm, s.state_dir / "resume")
-        # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
-        self.node_id = f"{s.daemon.node_name}:{self.swarm.listen_port}"
-        if s.daemon.tracker_url:
-            self.tracker = TrackerClient(s.daemon.tracker_url, s.daemon.tracker_token, s.daemon)
-        self.fetcher = SwarmFetcher(s, self.swarm, self.tracker, self.node_id, self._remember)
-        started = time.monotonic()
-        restored = self._restore_seeding()
-        log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
-        self._supervisor.spawn("backfill-pieces", self._backfill_pieces)
-        if self.tracker is not None:
-            self._supervisor.spawn("tracker-probe", self._probe_tracker)
-        self.ops.start(self._supervisor.spawn)
-        if s.kube.enabled:
-            from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
+        try:
+            # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
+            self.node_id = f"{s.daemon.node_name}:{self.swarm.listen_port}"
+            self.tracker = (
+                TrackerClient(s.daemon.tracker_url, s.daemon.tracker_token, s.daemon)
+                if s.daemon.tracker_url
+                else None
+            )
+            self.seeder = Seeder(self.swarm, self.tracker, s.cache_dir, s.state_dir)
+            self.fetcher = SwarmFetcher(s, self.swarm, self.tracker, self.node_id, self.seeder.remember)
+            self.ops = NodeOps(s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model)
+            """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
+            self._fetch = FetchContext(s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held)
+            self.podsync = self._pod_sync() if s.kube.enabled else None
+            """The pod watcher and status reporter (agent.kube.podsync) with `--kube`."""
+            node = NodeApi(self.request_model, self.jobs, self.list_models, self.problems)
+            self.api_server = ApiServer(create_app(node, self.ops.routers()), s.daemon.api_listen)
+        except BaseException:
+            self.swarm.close()
+            raise
 
-            self.podsync = PodSync(s.kube, self)
+    def _pod_sync(self) -> PodSync:
+        from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
+
+        podsync = PodSync(self.settings.kube, self.request_model, self.ops.pin_for_pods)
+        self.ops.evictor.cannot_fit_hooks.append(podsync.on_cache_full)
+        return podsync
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        s = self.settings
+        started = time.monotonic()
+        restored = self.seeder.restore()
+        log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
+        self._supervisor.spawn("backfill-pieces", self.seeder.backfill)
+        tracker = self.tracker
+        if tracker is not None:
+            self._supervisor.spawn("tracker-probe", lambda stop: self._probe_tracker(tracker, stop))
+        self.ops.start(self._supervisor.spawn)
+        if self.podsync is not None:
             self.podsync.start(self._supervisor.spawn)
-        self.api_server = ApiServer(api.create_app(self), s.daemon.api_listen)
         self.api_server.start(timeout=s.daemon.shutdown_timeout)
         log.info(
             "agent %s serving the API on %s, BitTorrent on port %d",
@@ -213,15 +221,13 @@ class Daemon:
         """Ordered shutdown: API, jobs, background tasks, BitTorrent session (saves resume data), tracker."""
         timeout = self.settings.daemon.shutdown_timeout
         self._stop.set()
-        if self.api_server is not None:
-            self.api_server.stop(timeout)
+        self.api_server.stop(timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._supervisor.join(timeout)  # the pod watcher and status loop stop here...
         if self.podsync is not None:
             self.podsync.close(timeout)  # ...then the last statuses are flushed to the pods
         self.ops.stop()
-        if self.swarm is not None:
-            self.swarm.close(timeout)
+        self.swarm.close(timeout)
         if self.tracker is not None:
             self.tracker.close()
 
@@ -231,7 +237,6 @@ class Daemon:
 
     @property
     def api_url(self) -> str:
-        assert self.api_server is not None
         return f"http://{self.api_host}:{self.api_server.port}"
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -241,71 +246,9 @@ class Daemon:
     def request_stop(self) -> None:
         self._stop.set()
 
-    # -- seeding --------------------------------------------------------------------------
+    # -- the tracker ----------------------------------------------------------------------
 
-    def _remember(self, blob_id: str, infohash: str, info: bytes) -> None:
-        with self._held_lock:
-            self._held[blob_id] = (infohash, info)
-
-    def _restore_seeding(self) -> int:
-        """Seed every complete blob: resume data first, else the sidecar's piece hashes. No re-hash.
-
-        Blobs without piece hashes (a standalone `agent fetch`, huggingface_hub) are left to the
-        `backfill-pieces` task, so a large cache of those does not delay start-up.
-        """
-        assert self.swarm is not None and self.fetcher is not None
-        self.swarm.restore()
-        trackers = self.fetcher.trackers
-        count = 0
-        self._needs_pieces.clear()
-        for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
-            repo_id = repo_id_of(repo_dir.name) or ""
-            try:
-                cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, check_repo_id(repo_id))
-            except WeightswarmError:
-                continue
-            for blob in sorted(cache.blobs_dir.glob("*")):
-                if "." in blob.name:
-                    continue  # *.incomplete and temp files
-                digest = cache.read_sidecar(blob.name)
-                if digest is None or not digest.pieces:
-                    self._needs_pieces.append((cache, blob.name))
-                    continue
-                if not cache.blob_is_complete(blob.name, digest.size):
-                    continue
-                try:
-                    info = encoded_info(blob.name, digest)
-                    ih = self.swarm.seed(blob, info, trackers)
-                except (WeightswarmError, ValueError) as exc:
-                    log.warning("not seeding %s: %s", blob, exc)
-                    continue
-                self._remember(blob.name, ih, info)
-                count += 1
-        return count
-
-    def _backfill_pieces(self, stop: threading.Event) -> None:
-        """Hash, verify and then seed the blobs that start-up found without piece hashes."""
-        assert self.swarm is not None and self.fetcher is not None
-        trackers = self.fetcher.trackers
-        while self._needs_pieces and not stop.is_set():
-            cache, blob_id = self._needs_pieces.pop()
-            if blob_id in self.held_blobs():
-                continue  # seeded meanwhile (a fetch): no re-hash
-            digest = seedable_digest(cache, blob_id)
-            if digest is None:
-                continue
-            info = encoded_info(blob_id, digest)
-            try:
-                self._remember(blob_id, self.swarm.seed(cache.blob_path(blob_id), info, trackers), info)
-                if self.tracker is not None:
-                    self.tracker.put_metainfo(blob_id, info)  # peers find a blob through its metainfo
-            except TrackerError as exc:
-                log.warning("publishing blob %s failed (the tracker probe retries): %s", blob_id[:16], exc)
-            except (WeightswarmError, ValueError) as exc:
-                log.warning("not seeding %s: %s", blob_id[:16], exc)
-        stop.wait()  # a supervised task must not return; there is nothing left to do
-
-    def _probe_tracker(self, stop: threading.Event) -> None:
+    def _probe_tracker(self, tracker: TrackerClient, stop: threading.Event) -> None:
         """Watch the tracker; when it comes (back) up, re-register every blob this node holds.
 
         Periodic announces are libtorrent's own (at the tracker's `interval`, see
@@ -314,34 +257,17 @@ class Daemon:
         could stay unlisted long after the tracker is back, and metainfo published while it
         was down would be missing.
         """
-        assert self.tracker is not None and self.swarm is not None
         while True:
-            up = self.tracker.healthy()
+            up = tracker.healthy()
             if up and not self._tracker_up:
-                self._reregister()
+                self.seeder.reregister(tracker)
             if self._tracker_up is not None and up != self._tracker_up:
-                log.warning("tracker %s is %s", self.tracker.base_url, "back" if up else "unreachable")
+                log.warning("tracker %s is %s", tracker.base_url, "back" if up else "unreachable")
             self._tracker_up = up
             if stop.wait(self.settings.daemon.tracker_probe_interval):
                 return
 
-    def _reregister(self) -> None:
-        assert self.tracker is not None and self.swarm is not None
-        with self._held_lock:
-            held = list(self._held.items())
-        published = 0
-        for blob_id, (_ih, info) in held:
-            try:
-                self.tracker.put_metainfo(blob_id, info)
-                published += 1
-            except TrackerError as exc:
-                log.warning("re-registering blob %s failed: %s", blob_id, exc)
-                if isinstance(exc, TrackerUnavailableError):
-                    break  # down again: the probe loop retries the whole set when it is back
-        self.swarm.force_reannounce()
-        log.info("re-registered %d/%d blobs with the tracker", published, len(held))
-
-    # -- jobs (the hook for the API and the pod watcher) ----------------------------------
+    # -- jobs (the hook for the API, the HF endpoint and the pod watcher) -----------------
 
     def request_model(
         self,
@@ -367,7 +293,7 @@ class Daemon:
 
     def _run_job(self, job: Job, token: str | None) -> None:
         try:
-            run_fetch_job(self, job, token)
+            run_fetch_job(self._fetch, job, token)
         except WeightswarmError as exc:
             log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
             job.fail(str(exc), exc.exit_code)
@@ -381,48 +307,15 @@ class Daemon:
 
     def problems(self) -> list[str]:
         out = self._supervisor.problems()
-        if self.swarm is None or not self.swarm.healthy:
+        if not self.swarm.healthy:
             out.append("BitTorrent session not running")
         if self._stop.is_set():
             out.append("shutting down")
         return out
 
-    def forget_blob(self, blob_id: str) -> None:
-        """Stop seeding a blob (eviction, a corrupt copy) before its files are deleted."""
-        self.blob_leaving(blob_id, None)
-
-    def blob_leaving(self, blob_id: str, stays: Path | None) -> None:
-        """One repo's file of a blob is about to be deleted (`agent rm`, eviction): stop seeding the
-        blob, or, when another repo keeps a copy (`stays`), seed it from that copy from now on."""
-        with self._held_lock:
-            held = self._held.pop(blob_id, None)
-        if held is None or self.swarm is None:
-            return
-        ih, info = held
-        if stays is not None:
-            try:
-                if self.swarm.status(ih).path == stays:
-                    self._remember(blob_id, ih, info)
-                    return
-            except WeightswarmError:
-                pass
-        self.swarm.remove(ih, delete_files=False)
-        if stays is not None:
-            try:
-                self.seed_blob(stays, blob_id, info)
-            except WeightswarmError as exc:
-                log.warning("blob %s: cannot seed it from %s: %s", blob_id[:16], stays, exc)
-
-    def seed_blob(self, path: Path, blob_id: str, info: bytes) -> str:
-        """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
-        assert self.swarm is not None and self.fetcher is not None
-        ih = self.swarm.seed(path, info, self.fetcher.trackers)
-        self._remember(blob_id, ih, info)
-        return ih
-
     def held_blobs(self) -> dict[str, str]:
-        with self._held_lock:
-            return {blob_id: ih for blob_id, (ih, _info) in self._held.items()}
+        """blob id -> infohash of every blob this node seeds."""
+        return self.seeder.held()
 
     def list_models(self) -> list[dict[str, Any]]:
         """Models in the cache: revisions, snapshots with file counts and sizes, blobs seeded."""
@@ -537,7 +430,6 @@ def serve_forever(settings: Settings) -> None:
     try:
         daemon.start()
         # One line on stdout so scripts know the daemon is ready and where (ports may be 0 = any).
-        assert daemon.api_server is not None and daemon.swarm is not None
         print(
             f"agent {daemon.node_id} ready: api http://{daemon.api_host}:{daemon.api_server.port} "
             f"bt-port {daemon.swarm.listen_port}",

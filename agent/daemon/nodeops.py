@@ -1,11 +1,12 @@
-"""Node operations of one daemon, wired in one place: metrics, blob usage and leases, eviction, the
-HF-compatible endpoint and the admin routes (`DELETE /v1/models/...`, `POST /v1/publish`,
-`POST /v1/blobs/{id}/forget`).
+"""Node operations of one daemon, wired in one place: metrics, blob usage and readers, eviction,
+the HF-compatible endpoint and the admin routes (agent.http.admin).
 
-The daemon creates one `NodeOps`, calls `start(spawn)` once its swarm exists, `job_finished(job)`
-after each fetch job, `before_fetch(plan)` before a job downloads, and `include_routes(app)` from
-the API factory. Other components add pins (`extra_pins`, e.g. the pod watcher's models) and
-cannot-fit hooks (`evictor.cannot_fit_hooks`, e.g. a Kubernetes Warning event).
+The daemon creates one `NodeOps` with the parts it needs (the job table for running pins, the
+swarm for metrics, the seeder that stops or moves a blob's torrent, the tracker for publishing,
+the daemon's `request_model` for the HF endpoint), calls `start(spawn)`, `job_finished(job)` after
+each fetch job and `before_fetch(plan)` before a job downloads, and mounts `routers()` on its API.
+Other components pin models (`pin_for_pods`, the pod watcher) and add cannot-fit hooks
+(`evictor.cannot_fit_hooks`, e.g. a Kubernetes Warning event).
 """
 
 from __future__ import annotations
@@ -15,22 +16,31 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter
 
-from agent.cache.eviction import BlobLeases, Evicted, Evictor, UsageLog, own_bytes, remove_model, scan_cache
+from agent.cache.eviction import (
+    BlobReaders,
+    Evicted,
+    Evictor,
+    Removed,
+    UsageLog,
+    own_bytes,
+    remove_model,
+    scan_cache,
+)
 from agent.cache.layout import RepoCache
-from agent.core.errors import CacheFullError, NotFoundError, WeightswarmError
+from agent.core.errors import WeightswarmError
+from agent.core.plan import FetchPlan
 from agent.core.settings import Settings
+from agent.fetch.jobs import Job, JobTable, RequestModel
+from agent.fetch.publish import PublishResult, publish_directory
+from agent.http.admin import AdminOps, admin_router
 from agent.http.hf import HfEndpoint, hf_router
 from agent.http.metrics import AgentMetrics, SwarmSnapshot, metrics_router
-
-if TYPE_CHECKING:
-    from agent.core.plan import FetchPlan
-    from agent.daemon.node import Daemon
-    from agent.fetch.jobs import Job
+from agent.swarm.seeding import Seeder
+from agent.swarm.session import Swarm
+from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
 
@@ -38,32 +48,39 @@ _CACHE_BYTES_EVERY = 10.0
 """Seconds a scrape reuses the cache size (walking a big cache on every scrape is wasted I/O)."""
 
 
-class PublishRequest(BaseModel):
-    directory: str = Field(min_length=1, max_length=4096)
-    repo_id: str = Field(min_length=1, max_length=200)
-    revision: str = Field(default="main", min_length=1, max_length=255)
-
-
 class NodeOps:
-    def __init__(self, settings: Settings, daemon: Daemon) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: JobTable,
+        swarm: Swarm,
+        seeder: Seeder,
+        tracker: TrackerClient | None,
+        request_model: RequestModel,
+    ) -> None:
         self.settings = settings
-        self.daemon = daemon
+        self._jobs = jobs
+        self._swarm = swarm
+        self._seeder = seeder
+        self._tracker = tracker
         self.metrics = AgentMetrics()
         self.usage = UsageLog(settings.state_dir / "usage.json")
-        self.leases = BlobLeases()
+        self.readers = BlobReaders()
         self.extra_pins: set[str] = set()
-        """`REPO[@REV]` pinned by other components (pods on this node); replace or mutate under no lock:
-        the evictor copies it each pass."""
-        self.evictor = Evictor(
-            settings, self.usage, self.leases, self._pins, daemon.blob_leaving, self._evicted
-        )
+        """`REPO[@REV]` pinned for pods on this node (`pin_for_pods`); replaced, never mutated: the
+        evictor copies it each pass."""
+        self.evictor = Evictor(settings, self.usage, self.readers, self._pins, seeder.leaving, self._evicted)
         self.evictor.cannot_fit_hooks.append(lambda _e: self.metrics.cache_full.inc())
-        self.hf = HfEndpoint(self)
+        self.hf = HfEndpoint(settings, self.readers, self.usage, self.metrics, request_model)
         self._cache_bytes: tuple[float, int] = (float("-inf"), 0)
         self._cache_lock = threading.Lock()
+        self.metrics.bind_state(self._swarm_state, self._cache_size)
+
+    def pin_for_pods(self, pins: set[str]) -> None:
+        self.extra_pins = pins
 
     def _pins(self) -> Iterable[str]:
-        running = [f"{j.key.repo_id}@{j.key.revision}" for j in self.daemon.jobs.all() if not j.done]
+        running = [f"{j.key.repo_id}@{j.key.revision}" for j in self._jobs.all() if not j.done]
         return [*running, *list(self.extra_pins)]
 
     def _evicted(self, item: Evicted) -> None:
@@ -73,7 +90,6 @@ class NodeOps:
     # -- daemon hooks -----------------------------------------------------------------------
 
     def start(self, spawn: Callable[[str, Callable[[threading.Event], None]], None]) -> None:
-        self.metrics.bind_state(self._swarm_state, self._cache_size)
         if self.evictor.limited:
             spawn("eviction", self.evictor.loop)
 
@@ -98,13 +114,10 @@ class NodeOps:
     # -- state for metrics ------------------------------------------------------------------
 
     def _swarm_state(self) -> SwarmSnapshot:
-        swarm = self.daemon.swarm
-        if swarm is None:
-            return SwarmSnapshot(0, 0, 0)
         torrents = peers = uploaded = 0
-        for ih in swarm.torrents():
+        for ih in self._swarm.torrents():
             try:
-                st = swarm.status(ih)
+                st = self._swarm.status(ih)
             except WeightswarmError:
                 continue
             torrents += 1
@@ -122,56 +135,16 @@ class NodeOps:
 
     # -- routes -----------------------------------------------------------------------------
 
-    def include_routes(self, app: FastAPI) -> None:
-        app.include_router(metrics_router(self.metrics))
-        app.include_router(self._admin_router())
-        app.include_router(hf_router(self.hf))  # last: its /{org}/{name}/resolve/... pattern is broad
+    def routers(self) -> list[APIRouter]:
+        """Metrics, the admin routes, and the HF-compatible endpoint last (its pattern is broad)."""
+        admin = AdminOps(remove=self._remove, forget=self._seeder.forget, publish=self._publish)
+        return [metrics_router(self.metrics), admin_router(admin), hf_router(self.hf)]
 
-    def _admin_router(self) -> APIRouter:
-        router = APIRouter(prefix="/v1")
+    def _remove(self, repo_id: str, revision: str | None) -> Removed:
+        removed = remove_model(self.settings, repo_id, revision, self.readers, self._seeder.leaving)
+        self.usage.forget(set(removed.blobs) - set(removed.shared))
+        return removed
 
-        @router.delete("/models/{org}/{name}")
-        def delete_model(org: str, name: str, revision: str | None = None) -> dict[str, Any]:
-            try:
-                removed = remove_model(
-                    self.settings, f"{org}/{name}", revision, self.leases, self.daemon.blob_leaving
-                )
-            except NotFoundError as exc:
-                raise HTTPException(404, str(exc)) from None
-            except WeightswarmError as exc:
-                raise HTTPException(400, str(exc)) from None
-            self.usage.forget(set(removed.blobs) - set(removed.shared))
-            return {
-                "repo_id": removed.repo_id,
-                "snapshots": list(removed.snapshots),
-                "blobs": list(removed.blobs),
-                "bytes_freed": removed.bytes_freed,
-                "shared": list(removed.shared),
-            }
-
-        @router.post("/blobs/{blob_id}/forget")
-        def forget_blob(blob_id: str) -> dict[str, str]:
-            """Stop seeding a blob (before `agent verify` deletes a corrupt copy and fetches it again)."""
-            self.daemon.forget_blob(blob_id)
-            return {"blob_id": blob_id}
-
-        @router.post("/publish")
-        def publish(body: PublishRequest, request: Request) -> dict[str, Any]:
-            from agent.fetch.publish import publish_directory
-
-            try:
-                result = publish_directory(
-                    self.settings,
-                    Path(body.directory),
-                    body.repo_id,
-                    body.revision,
-                    self.daemon.tracker,
-                    self.daemon.seed_blob,
-                )
-            except CacheFullError as exc:
-                raise HTTPException(507, str(exc)) from None
-            except WeightswarmError as exc:
-                raise HTTPException(400, str(exc)) from None
-            return result.to_json()
-
-        return router
+    def _publish(self, directory: Path, repo_id: str, revision: str) -> PublishResult:
+        s = self.settings
+        return publish_directory(s, directory, repo_id, revision, self._tracker, self._seeder.seed)

@@ -20,6 +20,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
 from agent.core.errors import (
@@ -31,8 +32,8 @@ from agent.core.errors import (
     WeightswarmError,
 )
 from agent.core.hashing import BlobHashes
-from agent.core.plan import BlobSource, FetchPlan, FetchResult, FileEntry
-from agent.core.progress import Progress
+from agent.core.plan import FetchPlan, FetchResult, FileEntry
+from agent.core.progress import FileProgress, Progress
 from agent.core.settings import Settings
 from agent.fetch.safetensors import check_index, check_safetensors
 from agent.origin.client import OriginClient, RemoteFile
@@ -101,6 +102,32 @@ def check_disk_space(cache: RepoCache, missing: Sequence[FileEntry], headroom: i
     free = shutil.disk_usage(cache.blobs_dir).free
     if free < needed + headroom:
         raise DiskSpaceError(str(cache.blobs_dir), needed + headroom, free)
+
+
+class BlobSource(Protocol):
+    """Fills `cache.incomplete_path(entry.blob_id)` with the verified blob; the engine installs it."""
+
+    name: str
+
+    def fetch_blob(
+        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+    ) -> BlobHashes:
+        """Download, hash while writing and verify against `entry.blob_id`; raise on failure.
+
+        On failure the source leaves either a resumable partial (transient errors) or nothing
+        (integrity errors); never a file under the final blob name.
+        """
+        ...
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes this source has received over the network so far."""
+        ...
+
+    @property
+    def bytes_resumed(self) -> int:
+        """Bytes of partial blobs reused from earlier runs."""
+        ...
 
 
 class FetchEngine:

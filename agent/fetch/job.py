@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from agent.cache.layout import RepoCache
 from agent.core.errors import AuthError, NotFoundError, TrackerError
@@ -21,14 +22,26 @@ from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine
 from agent.fetch.jobs import FileProgress, Job
 from agent.fetch.planning import plan_fetch
+from agent.fetch.swarm_source import SwarmSource
 from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource
-from agent.swarm.policy import BlobOutcome, SwarmSource
-
-if TYPE_CHECKING:
-    from agent.daemon.node import Daemon
+from agent.swarm.policy import BlobOutcome, SwarmFetcher
+from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FetchContext:
+    """What a daemon's fetch jobs need from the node; built once by the daemon."""
+
+    settings: Settings
+    fetcher: SwarmFetcher
+    tracker: TrackerClient | None
+    before_fetch: Callable[[FetchPlan], None]
+    """Makes room for a plan's missing blobs under the cache limit, or raises `CacheFullError`."""
+    held_blobs: Callable[[], dict[str, str]]
+    """blob id -> infohash of what the node seeds (for the manifest it publishes)."""
 
 
 class JobProgress(Progress):
@@ -66,28 +79,27 @@ def origin_for_request(settings: Settings, token: str | None) -> tuple[OriginSet
     return dataclasses.replace(settings.origin, token=None), "no token (pass one with --token or HF_TOKEN)"
 
 
-def run_fetch_job(daemon: Daemon, job: Job, token: str | None = None) -> None:
-    settings = daemon.settings
-    assert daemon.fetcher is not None
+def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None) -> None:
+    """Run one job to its end (Ready, or an exception the caller records on the job)."""
+    settings = ctx.settings
     f = settings.fetch
     origin, which = origin_for_request(settings, token)
     client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
-        _run(daemon, job, client)
+        _run(ctx, job, client)
     except (AuthError, NotFoundError) as exc:
         raise type(exc)(f"{exc} [the agent fetched with {which}]") from None
     finally:
         client.close()
 
 
-def _run(daemon: Daemon, job: Job, client: OriginClient) -> None:
-    settings = daemon.settings
-    assert daemon.fetcher is not None
+def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
+    settings = ctx.settings
     f = settings.fetch
     key = job.key
-    plan = plan_fetch(client, daemon.tracker, key.repo_id, key.revision, key.include, key.exclude)
+    plan = plan_fetch(client, ctx.tracker, key.repo_id, key.revision, key.include, key.exclude)
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
-    daemon.ops.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
+    ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
         if cache.adopt_blob(fp.blob_id, fp.size):
@@ -102,18 +114,18 @@ def _run(daemon: Daemon, job: Job, client: OriginClient) -> None:
                 job.file_progress(e.path, e.size, outcome.source)
         job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
 
-    source = SwarmSource(daemon.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
+    source = SwarmSource(ctx.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
     result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
-    _publish_manifest(daemon, plan)
+    _publish_manifest(ctx, plan)
     job.finish(str(result.snapshot_path))
 
 
-def _publish_manifest(daemon: Daemon, plan: FetchPlan) -> None:
+def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
     """Tell the tracker what this commit holds (its model list and swarm health use it)."""
-    tracker = daemon.tracker
+    tracker = ctx.tracker
     if tracker is None:
         return
-    held = daemon.held_blobs()
+    held = ctx.held_blobs()
     files = [
         {"path": e.path, "size": e.size, "blob_id": e.blob_id, "infohash": held.get(e.blob_id)}
         for e in plan.files

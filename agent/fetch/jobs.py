@@ -11,8 +11,9 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Phase = Literal["Pending", "Downloading", "Ready", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Ready", "Failed"})
@@ -63,6 +64,20 @@ class JobStatus:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class RequestModel(Protocol):
+    """How the API, the HF endpoint and the pod watcher ask the node for a model (the daemon's
+    `request_model`): a request equal to a running one, with the same token, joins its job."""
+
+    def __call__(
+        self,
+        repo_id: str,
+        revision: str = "main",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        token: str | None = None,
+    ) -> Job: ...
 
 
 _ids = itertools.count(1)

@@ -25,10 +25,9 @@ from typing import Any
 from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
 from agent.core.errors import ConfigError, DiskSpaceError, TrackerError
 from agent.core.hashing import BlobHasher
-from agent.core.metainfo import info_dict
+from agent.core.metainfo import infohash
 from agent.core.settings import Settings
 from agent.swarm.tracker_client import TrackerClient
-from tracker.bencode import bencode
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +145,12 @@ def publish_directory(
     for rel, blob_id, d in entries:
         info = infos.get(blob_id)
         if info is None:
-            info = infos[blob_id] = bencode(info_dict(blob_id, d.size, d.piece_length, d.pieces))
+            info = infos[blob_id] = d.encoded_info(blob_id)
             if seed is not None:
                 seed(cache.blob_path(blob_id), blob_id, info)
                 seeded += 1
         manifest.append(
-            {"path": rel, "size": d.size, "blob_id": blob_id, "infohash": hashlib.sha1(info).hexdigest()}
+            {"path": rel, "size": d.size, "blob_id": blob_id, "infohash": infohash(info)}
         )
     published = False
     if tracker is not None:

@@ -11,24 +11,25 @@ Routes (all JSON):
     GET  /healthz             the process is alive
     GET  /readyz              the swarm session is up and no supervised task is failing (503 otherwise)
 
-`create_app(daemon)` builds the app; other routers (an HF-compatible read endpoint, /metrics)
-are added with `app.include_router(...)` by whoever owns them.
+`create_app(node, routers)` builds the app from a `NodeApi` (the daemon's callables, never the
+daemon) plus the routers others own (metrics, admin routes, the HF-compatible endpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from fastapi import APIRouter, FastAPI, Header, HTTPException, Request
+from fastapi import APIRouter, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from agent.core.errors import WeightswarmError
 from agent.core.settings import HF_TOKEN_HEADER
-
-if TYPE_CHECKING:
-    from agent.daemon.node import Daemon
+from agent.fetch.jobs import JobTable, RequestModel
+from agent.http.errors import http_error
 
 _MAX_JOB_WAIT = 60.0
 
@@ -40,35 +41,41 @@ class FetchRequest(BaseModel):
     exclude: list[str] = Field(default_factory=list, max_length=256)
 
 
-def _daemon(request: Request) -> Daemon:
-    daemon: Daemon = request.app.state.daemon
-    return daemon
+@dataclass(frozen=True)
+class NodeApi:
+    """What the local API needs from the node, bound by the daemon."""
+
+    request_model: RequestModel
+    jobs: JobTable
+    list_models: Callable[[], list[dict[str, Any]]]
+    """Models in the cache (`GET /v1/models`, `agent ls`)."""
+    problems: Callable[[], list[str]]
+    """Why the node is not ready; empty when it is (`/readyz`)."""
 
 
-def fetch_router() -> APIRouter:
+def fetch_router(node: NodeApi) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.post("/fetch", status_code=202)
     def start_fetch(
         body: FetchRequest,
-        request: Request,
         hf_token: str | None = Header(default=None, alias=HF_TOKEN_HEADER, max_length=4096),
     ) -> dict[str, Any]:
         try:
-            job = _daemon(request).request_model(
+            job = node.request_model(
                 body.repo_id, body.revision, include=body.include, exclude=body.exclude, token=hf_token
             )
         except WeightswarmError as exc:
-            raise HTTPException(status_code=400, detail=str(exc)) from None
+            raise http_error(exc) from None
         return job.status().to_json()
 
     @router.get("/jobs")
-    def list_jobs(request: Request) -> list[dict[str, Any]]:
-        return [job.status().to_json() for job in _daemon(request).jobs.all()]
+    def list_jobs() -> list[dict[str, Any]]:
+        return [job.status().to_json() for job in node.jobs.all()]
 
     @router.get("/jobs/{job_id}")
-    async def get_job(job_id: str, request: Request, wait: float = 0.0) -> dict[str, Any]:
-        job = _daemon(request).jobs.get(job_id)
+    async def get_job(job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        job = node.jobs.get(job_id)
         if job is None:
             raise HTTPException(
                 status_code=404, detail=f"no job {job_id!r} (finished jobs are kept for a while)"
@@ -78,13 +85,13 @@ def fetch_router() -> APIRouter:
         return job.status().to_json()
 
     @router.get("/models")
-    def list_models(request: Request) -> list[dict[str, Any]]:
-        return _daemon(request).list_models()
+    def list_models() -> list[dict[str, Any]]:
+        return node.list_models()
 
     return router
 
 
-def probe_router() -> APIRouter:
+def probe_router(node: NodeApi) -> APIRouter:
     router = APIRouter()
 
     @router.get("/healthz")
@@ -92,8 +99,8 @@ def probe_router() -> APIRouter:
         return {"status": "ok"}
 
     @router.get("/readyz")
-    def readyz(request: Request) -> JSONResponse:
-        problems = _daemon(request).problems()
+    def readyz() -> JSONResponse:
+        problems = node.problems()
         if problems:
             return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
         return JSONResponse({"status": "ready"})
@@ -101,10 +108,12 @@ def probe_router() -> APIRouter:
     return router
 
 
-def create_app(daemon: Daemon) -> FastAPI:
+def create_app(node: NodeApi, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The API app: probes, fetch and jobs, then `routers` in order (metrics, admin routes, and the
+    HF-compatible endpoint last: its /{org}/{name}/resolve/... pattern is broad)."""
     app = FastAPI(title="weightswarm agent", version="0.1.0")
-    app.state.daemon = daemon
-    app.include_router(probe_router())
-    app.include_router(fetch_router())
-    daemon.ops.include_routes(app)  # /metrics, admin routes, the HF-compatible endpoint (nodeops)
+    app.include_router(probe_router(node))
+    app.include_router(fetch_router(node))
+    for router in routers:
+        app.include_router(router)
     return app

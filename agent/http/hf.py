@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -48,12 +48,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.background import BackgroundTask
 
-from agent.cache.eviction import CachedRepo, scan_repo
+from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
 from agent.cache.layout import RepoCache, check_repo_id, is_blob_id, is_commit, safe_relpath
 from agent.core.errors import WeightswarmError
-
-if TYPE_CHECKING:
-    from agent.daemon.nodeops import NodeOps
+from agent.core.settings import Settings
+from agent.fetch.jobs import RequestModel
+from agent.http.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,22 @@ class _Unreachable(Exception):
 class HfEndpoint:
     """State and logic behind the routes; one per daemon."""
 
-    def __init__(self, ops: NodeOps) -> None:
-        self.ops = ops
-        s = ops.settings
+    def __init__(
+        self,
+        settings: Settings,
+        readers: BlobReaders,
+        usage: UsageLog,
+        metrics: AgentMetrics,
+        request_model: RequestModel,
+    ) -> None:
+        """`readers` hold a blob while a response streams it (eviction waits); `usage` records last
+        use; `request_model` fetches a missing file through the node's swarm path."""
+        self.settings = settings
+        self.readers = readers
+        self.usage = usage
+        self.metrics = metrics
+        self.request_model = request_model
+        s = settings
         self.origin = s.origin.endpoint.rstrip("/")
         self.access = AccessCache(s.ops.access_ttl, s.ops.public_ttl)
         self._timeout = httpx.Timeout(s.origin.read_timeout, connect=s.origin.connect_timeout)
@@ -150,7 +163,7 @@ class HfEndpoint:
         return httpx.AsyncClient(timeout=self._timeout, follow_redirects=False, trust_env=False)
 
     def _origin_headers(self, auth: str | None) -> dict[str, str]:
-        h = {"User-Agent": self.ops.settings.origin.user_agent, "Accept-Encoding": "identity"}
+        h = {"User-Agent": self.settings.origin.user_agent, "Accept-Encoding": "identity"}
         if auth:
             h["Authorization"] = auth
         return h
@@ -238,7 +251,7 @@ class HfEndpoint:
         return e
 
     def _cache(self, repo_id: str) -> RepoCache:
-        return RepoCache(self.ops.settings.cache_dir, self.ops.settings.state_dir, repo_id)
+        return RepoCache(self.settings.cache_dir, self.settings.state_dir, repo_id)
 
     def _scan(self, repo_id: str) -> CachedRepo | None:
         return scan_repo(self._cache(repo_id).root)
@@ -303,8 +316,8 @@ class HfEndpoint:
         if request.method == "HEAD":
             headers["Content-Length"] = str(meta.size)
             return Response(b"", headers=headers, media_type="application/octet-stream")
-        leases = self.ops.leases
-        await asyncio.to_thread(leases.acquire, meta.blob_id)
+        readers = self.readers
+        await asyncio.to_thread(readers.acquire, meta.blob_id)
         try:
             cache = self._cache(repo_id)
             # The bytes may be in another repo's folder (shared content): served from there as they are.
@@ -314,20 +327,20 @@ class HfEndpoint:
             if blob is None:
                 failed = await self._fetch(repo_id, meta, path, request.headers.get("authorization"))
                 if failed is not None:
-                    leases.release(meta.blob_id)
+                    readers.release(meta.blob_id)
                     return failed
                 blob = cache.blob_path(meta.blob_id)
-            self.ops.usage.touch([meta.blob_id])
+            self.usage.touch([meta.blob_id])
             if "range" not in request.headers:
-                self.ops.metrics.served_bytes.inc(meta.size)
+                self.metrics.served_bytes.inc(meta.size)
             return FileResponse(
                 blob,
                 headers=headers,
                 media_type="application/octet-stream",
-                background=BackgroundTask(leases.release, meta.blob_id),
+                background=BackgroundTask(readers.release, meta.blob_id),
             )
         except BaseException:
-            leases.release(meta.blob_id)
+            readers.release(meta.blob_id)
             raise
 
     async def _fetch(
@@ -337,7 +350,7 @@ class HfEndpoint:
         an error response on failure."""
         scheme, _, token = (authorization or "").partition(" ")
         try:
-            job = self.ops.daemon.request_model(
+            job = self.request_model(
                 repo_id,
                 meta.commit,
                 include=[glob.escape(path)],
@@ -345,7 +358,7 @@ class HfEndpoint:
             )
         except WeightswarmError as exc:
             return hub_error(503, str(exc), commit=meta.commit)
-        done = await asyncio.to_thread(job.wait, self.ops.settings.ops.hf_fetch_timeout)
+        done = await asyncio.to_thread(job.wait, self.settings.ops.hf_fetch_timeout)
         status = job.status()
         if not done:
             return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
@@ -356,7 +369,7 @@ class HfEndpoint:
 
 def hf_router(endpoint: HfEndpoint) -> APIRouter:
     router = APIRouter(tags=["huggingface"])
-    metrics = endpoint.ops.metrics
+    metrics = endpoint.metrics
 
     @router.get("/api/models/{rest:path}")
     async def api_models(rest: str, request: Request) -> Response:

@@ -12,7 +12,7 @@ and creates the Events, so every Kubernetes write that reflects progress is deci
     ModelFetchFailed (Warning)   the fetch failed; the error is in the event and in the status
     ModelCacheFull (Warning)     the model cannot fit under the cache limit (eviction's hook)
 
-A model some running pod asked for is pinned (`NodeOps.extra_pins`): eviction never removes
+A model some running pod asked for is pinned (`set_pins`): eviction never removes
 what a workload on this node reads. A failed model is fetched again when another pod asks for
 it (a retry needs no agent restart: delete the pod, or scale up).
 """
@@ -22,15 +22,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.core.errors import CacheFullError, WeightswarmError
 from agent.core.settings import KubeSettings
-from agent.fetch.jobs import Job
+from agent.fetch.jobs import Job, RequestModel
 from agent.kube.requests import FINAL_PHASES, ModelRef, ModelStatus, PodKey, RequestTracker
-
-if TYPE_CHECKING:
-    from agent.daemon.node import Daemon
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +41,21 @@ class PodSync:
     `close()` (after those stopped) flushes the last statuses and releases the API client.
     """
 
-    def __init__(self, settings: KubeSettings, daemon: Daemon, api_client: Any | None = None) -> None:
+    def __init__(
+        self,
+        settings: KubeSettings,
+        request_model: RequestModel,
+        set_pins: Callable[[set[str]], None],
+        api_client: Any | None = None,
+    ) -> None:
+        """`request_model` starts (or joins) a fetch; `set_pins` replaces the models eviction must keep
+        for the pods on this node. `on_cache_full` is for the evictor's cannot-fit hooks."""
         # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
         from agent.kube.client import PodWatcher, StatusReporter, make_api_client
 
         self._settings = settings
-        self._daemon = daemon
+        self._request_model = request_model
+        self._set_pins = set_pins
         self._own_client = api_client is None
         self._api = make_api_client(settings) if api_client is None else api_client
         self.reporter = StatusReporter(settings, self._api)
@@ -63,7 +69,6 @@ class PodSync:
         """Models that could not even be requested (e.g. the agent is shutting down)."""
         self._told: dict[tuple[PodKey, ModelRef], str] = {}
         """The last event sent per (pod, model): Started, Ready or Failed; each is sent once per change."""
-        daemon.ops.evictor.cannot_fit_hooks.append(self._cannot_fit)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -118,7 +123,7 @@ class PodSync:
 
     def _start(self, model: ModelRef) -> None:
         try:
-            self._jobs[model] = self._daemon.request_model(model.repo_id, model.revision)
+            self._jobs[model] = self._request_model(model.repo_id, model.revision)
             self._errors.pop(model, None)
         except WeightswarmError as exc:
             self._jobs.pop(model, None)
@@ -139,7 +144,7 @@ class PodSync:
         with self._lock:
             pins = {m.key for m in (*self._jobs, *self._errors)}
         # Replaced, never mutated: the evictor copies the set from another thread.
-        self._daemon.ops.extra_pins = pins
+        self._set_pins(pins)
 
     # -- the status loop --------------------------------------------------------------------------
 
@@ -194,7 +199,7 @@ class PodSync:
                 pod, "ModelFetchFailed", f"fetch of {model.key} failed: {status.error}", "Warning"
             )
 
-    def _cannot_fit(self, error: CacheFullError) -> None:
+    def on_cache_full(self, error: CacheFullError) -> None:
         """Eviction's hook (a job's thread): tell the pods waiting for that repo why it will fail."""
         with self._lock:
             models = [m for m in (*self._jobs, *self._errors) if m.repo_id == error.repo_id]

@@ -32,7 +32,6 @@ pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -51,16 +50,13 @@ from agent.core.errors import (
     WaitTimeoutError,
     WeightswarmError,
 )
-from agent.core.hashing import BlobHasher, BlobHashes
-from agent.core.metainfo import info_dict
-from agent.core.plan import FetchPlan, FileEntry
-from agent.core.progress import FileProgress
+from agent.core.hashing import BlobHasher
+from agent.core.metainfo import infohash
+from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.fetch.engine import install_downloaded
-from agent.origin.ranges import OriginSource
 from agent.swarm.session import Swarm, WebSeed
 from agent.swarm.tracker_client import Lease, TrackerClient
-from tracker.bencode import bdecode, bencode
+from tracker.bencode import bdecode
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +91,6 @@ Progress = Callable[[int], None]
 
 class _Stalled(Exception):
     pass
-
-
-def encoded_info(blob_id: str, digest: BlobDigest) -> bytes:
-    """The bencoded v1 info dict of a blob, rebuilt from its sidecar (its piece hashes live there)."""
-    return bencode(info_dict(blob_id, digest.size, digest.piece_length, digest.pieces))
 
 
 class SwarmFetcher:
@@ -327,7 +318,7 @@ class SwarmFetcher:
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
-        info = encoded_info(blob.blob_id, digest)
+        info = digest.encoded_info(blob.blob_id)
         self._seed(cache, blob, info, publish=publish)
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
@@ -477,7 +468,7 @@ class SwarmFetcher:
         if digest is None:
             return
         try:
-            self._seed(cache, blob, encoded_info(blob.blob_id, digest), publish=False)
+            self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
         except (SwarmError, ValueError) as exc:
             log.warning("not seeding %s: %s", blob.path, exc)
 
@@ -492,91 +483,6 @@ class SwarmFetcher:
         with self._locks_guard:
             self._web_seeded.discard(blob_id)
         try:
-            self.swarm.remove(hashlib.sha1(info).hexdigest(), delete_files=False)
+            self.swarm.remove(infohash(info), delete_files=False)
         except WeightswarmError:
             pass
-
-
-class SwarmSource:
-    """The swarm as a `BlobSource` for one fetch (agent.fetch.engine): the policy above per blob.
-
-    Unlike the origin source it installs each blob itself (libtorrent renames the finished file
-    to `blobs/<id>`, and the origin path must publish and seed right after installing), so the
-    engine finds the blob complete and only links the snapshot.
-    """
-
-    name = "swarm"
-
-    def __init__(
-        self,
-        fetcher: SwarmFetcher,
-        origin: OriginSource,
-        verify_safetensors: bool = True,
-        on_blob: Callable[[FileEntry, BlobOutcome, int], None] | None = None,
-    ) -> None:
-        self.fetcher = fetcher
-        self.origin = origin
-        self.verify_safetensors = verify_safetensors
-        self._on_blob = on_blob
-        """Called as each blob completes: (entry, outcome, bytes the origin engine pulled for it)."""
-        self._lock = threading.Lock()
-        self.bytes_from_peers = 0
-        self.bytes_from_origin = 0
-        self._resumed = 0
-        self.sources: dict[str, BlobOrigin] = {}
-        """repo path -> where its bytes came from, for job status."""
-
-    @property
-    def bytes_received(self) -> int:
-        with self._lock:
-            return self.bytes_from_peers + self.bytes_from_origin
-
-    @property
-    def bytes_resumed(self) -> int:
-        with self._lock:
-            return self._resumed
-
-    def fetch_blob(
-        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
-    ) -> BlobHashes:
-        reported = 0
-
-        def on_progress(done: int) -> None:
-            nonlocal reported
-            if done > reported:
-                progress.advance(done - reported)
-                reported = done
-
-        engine_bytes = 0
-
-        def from_origin() -> None:
-            nonlocal reported, engine_bytes
-            # A source of its own per blob: the shared one's counters also move with the other
-            # blobs downloading at the same time, which would count their bytes here too.
-            origin = self.origin
-            one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
-            try:
-                hashes = one.fetch_blob(plan, entry, cache, progress)
-            finally:
-                engine_bytes = one.bytes_received
-                with self._lock:
-                    self.bytes_from_origin += one.bytes_received
-                    self._resumed += one.bytes_resumed
-            reported = entry.size
-            install_downloaded(cache, entry, hashes, self.verify_safetensors)
-
-        def web_seed_url() -> str:
-            return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
-
-        outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
-        on_progress(entry.size)
-        with self._lock:
-            self.sources[entry.path] = outcome.source
-            self.bytes_from_peers += outcome.bytes_from_peers
-            self.bytes_from_origin += outcome.bytes_from_origin
-        if self._on_blob is not None:
-            self._on_blob(entry, outcome, engine_bytes)
-        digest = cache.read_sidecar(entry.blob_id)
-        if digest is None:
-            raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
-        return BlobHashes(entry.blob_id, digest.size, digest.xxh3, digest.piece_length, digest.pieces)

@@ -1,7 +1,8 @@
-"""Command-line pieces both CLIs use: options from `WEIGHTSWARM_<OPTION>`, one-line errors.
+"""Command-line pieces both CLIs (`agent`, `tracker`) use: options also read from
+`WEIGHTSWARM_<OPTION>`, and expected failures printed as one line with their exit code.
 
-It lives in `tracker` because the tracker must not import `agent` (an import-linter contract),
-while the agent may import the tracker's small shared modules (as it does `tracker.bencode`).
+A package of its own: the tracker must not import the agent, and a CLI kit is neither's.
+Imports neither `agent` nor `tracker` (an import-linter contract).
 """
 
 from __future__ import annotations
@@ -13,7 +14,26 @@ from typing import Any, Protocol, TypeVar
 
 import click
 
-from tracker.errors import EXIT_FAILURE, ExpectedError
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class ExpectedError(Exception):
+    """An expected failure: a one-line message a person can act on, and the process exit code.
+
+    The base of the tracker's errors (`tracker.errors.TrackerError`) and of the agent's
+    (`agent.core.errors.WeightswarmError`); each CLI catches its own family (`error_handler`).
+    """
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,0 +1,101 @@
+"""The swarm as a `BlobSource` for one daemon fetch (agent.fetch.engine): the per-blob policy of
+agent.swarm.policy, with the origin engine (agent.origin.ranges) as the fallback it is handed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from agent.cache.layout import RepoCache
+from agent.core.errors import IntegrityError
+from agent.core.hashing import BlobHashes
+from agent.core.plan import FetchPlan, FileEntry
+from agent.core.progress import FileProgress
+from agent.fetch.engine import install_downloaded
+from agent.origin.ranges import OriginSource
+from agent.swarm.policy import BlobOrigin, BlobOutcome, SwarmFetcher
+
+
+class SwarmSource:
+    """The swarm as a `BlobSource` for one fetch (agent.fetch.engine): the policy above per blob.
+
+    Unlike the origin source it installs each blob itself (libtorrent renames the finished file
+    to `blobs/<id>`, and the origin path must publish and seed right after installing), so the
+    engine finds the blob complete and only links the snapshot.
+    """
+
+    name = "swarm"
+
+    def __init__(
+        self,
+        fetcher: SwarmFetcher,
+        origin: OriginSource,
+        verify_safetensors: bool = True,
+        on_blob: Callable[[FileEntry, BlobOutcome, int], None] | None = None,
+    ) -> None:
+        self.fetcher = fetcher
+        self.origin = origin
+        self.verify_safetensors = verify_safetensors
+        self._on_blob = on_blob
+        """Called as each blob completes: (entry, outcome, bytes the origin engine pulled for it)."""
+        self._lock = threading.Lock()
+        self.bytes_from_peers = 0
+        self.bytes_from_origin = 0
+        self._resumed = 0
+        self.sources: dict[str, BlobOrigin] = {}
+        """repo path -> where its bytes came from, for job status."""
+
+    @property
+    def bytes_received(self) -> int:
+        with self._lock:
+            return self.bytes_from_peers + self.bytes_from_origin
+
+    @property
+    def bytes_resumed(self) -> int:
+        with self._lock:
+            return self._resumed
+
+    def fetch_blob(
+        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+    ) -> BlobHashes:
+        reported = 0
+
+        def on_progress(done: int) -> None:
+            nonlocal reported
+            if done > reported:
+                progress.advance(done - reported)
+                reported = done
+
+        engine_bytes = 0
+
+        def from_origin() -> None:
+            nonlocal reported, engine_bytes
+            # A source of its own per blob: the shared one's counters also move with the other
+            # blobs downloading at the same time, which would count their bytes here too.
+            origin = self.origin
+            one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
+            try:
+                hashes = one.fetch_blob(plan, entry, cache, progress)
+            finally:
+                engine_bytes = one.bytes_received
+                with self._lock:
+                    self.bytes_from_origin += one.bytes_received
+                    self._resumed += one.bytes_resumed
+            reported = entry.size
+            install_downloaded(cache, entry, hashes, self.verify_safetensors)
+
+        def web_seed_url() -> str:
+            return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
+
+        outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
+        on_progress(entry.size)
+        with self._lock:
+            self.sources[entry.path] = outcome.source
+            self.bytes_from_peers += outcome.bytes_from_peers
+            self.bytes_from_origin += outcome.bytes_from_origin
+        if self._on_blob is not None:
+            self._on_blob(entry, outcome, engine_bytes)
+        digest = cache.read_sidecar(entry.blob_id)
+        if digest is None:
+            raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
+        return BlobHashes(entry.blob_id, digest.size, digest.xxh3, digest.piece_length, digest.pieces)
