@@ -12,16 +12,27 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
+
+# Dependencies first, in their own layer (rebuilt only when the lock changes): exactly the files
+# in requirements.lock, each checked against its sha256 (libtorrent is its PyPI manylinux wheel).
+# Wheels only: an sdist would be built with whatever its build requirements resolve to today.
+# `./dev lock` refreshes the lock files; tests/test_image.py runs these RUN lines (it reads them here).
+COPY requirements.lock requirements-build.lock ./
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --require-hashes --only-binary=:all: -r requirements.lock
+
+# Then the project itself, resolving nothing: its wheel is built by the locked setuptools in a
+# throwaway venv, installed with --no-deps, and `pip check` fails the build if requirements.lock
+# does not satisfy pyproject.toml (a dependency added but not locked).
 COPY pyproject.toml README.md ./
 COPY agent/ agent/
 COPY tracker/ tracker/
-
-# Wheels first (ours plus every dependency; libtorrent comes as its PyPI manylinux wheel),
-# then an offline install of exactly those wheels: what is installed is what was built.
-# tests/test_image.py runs these same commands (it reads them from this file).
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip wheel --wheel-dir /wheels . \
-    && /opt/venv/bin/pip install --no-index --find-links /wheels /wheels/weightswarm-*.whl
+COPY clikit/ clikit/
+RUN python -m venv /opt/build \
+    && /opt/build/bin/pip install --require-hashes --only-binary=:all: -r requirements-build.lock \
+    && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && /opt/venv/bin/pip install --no-deps /wheels/weightswarm-*.whl \
+    && /opt/venv/bin/pip check
 
 FROM python:3.11-slim-bookworm
 

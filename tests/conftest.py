@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, in_ci, require
+from tests.support.procs import free_port, in_ci, require
 
 # The daemon tests' fixtures (origin, tracker, make_agent) for every test module; a module's own
 # fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
-pytest_plugins = ["tests.daemon_fixtures"]
+pytest_plugins = ["tests.support.cluster"]
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +62,7 @@ _OPT_IN_MARKERS = ("slow", "multinode")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow` and `multinode` tests are opt-in on a developer's machine: they run only when `-m` names
-    their marker. CI (`CI` set, see tests.helpers.in_ci) runs them all."""
+    their marker. CI (`CI` set, see tests.support.procs.in_ci) runs them all."""
     if in_ci():
         return
     markexpr = config.getoption("markexpr", "") or ""
@@ -80,7 +80,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """In CI nothing skips: a skip there is a test that silently did not run (a dependency `./dev`
-    should have installed, a `pytest.skip` added without `tests.helpers.require`), so it fails."""
+    should have installed, a `pytest.skip` added without `tests.support.procs.require`), so it fails."""
     report: pytest.TestReport = yield
     if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

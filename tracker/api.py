@@ -41,7 +41,7 @@ class HeartbeatRequest(BaseModel):
     ttl: float = Field(default=60, gt=0, le=3600)
 
 
-class FileEntry(BaseModel):
+class ManifestFile(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     path: str
@@ -54,7 +54,7 @@ class ManifestRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     revision: str | None = None
-    files: list[FileEntry]
+    files: list[ManifestFile]
 
 
 def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> FastAPI:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from agent.cache.layout import BlobDigest, write_atomic
+from agent.cache.layout import BlobDigest, StateDir, write_atomic
 from agent.core.errors import CacheFullError, NotFoundError
 from agent.core.metainfo import infohash
 from agent.core.settings import Settings
@@ -278,14 +278,15 @@ class BlobReaders:
 
 def forget_blob_state(state_dir: Path, blob_id: str) -> None:
     """Drop the agent's own state of a deleted blob: its digest sidecar and libtorrent resume data."""
-    sidecar = state_dir / "digests" / f"{blob_id}.json"
+    state = StateDir(state_dir)
+    sidecar = state.sidecar(blob_id)
     try:
         d = BlobDigest.from_json(sidecar.read_bytes())
-        (state_dir / "resume" / f"{infohash(d.encoded_info(blob_id))}.resume").unlink(missing_ok=True)
+        state.resume_file(infohash(d.encoded_info(blob_id))).unlink(missing_ok=True)
     except (FileNotFoundError, ValueError, KeyError):
         pass
     sidecar.unlink(missing_ok=True)
-    (state_dir / "partials" / f"{blob_id}.json").unlink(missing_ok=True)
+    state.partial_record(blob_id).unlink(missing_ok=True)
 
 
 def drop_snapshot(repo: CachedRepo, commit: str) -> None:

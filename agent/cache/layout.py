@@ -12,10 +12,12 @@ each repo's `blobs/<id>` is a hard link to the same inode (a copy only where the
 link, said in the log), so it is stored once, verified once (the sidecar is per blob id) and seeded as
 one torrent from whichever link the swarm holds. Removing one repo's link leaves the others intact.
 
-The agent's state lives in `state_dir`, never inside the hub cache:
+The agent's state lives in `state_dir`, never inside the hub cache (`StateDir` owns its layout):
 
     <state_dir>/digests/<blob id>.json    xxh3-128 sidecar: {size, mtime_ns, xxh3, pieces...}
-    <state_dir>/partials/<blob id>.json   resume record of a partial blob (see agent.fetch.engine)
+    <state_dir>/partials/<blob id>.json   resume record of a partial blob (see agent.origin.ranges)
+    <state_dir>/resume/<infohash>.resume  libtorrent's resume data (agent.swarm.session)
+    <state_dir>/usage.json                last use per blob id (agent.cache.eviction)
 
 Every file others may read appears through `os.replace` of a fully written temp file.
 """
@@ -112,6 +114,38 @@ def write_atomic(target: Path, data: bytes, fsync: bool = True) -> None:
 
 
 @dataclass(frozen=True)
+class StateDir:
+    """The agent's own state directory (`--state-dir`): the one place that names what is in it."""
+
+    root: Path
+
+    @property
+    def digests(self) -> Path:
+        return self.root / "digests"
+
+    @property
+    def partials(self) -> Path:
+        return self.root / "partials"
+
+    @property
+    def resume(self) -> Path:
+        return self.root / "resume"
+
+    @property
+    def usage(self) -> Path:
+        return self.root / "usage.json"
+
+    def sidecar(self, blob_id: str) -> Path:
+        return self.digests / f"{check_blob_id(blob_id)}.json"
+
+    def partial_record(self, blob_id: str) -> Path:
+        return self.partials / f"{check_blob_id(blob_id)}.json"
+
+    def resume_file(self, infohash: str) -> Path:
+        return self.resume / f"{infohash}.resume"
+
+
+@dataclass(frozen=True)
 class BlobDigest:
     """What the agent remembers about a complete blob (the sidecar), computed in the one hashing pass."""
 
@@ -156,6 +190,7 @@ class RepoCache:
         self.cache_dir = cache_dir
         self.root = cache_dir / repo_folder_name(repo_id)
         self.state_dir = state_dir
+        self.state = StateDir(state_dir)
         self.blobs_dir = self.root / "blobs"
         self.snapshots_dir = self.root / "snapshots"
         self.refs_dir = self.root / "refs"
@@ -174,11 +209,11 @@ class RepoCache:
 
     @property
     def digests_dir(self) -> Path:
-        return self.state_dir / "digests"
+        return self.state.digests
 
     @property
     def partials_dir(self) -> Path:
-        return self.state_dir / "partials"
+        return self.state.partials
 
     def blob_path(self, blob_id: str) -> Path:
         return self.blobs_dir / check_blob_id(blob_id)
@@ -188,10 +223,10 @@ class RepoCache:
         return self.blobs_dir / f"{check_blob_id(blob_id)}.incomplete"
 
     def sidecar_path(self, blob_id: str) -> Path:
-        return self.digests_dir / f"{check_blob_id(blob_id)}.json"
+        return self.state.sidecar(blob_id)
 
     def partial_record_path(self, blob_id: str) -> Path:
-        return self.partials_dir / f"{check_blob_id(blob_id)}.json"
+        return self.state.partial_record(blob_id)
 
     def snapshot_dir(self, commit: str) -> Path:
         return self.snapshots_dir / check_commit(commit)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from agent.cache.eviction import repo_id_of
-from agent.cache.layout import check_repo_id
+from agent.cache.layout import StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.settings import Settings
 from agent.daemon.nodeops import NodeOps
@@ -166,7 +166,7 @@ class Daemon:
         """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
         self._tracker_up: bool | None = None
         """The last probe's answer; None before the first."""
-        self.swarm = Swarm(s.swarm, s.state_dir / "resume")
+        self.swarm = Swarm(s.swarm, StateDir(s.state_dir).resume)
         try:
             # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
             self.node_id = f"{s.daemon.node_name}:{self.swarm.listen_port}"

@@ -29,7 +29,7 @@ from agent.cache.eviction import (
     remove_model,
     scan_cache,
 )
-from agent.cache.layout import RepoCache
+from agent.cache.layout import RepoCache, StateDir
 from agent.core.errors import WeightswarmError
 from agent.core.plan import FetchPlan
 from agent.core.settings import Settings
@@ -64,7 +64,7 @@ class NodeOps:
         self._seeder = seeder
         self._tracker = tracker
         self.metrics = AgentMetrics()
-        self.usage = UsageLog(settings.state_dir / "usage.json")
+        self.usage = UsageLog(StateDir(settings.state_dir).usage)
         self.readers = BlobReaders()
         self.extra_pins: set[str] = set()
         """`REPO[@REV]` pinned for pods on this node (`pin_for_pods`); replaced, never mutated: the

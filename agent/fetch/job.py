@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from agent.cache.layout import RepoCache
 from agent.core.errors import AuthError, NotFoundError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
-from agent.core.progress import FileProgress as BarFile
-from agent.core.progress import Progress
+from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine
-from agent.fetch.jobs import FileProgress, Job
+from agent.fetch.jobs import Job, JobFile
 from agent.fetch.planning import plan_fetch
 from agent.fetch.swarm_source import SwarmSource
 from agent.origin.client import OriginClient
@@ -51,7 +50,7 @@ class JobProgress(Progress):
         super().__init__(quiet=True)
         self.job = job
 
-    def _advance(self, fp: BarFile, n: int) -> None:
+    def _advance(self, fp: FileProgress, n: int) -> None:
         super()._advance(fp, n)
         self.job.file_progress(fp.name, fp.done)
 
@@ -100,7 +99,7 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
     plan = plan_fetch(client, ctx.tracker, key.repo_id, key.revision, key.include, key.exclude)
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
-    files = [FileProgress(e.path, e.size, e.blob_id) for e in plan.files]
+    files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
         if cache.adopt_blob(fp.blob_id, fp.size):
             fp.done, fp.source = fp.size, "cache"

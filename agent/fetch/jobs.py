@@ -21,7 +21,7 @@ Source = Literal["pending", "cache", "peers", "origin"]
 
 
 @dataclass
-class FileProgress:
+class JobFile:
     path: str
     size: int
     blob_id: str = ""
@@ -58,7 +58,7 @@ class JobStatus:
     exit_code: int | None
     """The CLI exit code of the failure (3 not found, 4 access refused, ...; agent.core.errors)."""
     snapshot: str | None
-    files: list[FileProgress]
+    files: list[JobFile]
     created: float
     finished: float | None
 
@@ -96,7 +96,7 @@ class Job:
         self._error: str | None = None
         self._exit_code: int | None = None
         self._snapshot: str | None = None
-        self._files: dict[str, FileProgress] = {}
+        self._files: dict[str, JobFile] = {}
         self._peers = 0
         self._origin = 0
         self._cached = 0
@@ -105,7 +105,7 @@ class Job:
 
     # -- writers (the worker) -------------------------------------------------------------
 
-    def set_plan(self, commit: str, files: list[FileProgress]) -> None:
+    def set_plan(self, commit: str, files: list[JobFile]) -> None:
         with self._lock:
             self._commit = commit
             self._files = {f.path: f for f in files}
@@ -164,7 +164,7 @@ class Job:
 
     def status(self) -> JobStatus:
         with self._lock:
-            files = [FileProgress(f.path, f.size, f.blob_id, f.done, f.source) for f in self._files.values()]
+            files = [JobFile(f.path, f.size, f.blob_id, f.done, f.source) for f in self._files.values()]
             return JobStatus(
                 job_id=self.id,
                 repo_id=self.key.repo_id,

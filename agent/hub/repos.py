@@ -74,7 +74,7 @@ def safe_repo_path(path: str) -> bool:
 
 
 @dataclass(frozen=True)
-class FileEntry:
+class RepoFile:
     """One file of one commit: where its bytes are and what they must hash to."""
 
     path: str
@@ -107,7 +107,7 @@ class Snapshot:
 
     repo_id: str
     commit: str
-    files: dict[str, FileEntry]
+    files: dict[str, RepoFile]
 
     @property
     def last_modified_ns(self) -> int:
@@ -123,7 +123,7 @@ class Snapshot:
         return dirs
 
 
-def _commit_of(files: dict[str, FileEntry]) -> str:
+def _commit_of(files: dict[str, RepoFile]) -> str:
     digest = hashlib.sha1()
     for path in sorted(files):
         digest.update(f"{path}\0{files[path].oid}\n".encode())
@@ -138,7 +138,7 @@ class RepoStore:
         self._lock = threading.Lock()
         self._hashes: dict[tuple[str, int, int, int], tuple[str, str | None]] = {}
         self._commits: dict[tuple[str, str], Snapshot] = {}
-        self._blobs: dict[str, list[FileEntry]] = {}
+        self._blobs: dict[str, list[RepoFile]] = {}
 
     def repo_dir(self, repo_id: str) -> Path | None:
         if not valid_repo_id(repo_id):
@@ -192,10 +192,10 @@ class RepoStore:
         if directory is None:
             return None
         with self._lock:
-            files: dict[str, FileEntry] = {}
+            files: dict[str, RepoFile] = {}
             for rel, abs_path, st in self._walk(directory):
                 oid, sha256 = self._hash(abs_path, rel, st)
-                files[rel] = FileEntry(rel, abs_path, st.st_size, st.st_mtime_ns, st.st_ino, oid, sha256)
+                files[rel] = RepoFile(rel, abs_path, st.st_size, st.st_mtime_ns, st.st_ino, oid, sha256)
             commit = _commit_of(files)
             known = self._commits.get((repo_id, commit))
             if known is not None and all(known.files[p] == f for p, f in files.items()):
@@ -220,7 +220,7 @@ class RepoStore:
             return head if head is not None and head.commit == revision else None
         return None
 
-    def blob(self, sha256: str) -> FileEntry | None:
+    def blob(self, sha256: str) -> RepoFile | None:
         """A file whose current bytes have this sha256 (for the CDN route), if any is unchanged."""
         with self._lock:
             candidates = list(self._blobs.get(sha256, ()))

@@ -40,7 +40,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from agent.hub import listing
 from agent.hub.faults import Faults, TokenBucket, chunk_for
-from agent.hub.repos import FileEntry, RepoStore, Snapshot, safe_repo_path, valid_repo_id
+from agent.hub.ranges import parse_range
+from agent.hub.repos import RepoFile, RepoStore, Snapshot, safe_repo_path, valid_repo_id
 from tracker.auth import bearer, matches
 
 log = logging.getLogger(__name__)
@@ -65,32 +66,6 @@ class RequestRecord(NamedTuple):
     path: str
     range: str | None
     status: int
-
-
-def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
-    """(start, end inclusive) for a single `bytes=` range, None to serve it all, "unsatisfiable" for 416.
-
-    Malformed or multi-range headers are ignored (RFC 9110 lets a server answer 200).
-    """
-    if not header or not header.startswith("bytes=") or "," in header:
-        return None
-    first, sep, last = header[6:].strip().partition("-")
-    if not sep or not (first.isdigit() or first == "") or not (last.isdigit() or last == ""):
-        return None
-    if first == "":
-        if last == "":
-            return None
-        n = int(last)
-        if n == 0 or size == 0:
-            return "unsatisfiable"
-        return max(0, size - n), size - 1
-    start = int(first)
-    end = size - 1 if last == "" else min(int(last), size - 1)
-    if last != "" and int(last) < start:
-        return None
-    if start >= size:
-        return "unsatisfiable"
-    return start, end
 
 
 class _Server(ThreadingHTTPServer):
@@ -272,7 +247,7 @@ class HubServer:
         msg = f"{sha256}|{repo_id}|{commit}|{path}|{expires}".encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
 
-    def cdn_location(self, base: str, snapshot: Snapshot, entry: FileEntry) -> str:
+    def cdn_location(self, base: str, snapshot: Snapshot, entry: RepoFile) -> str:
         assert entry.sha256 is not None
         expires = int(time.time() + CDN_URL_TTL)
         params = {
@@ -498,7 +473,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_file(method, entry, headers, (query.get("file", ""), sha256))
 
     def _send_file(
-        self, method: str, entry: FileEntry, headers: dict[str, str], names: tuple[str, ...]
+        self, method: str, entry: RepoFile, headers: dict[str, str], names: tuple[str, ...]
     ) -> None:
         try:
             f = open(entry.abs_path, "rb")  # noqa: SIM115 - closed below; the fd pins the bytes we checked

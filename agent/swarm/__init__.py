@@ -1,6 +1,7 @@
-"""BitTorrent: the libtorrent session, the only module that imports libtorrent (`session`: "stop
-seeding a blob" is `Swarm.remove`), the tracker's client (`tracker_client`) and the per-blob policy
-that decides between peers, an origin lease and a web seed (`policy`).
+"""BitTorrent: the libtorrent session (`session`, with `ltkit` the only modules that import
+libtorrent; "stop seeding a blob" is `Swarm.remove`), what the node seeds (`seeding`), the tracker's
+client (`tracker_client`) and the per-blob policy that decides between peers, an origin lease and a
+web seed (`policy`).
 
-May import `agent.origin`, `agent.cache` and `agent.core`.
+May import `agent.cache` and `agent.core`; the origin is handed in as callables, never imported.
 """

@@ -54,7 +54,8 @@ from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.swarm.session import Swarm, WebSeed
+from agent.swarm.session import Swarm
+from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import Lease, TrackerClient
 from tracker.bencode import bdecode
 

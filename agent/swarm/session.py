@@ -1,4 +1,4 @@
-"""The libtorrent adapter: the only module that imports libtorrent.
+"""The libtorrent adapter: with agent.swarm.ltkit (settings, conversions), the only libtorrent importer.
 
 One torrent per blob. The torrent's single file is the blob, saved straight into the hub
 cache's `blobs/` directory, so a complete blob is seeded from the cache with no copy.
@@ -34,12 +34,9 @@ are guarded by one lock, and waiters sleep on its condition.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -47,8 +44,18 @@ from urllib.parse import urlsplit
 
 import libtorrent as lt
 
+from agent.cache.layout import write_atomic
 from agent.core.errors import SwarmError, WaitTimeoutError
 from agent.core.settings import SwarmSettings
+from agent.swarm.ltkit import (
+    bdecode_dict,
+    fsync_file_and_dir,
+    infohash_of,
+    load_resume,
+    settings_pack,
+    torrent_info,
+)
+from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed
 
 log = logging.getLogger(__name__)
 
@@ -63,208 +70,6 @@ _MAX_LOOP_RESTARTS = 20
 _SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie")
 
 
-@dataclass(frozen=True)
-class WebSeed:
-    """The origin as a BEP 19 web seed.
-
-    `headers` are sent with every request, and libtorrent re-sends them after a redirect to
-    another host: never put a Hub token here for a URL that redirects to a CDN. Pass the
-    resolved (signed) CDN URL instead. Headers are kept out of repr (they may hold secrets).
-    """
-
-    url: str
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-
-@dataclass(frozen=True)
-class BlobStatus:
-    """One blob torrent, as the daemon sees it. Byte counters are for this process's session."""
-
-    infohash: str
-    state: str
-    """checking | downloading | stalled | finishing (verified, being renamed) | seeding | error | paused."""
-    path: Path
-    """Where the complete blob is (or will be): save_path / final name."""
-    total: int
-    done: int
-    download_rate: int
-    upload_rate: int
-    num_peers: int
-    num_seeds: int
-    bytes_from_peers: int
-    bytes_from_web_seeds: int
-    bytes_uploaded: int
-    hash_failures: int
-    banned_peers: int
-    error: str | None
-    last_progress_monotonic: float
-    swarm_seeders: int = -1
-    """Seeders the tracker counted in its last announce reply to this torrent; -1 = no reply yet."""
-    web_seed_errors: int = 0
-    """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
-    web_seed_error: str | None = None
-    """The last of those failures, one line, its URL without the query (which may be a signature)."""
-
-    @property
-    def complete(self) -> bool:
-        return self.state == "seeding"
-
-
-@dataclass
-class _Torrent:
-    handle: Any
-    infohash: str
-    save_path: Path
-    final_name: str
-    current_name: str
-    total: int
-    complete: bool = False
-    error: str | None = None
-    hash_failures: int = 0
-    banned_peers: int = 0
-    web_seeded: bool = False
-    finishing: bool = False
-    """Its rename to the final name is requested (once)."""
-    web_seed_errors: int = 0
-    web_seed_error: str | None = None
-    peer_bytes: int = 0
-    peer_seen: dict[tuple[str, int], int] = field(default_factory=dict)
-    last_done: int = -1
-    last_progress: float = field(default_factory=time.monotonic)
-    last_resume_save: float = field(default_factory=time.monotonic)
-
-
-def _settings_pack(s: SwarmSettings) -> dict[str, Any]:
-    alerts = (
-        lt.alert.category_t.error_notification
-        | lt.alert.category_t.status_notification
-        | lt.alert.category_t.storage_notification
-        | lt.alert.category_t.peer_notification
-        | lt.alert.category_t.tracker_notification
-        | lt.alert.category_t.ip_block_notification
-        # One alert per verified piece (256 KiB..16 MiB): cheap, and the moment to sample
-        # per-connection counters (web seed vs peer bytes) before a connection goes away.
-        | lt.alert.category_t.piece_progress_notification
-    )
-    return {
-        "listen_interfaces": s.listen,
-        "outgoing_interfaces": "",
-        "enable_dht": s.enable_dht,
-        "enable_lsd": s.enable_lsd,
-        "enable_upnp": s.enable_upnp,
-        "enable_natpmp": s.enable_natpmp,
-        "enable_outgoing_utp": s.enable_utp,
-        "enable_incoming_utp": s.enable_utp,
-        # With uTP off there is nothing to balance TCP against.
-        "mixed_mode_algorithm": int(lt.bandwidth_mixed_algo_t.prefer_tcp),
-        "allow_multiple_connections_per_ip": s.allow_multiple_connections_per_ip,
-        "upload_rate_limit": s.upload_rate_limit,
-        "download_rate_limit": s.download_rate_limit,
-        "connections_limit": s.connections_limit,
-        "send_buffer_watermark": s.send_buffer_watermark,
-        "send_buffer_low_watermark": s.send_buffer_low_watermark,
-        "max_queued_disk_bytes": s.max_queued_disk_bytes,
-        # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
-        # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
-        "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
-        "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
-        "request_queue_time": s.request_queue_time,
-        "max_out_request_queue": s.max_out_request_queue,
-        # Private swarm: every node is a cooperating agent, so tit-for-tat choking only slows it
-        # down. fixed_slots with unlimited slots = unchoke everyone who is interested.
-        "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
-        "unchoke_slots_limit": s.unchoke_slots_limit,
-        "seed_choking_algorithm": int(
-            lt.seed_choking_algorithm_t.fastest_upload
-            if s.seed_choke_fastest_upload
-            else lt.seed_choking_algorithm_t.round_robin
-        ),
-        "peer_timeout": s.peer_timeout,
-        "min_announce_interval": s.min_announce_interval,
-        "tracker_backoff": s.tracker_backoff,
-        "tracker_completion_timeout": s.tracker_completion_timeout,
-        "tracker_receive_timeout": s.tracker_receive_timeout,
-        "stop_tracker_timeout": s.stop_tracker_timeout,
-        "urlseed_wait_retry": s.web_seed_retry,
-        "file_pool_size": s.file_pool_size,
-        "alert_queue_size": s.alert_queue_size,
-        "alert_mask": int(alerts),
-        "ssrf_mitigation": s.ssrf_mitigation,
-        "user_agent": s.user_agent,
-        "peer_fingerprint": s.peer_fingerprint,
-        # Plaintext: RC4 "encryption" costs CPU and protects nothing inside a cluster.
-        "out_enc_policy": int(lt.enc_policy.disabled),
-        "in_enc_policy": int(lt.enc_policy.enabled),
-        # Connect to new peers quickly: a cold start adds many peers at once.
-        "connection_speed": 200,
-        "smooth_connects": False,
-        # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
-        # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
-        # retries after min_reconnect_time: each blob fetched from a lease holder that had just
-        # completed it waited 5 s (netns benchmark; reproduced on loopback). Keep such connections,
-        # reconnect within a second if one goes anyway, and close idle ones after a while instead.
-        "close_redundant_connections": False,
-        "min_reconnect_time": 1,
-        "inactivity_timeout": 120,
-    }
-
-
-def _torrent_info(info: bytes, what: str) -> Any:
-    if not info.startswith(b"d"):
-        raise SwarmError(f"invalid torrent info for {what}: not a bencoded dictionary")
-    try:
-        ti = lt.torrent_info(b"d4:info" + info + b"e")
-    except RuntimeError as exc:
-        raise SwarmError(f"invalid torrent info for {what}: {exc}") from None
-    if ti.num_files() != 1:
-        raise SwarmError(f"invalid torrent info for {what}: {ti.num_files()} files, expected one blob")
-    return ti
-
-
-def _infohash_of(ti: Any) -> str:
-    return str(ti.info_hashes().v1)
-
-
-def _bdecode_dict(raw: bytes) -> dict[bytes, Any]:
-    decoded = lt.bdecode(raw)
-    if not isinstance(decoded, dict):
-        raise RuntimeError("not a bencoded dictionary")
-    return cast(dict[bytes, Any], decoded)
-
-
-def _load_resume(path: Path) -> tuple[Any, dict[bytes, Any]]:
-    """(libtorrent's add_torrent_params, the whole dict with our keys) of a resume file."""
-    raw = path.read_bytes()
-    return lt.read_resume_data(raw), _bdecode_dict(raw)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _fsync_file_and_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class Swarm:
     """A libtorrent session seeding and fetching blobs. Several may live in one process."""
 
@@ -274,7 +79,7 @@ class Swarm:
         self.resume_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._torrents: dict[str, _Torrent] = {}
+        self._torrents: dict[str, TorrentRecord] = {}
         self._pending_saves: set[str] = set()
         self._stop = threading.Event()
         self._closed = False
@@ -283,7 +88,7 @@ class Swarm:
         self.loop_failures = 0
         """Times the alert loop failed and was restarted (each one is logged with its traceback)."""
         try:
-            self._ses = lt.session(cast(Any, _settings_pack(settings)))
+            self._ses = lt.session(cast(Any, settings_pack(settings)))
         except (RuntimeError, KeyError) as exc:
             raise SwarmError(f"cannot start the BitTorrent session on {settings.listen}: {exc}") from None
         # libtorrent exempts private and loopback addresses from rate limits by default (its
@@ -345,8 +150,8 @@ class Swarm:
         first time a peer asks for it, so a corrupt file is caught without a start-up re-hash.
         """
         blob_path = Path(blob_path)
-        ti = _torrent_info(info, blob_path.name)
-        ih = _infohash_of(ti)
+        ti = torrent_info(info, blob_path.name)
+        ih = infohash_of(ti)
         with self._lock:
             if ih in self._torrents:
                 return ih
@@ -386,7 +191,7 @@ class Swarm:
         `<blob_id>.incomplete`); then it becomes `dest_dir/<blob_id>` and status is "seeding".
         """
         dest_dir = Path(dest_dir)
-        ti = _torrent_info(info, blob_id)
+        ti = torrent_info(info, blob_id)
         for ws in web_seeds:
             if "@" in urlsplit(ws.url).netloc or any(k.lower() in _SECRET_HEADERS for k in ws.headers):
                 # libtorrent would forward it to the redirect target (see the module docstring).
@@ -395,7 +200,7 @@ class Swarm:
                     "origin's redirect first and pass the signed CDN URL without them"
                 )
             ti.add_url_seed(ws.url, "", list(ws.headers.items()))
-        ih = _infohash_of(ti)
+        ih = infohash_of(ti)
         with self._lock:
             existing = self._torrents.get(ih)
         if existing is not None:
@@ -436,7 +241,7 @@ class Swarm:
                 if ih in self._torrents:
                     continue
             try:
-                atp, ours = _load_resume(path)
+                atp, ours = load_resume(path)
                 final = ours.get(_FINAL_NAME_KEY)
             except (OSError, RuntimeError) as exc:
                 log.warning("skipping unreadable resume file %s: %s", path, exc)
@@ -463,19 +268,21 @@ class Swarm:
     def _read_resume(self, ih: str) -> tuple[Any, bool]:
         """(libtorrent's add_torrent_params or None, whether close() wrote it)."""
         try:
-            atp, ours = _load_resume(self.resume_dir / (ih + RESUME_SUFFIX))
+            atp, ours = load_resume(self.resume_dir / (ih + RESUME_SUFFIX))
             return atp, bool(ours.get(_CLEAN_KEY))
         except (OSError, RuntimeError):
             return None, False
 
-    def _recheck(self, rec: _Torrent) -> None:
+    def _recheck(self, rec: TorrentRecord) -> None:
         # The resume data predates the crash: pieces verified after its last save are on disk but
         # not in it. Hashing the partial file (holes read as zeros, fast) recovers all of them;
         # re-downloading them from peers would cost the network what a local read costs the disk.
         log.info("re-checking unfinished %s after an unclean stop", rec.current_name)
         rec.handle.force_recheck()
 
-    def _add(self, atp: Any, ih: str, save_path: Path, final: str, current: str, complete: bool) -> _Torrent:
+    def _add(
+        self, atp: Any, ih: str, save_path: Path, final: str, current: str, complete: bool
+    ) -> TorrentRecord:
         if self._closed:
             raise SwarmError("the BitTorrent session is closed")
         # Not auto-managed: libtorrent's queueing would pause torrents beyond active_limit,
@@ -491,7 +298,7 @@ class Swarm:
             except RuntimeError as exc:
                 raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
             total = atp.ti.total_size()
-            rec = _Torrent(handle, ih, save_path, final, current, total=total, complete=complete)
+            rec = TorrentRecord(handle, ih, save_path, final, current, total=total, complete=complete)
             self._torrents[ih] = rec
             self._changed.notify_all()
         self._request_save(rec)
@@ -503,7 +310,7 @@ class Swarm:
         with self._lock:
             return list(self._torrents)
 
-    def _get(self, ih: str) -> _Torrent:
+    def _get(self, ih: str) -> TorrentRecord:
         with self._lock:
             rec = self._torrents.get(ih)
         if rec is None:
@@ -541,7 +348,7 @@ class Swarm:
                 web_seed_error=rec.web_seed_error,
             )
 
-    def _state(self, rec: _Torrent, st: Any) -> str:
+    def _state(self, rec: TorrentRecord, st: Any) -> str:
         if rec.error or st.errc.value():
             return "error"
         if st.state in (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data):
@@ -641,7 +448,7 @@ class Swarm:
                 # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
                 self._on_finished(rec)
 
-    def _sample_sources(self, rec: _Torrent) -> None:
+    def _sample_sources(self, rec: TorrentRecord) -> None:
         """Add BitTorrent peers' new payload bytes to the torrent's peer total.
 
         libtorrent counts payload per torrent, not per source. Peer connections update their
@@ -665,7 +472,7 @@ class Swarm:
                 rec.peer_bytes += got - seen if got >= seen else got
                 rec.peer_seen[key] = got
 
-    def _record_for(self, alert: Any) -> _Torrent | None:
+    def _record_for(self, alert: Any) -> TorrentRecord | None:
         handle = getattr(alert, "handle", None)
         if handle is None or not handle.is_valid():
             return None
@@ -705,7 +512,7 @@ class Swarm:
         elif isinstance(alert, lt.url_seed_alert):
             self._on_web_seed_error(rec, alert)
 
-    def _on_web_seed_error(self, rec: _Torrent, alert: Any) -> None:
+    def _on_web_seed_error(self, rec: TorrentRecord, alert: Any) -> None:
         # Not alert.message(): it holds the whole URL, and a signed CDN URL's query is a credential.
         parts = urlsplit(str(alert.server_url()))
         reason = str(alert.error_message() or alert.error.message())
@@ -719,13 +526,13 @@ class Swarm:
         # libtorrent retries every `web_seed_retry` seconds, and the repeats are noise.
         (log.warning if first else log.info)("%s: %s", rec.final_name, line)
 
-    def _fail(self, rec: _Torrent, message: str) -> None:
+    def _fail(self, rec: TorrentRecord, message: str) -> None:
         log.error("blob %s: %s", rec.final_name, message)
         with self._changed:
             rec.error = message
             self._changed.notify_all()
 
-    def _on_finished(self, rec: _Torrent) -> None:
+    def _on_finished(self, rec: TorrentRecord) -> None:
         if rec.complete or rec.finishing:
             return
         rec.finishing = True
@@ -735,13 +542,13 @@ class Swarm:
             # Runs on libtorrent's disk thread after every queued write, then file_renamed_alert.
             rec.handle.rename_file(0, rec.final_name)
 
-    def _on_renamed(self, rec: _Torrent, new_name: str) -> None:
+    def _on_renamed(self, rec: TorrentRecord, new_name: str) -> None:
         new = Path(new_name)
         name = new.name if new.is_absolute() else new_name
         if name != rec.final_name:
             return
         try:
-            _fsync_file_and_dir(rec.save_path / rec.final_name)
+            fsync_file_and_dir(rec.save_path / rec.final_name)
         except OSError as exc:
             self._fail(rec, f"cannot flush {rec.save_path / rec.final_name}: {exc.strerror}")
             return
@@ -752,7 +559,7 @@ class Swarm:
         self._request_save(rec, flush=True)
         log.info("blob %s complete", rec.final_name)
 
-    def _request_save(self, rec: _Torrent, flush: bool = False, only_if_modified: bool = False) -> None:
+    def _request_save(self, rec: TorrentRecord, flush: bool = False, only_if_modified: bool = False) -> None:
         flags = lt.torrent_handle.save_info_dict
         if flush:
             flags |= lt.torrent_handle.flush_disk_cache
@@ -767,7 +574,7 @@ class Swarm:
         try:
             if rec is None:
                 return
-            data = _bdecode_dict(lt.write_resume_data_buf(alert.params))
+            data = bdecode_dict(lt.write_resume_data_buf(alert.params))
             # Web seeds are per-lease and may be signed URLs: never persisted.
             for key in (b"url-list", b"httpseeds"):
                 data.pop(key, None)
@@ -775,13 +582,13 @@ class Swarm:
             # close() pauses the session before its saves, so those describe the files exactly.
             data[_CLEAN_KEY] = 1 if self._final_saves else 0
             try:
-                _atomic_write(self.resume_dir / (rec.infohash + RESUME_SUFFIX), lt.bencode(data))
+                write_atomic(self.resume_dir / (rec.infohash + RESUME_SUFFIX), lt.bencode(data))
             except OSError as exc:
                 log.error("cannot write resume data for %s: %s", rec.final_name, exc)
         finally:
             self._save_done(rec)
 
-    def _save_done(self, rec: _Torrent | None) -> None:
+    def _save_done(self, rec: TorrentRecord | None) -> None:
         """A resume save answered (written or failed): close() may stop waiting for it."""
         with self._changed:
             if rec is not None:

@@ -1,0 +1,132 @@
+"""libtorrent's settings for a private datacenter swarm, and small conversions to and from its types.
+
+With agent.swarm.session, the only modules that import libtorrent (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import libtorrent as lt
+
+from agent.core.errors import SwarmError
+from agent.core.settings import SwarmSettings
+
+
+def settings_pack(s: SwarmSettings) -> dict[str, Any]:
+    alerts = (
+        lt.alert.category_t.error_notification
+        | lt.alert.category_t.status_notification
+        | lt.alert.category_t.storage_notification
+        | lt.alert.category_t.peer_notification
+        | lt.alert.category_t.tracker_notification
+        | lt.alert.category_t.ip_block_notification
+        # One alert per verified piece (256 KiB..16 MiB): cheap, and the moment to sample
+        # per-connection counters (web seed vs peer bytes) before a connection goes away.
+        | lt.alert.category_t.piece_progress_notification
+    )
+    return {
+        "listen_interfaces": s.listen,
+        "outgoing_interfaces": "",
+        "enable_dht": s.enable_dht,
+        "enable_lsd": s.enable_lsd,
+        "enable_upnp": s.enable_upnp,
+        "enable_natpmp": s.enable_natpmp,
+        "enable_outgoing_utp": s.enable_utp,
+        "enable_incoming_utp": s.enable_utp,
+        # With uTP off there is nothing to balance TCP against.
+        "mixed_mode_algorithm": int(lt.bandwidth_mixed_algo_t.prefer_tcp),
+        "allow_multiple_connections_per_ip": s.allow_multiple_connections_per_ip,
+        "upload_rate_limit": s.upload_rate_limit,
+        "download_rate_limit": s.download_rate_limit,
+        "connections_limit": s.connections_limit,
+        "send_buffer_watermark": s.send_buffer_watermark,
+        "send_buffer_low_watermark": s.send_buffer_low_watermark,
+        "max_queued_disk_bytes": s.max_queued_disk_bytes,
+        # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
+        # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
+        "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
+        "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
+        "request_queue_time": s.request_queue_time,
+        "max_out_request_queue": s.max_out_request_queue,
+        # Private swarm: every node is a cooperating agent, so tit-for-tat choking only slows it
+        # down. fixed_slots with unlimited slots = unchoke everyone who is interested.
+        "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
+        "unchoke_slots_limit": s.unchoke_slots_limit,
+        "seed_choking_algorithm": int(
+            lt.seed_choking_algorithm_t.fastest_upload
+            if s.seed_choke_fastest_upload
+            else lt.seed_choking_algorithm_t.round_robin
+        ),
+        "peer_timeout": s.peer_timeout,
+        "min_announce_interval": s.min_announce_interval,
+        "tracker_backoff": s.tracker_backoff,
+        "tracker_completion_timeout": s.tracker_completion_timeout,
+        "tracker_receive_timeout": s.tracker_receive_timeout,
+        "stop_tracker_timeout": s.stop_tracker_timeout,
+        "urlseed_wait_retry": s.web_seed_retry,
+        "file_pool_size": s.file_pool_size,
+        "alert_queue_size": s.alert_queue_size,
+        "alert_mask": int(alerts),
+        "ssrf_mitigation": s.ssrf_mitigation,
+        "user_agent": s.user_agent,
+        "peer_fingerprint": s.peer_fingerprint,
+        # Plaintext: RC4 "encryption" costs CPU and protects nothing inside a cluster.
+        "out_enc_policy": int(lt.enc_policy.disabled),
+        "in_enc_policy": int(lt.enc_policy.enabled),
+        # Connect to new peers quickly: a cold start adds many peers at once.
+        "connection_speed": 200,
+        "smooth_connects": False,
+        # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
+        # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
+        # retries after min_reconnect_time: each blob fetched from a lease holder that had just
+        # completed it waited 5 s (netns benchmark; reproduced on loopback). Keep such connections,
+        # reconnect within a second if one goes anyway, and close idle ones after a while instead.
+        "close_redundant_connections": False,
+        "min_reconnect_time": 1,
+        "inactivity_timeout": 120,
+    }
+
+
+def torrent_info(info: bytes, what: str) -> Any:
+    if not info.startswith(b"d"):
+        raise SwarmError(f"invalid torrent info for {what}: not a bencoded dictionary")
+    try:
+        ti = lt.torrent_info(b"d4:info" + info + b"e")
+    except RuntimeError as exc:
+        raise SwarmError(f"invalid torrent info for {what}: {exc}") from None
+    if ti.num_files() != 1:
+        raise SwarmError(f"invalid torrent info for {what}: {ti.num_files()} files, expected one blob")
+    return ti
+
+
+def infohash_of(ti: Any) -> str:
+    return str(ti.info_hashes().v1)
+
+
+def bdecode_dict(raw: bytes) -> dict[bytes, Any]:
+    decoded = lt.bdecode(raw)
+    if not isinstance(decoded, dict):
+        raise RuntimeError("not a bencoded dictionary")
+    return cast(dict[bytes, Any], decoded)
+
+
+def load_resume(path: Path) -> tuple[Any, dict[bytes, Any]]:
+    """(libtorrent's add_torrent_params, the whole dict with our keys) of a resume file."""
+    raw = path.read_bytes()
+    return lt.read_resume_data(raw), bdecode_dict(raw)
+
+
+def fsync_file_and_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -1,0 +1,82 @@
+"""What the swarm reports about a blob torrent, and how the origin joins one as a web seed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WebSeed:
+    """The origin as a BEP 19 web seed.
+
+    `headers` are sent with every request, and libtorrent re-sends them after a redirect to
+    another host: never put a Hub token here for a URL that redirects to a CDN. Pass the
+    resolved (signed) CDN URL instead. Headers are kept out of repr (they may hold secrets).
+    """
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class BlobStatus:
+    """One blob torrent, as the daemon sees it. Byte counters are for this process's session."""
+
+    infohash: str
+    state: str
+    """checking | downloading | stalled | finishing (verified, being renamed) | seeding | error | paused."""
+    path: Path
+    """Where the complete blob is (or will be): save_path / final name."""
+    total: int
+    done: int
+    download_rate: int
+    upload_rate: int
+    num_peers: int
+    num_seeds: int
+    bytes_from_peers: int
+    bytes_from_web_seeds: int
+    bytes_uploaded: int
+    hash_failures: int
+    banned_peers: int
+    error: str | None
+    last_progress_monotonic: float
+    swarm_seeders: int = -1
+    """Seeders the tracker counted in its last announce reply to this torrent; -1 = no reply yet."""
+    web_seed_errors: int = 0
+    """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
+    web_seed_error: str | None = None
+    """The last of those failures, one line, its URL without the query (which may be a signature)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "seeding"
+
+
+@dataclass
+class TorrentRecord:
+    """The session's record of one blob torrent (guarded by the session's lock)."""
+
+    handle: Any
+    infohash: str
+    save_path: Path
+    final_name: str
+    current_name: str
+    total: int
+    complete: bool = False
+    error: str | None = None
+    hash_failures: int = 0
+    banned_peers: int = 0
+    web_seeded: bool = False
+    finishing: bool = False
+    """Its rename to the final name is requested (once)."""
+    web_seed_errors: int = 0
+    web_seed_error: str | None = None
+    peer_bytes: int = 0
+    peer_seen: dict[tuple[str, int], int] = field(default_factory=dict)
+    last_done: int = -1
+    last_progress: float = field(default_factory=time.monotonic)
+    last_resume_save: float = field(default_factory=time.monotonic)

@@ -1,0 +1,1 @@
+"""Tests of agent.cache (see tests/support for what they share)."""

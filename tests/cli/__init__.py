@@ -1,0 +1,1 @@
+"""Tests of agent.cli (see tests/support for what they share)."""

@@ -1,0 +1,1 @@
+"""Tests of agent.daemon (see tests/support for what they share)."""

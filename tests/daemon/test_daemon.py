@@ -1,0 +1,138 @@
+"""The daemon end to end on loopback: real origin, real tracker, real agents and libtorrent."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import httpx
+
+from agent.cache.layout import RepoCache
+from tests.support.cluster import (
+    assert_snapshot_verifies,
+    fetch_all_and_verify,
+    fetch_and_wait,
+    file_requests,
+    wait_until_seeded,
+)
+from tests.support.procs import loop_until
+
+
+def test_warm_fetch_takes_nothing_from_the_origin(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    status_a = fetch_and_wait(a, origin.repo_id)
+    assert_snapshot_verifies(status_a["snapshot"], origin)
+    assert origin.size * 0.99 <= status_a["bytes_from_origin"] <= origin.size * 1.01
+
+    wait_until_seeded(tracker, a)
+    origin.hub.reset_counters()
+    b = make_agent("b", origin, tracker)
+    status_b = fetch_and_wait(b, origin.repo_id)
+    assert_snapshot_verifies(status_b["snapshot"], origin)
+    # Only metadata (revision + tree listing) reached the origin; every file byte came from A.
+    assert file_requests(origin.hub) == []
+    assert origin.hub.egress_bytes < 16 * 1024
+    assert status_b["bytes_from_origin"] == 0
+    assert status_b["bytes_from_peers"] >= origin.size
+    assert all(f["source"] == "peers" for f in status_b["files"])
+
+
+def test_three_cold_agents_take_each_blob_from_the_origin_once(origin, tracker, make_agent):
+    agents = [make_agent(n, origin, tracker) for n in ("a", "b", "c")]
+    origin.hub.reset_counters()
+    statuses = fetch_all_and_verify(agents, origin)
+    assert origin.hub.egress_bytes <= 1.1 * origin.size, (origin.hub.egress_bytes, origin.size)
+    assert sum(st["bytes_from_peers"] for st in statuses) >= 2 * origin.size * 0.9
+
+
+def test_tracker_down_fetch_from_origin_then_reregister(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    tracker.stop()
+    status = fetch_and_wait(a, origin.repo_id)
+    assert_snapshot_verifies(status["snapshot"], origin)
+    assert origin.size * 0.99 <= status["bytes_from_origin"] <= origin.size * 1.01
+
+    tracker.start()
+    cache = RepoCache(a.settings.cache_dir, a.settings.state_dir, origin.repo_id)
+    blobs = {f["blob_id"] for f in status["files"]}
+    assert all(cache.blob_is_complete(f["blob_id"], f["size"]) for f in status["files"])
+    # Back up: the agent publishes what it holds and announces it as a seeder.
+    loop_until(
+        lambda: all(tracker.blob(b).get("infohash") and tracker.blob(b).get("seeders") for b in blobs),
+        timeout=60,
+        what="blobs re-registered",
+    )
+
+
+def test_api_fetch_jobs_models_and_probes(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    url = a.api_url
+    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+    loop_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=10)
+    # An origin at 1 MiB/s keeps the job running for seconds: the second request certainly finds it.
+    origin.hub.rate_total = 2**20
+    resp = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id})
+    assert resp.status_code == 202
+    job_id = resp.json()["job_id"]
+    # A second identical request joins the running job.
+    again = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id})
+    assert again.status_code == 202
+    joined = again.json()
+    assert joined["job_id"] == job_id and joined["phase"] in ("Pending", "Downloading"), joined
+    assert [j["job_id"] for j in httpx.get(f"{url}/v1/jobs").json()] == [job_id]
+    st = loop_until(
+        lambda: (
+            (s := httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 2}, timeout=10).json())["phase"]
+            in ("Ready", "Failed")
+            and s
+        ),
+        timeout=90,
+    )
+    assert st["phase"] == "Ready", st
+    assert st["bytes_done"] == st["bytes_total"] == origin.size
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [m["repo_id"] for m in models] == [origin.repo_id]
+    assert models[0]["refs"]["main"] == st["commit"]
+    assert models[0]["snapshots"][0]["files"] == len(origin.files)
+    assert httpx.get(f"{url}/v1/jobs/nope").status_code == 404
+    bad = httpx.post(f"{url}/v1/fetch", json={"repo_id": "../etc"})
+    assert bad.status_code == 400 and "invalid repo id" in bad.json()["detail"]
+
+
+def test_concurrent_requests_for_one_model_share_a_job(origin, tracker, make_agent):
+    a = make_agent("a", origin, tracker)
+    jobs = []
+    threads = [
+        threading.Thread(target=lambda: jobs.append(a.request_model(origin.repo_id))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({j.id for j in jobs}) == 1
+    assert jobs[0].wait(90) and jobs[0].status().phase == "Ready"
+
+
+def test_a_standalone_fetched_cache_is_hashed_once_then_seeded(tmp_path, origin, tracker, make_agent):
+    # `agent fetch` without a daemon writes no piece hashes; `agent serve` on that cache must still
+    # seed it (after one verifying re-hash in the background), so peers never go to the origin.
+    from agent.core.settings import Settings
+    from agent.fetch.engine import fetch_snapshot
+
+    settings = Settings.from_env_defaults(
+        cache_dir=tmp_path / "a" / "hub", state_dir=tmp_path / "a" / "state"
+    )
+    origin_settings = dataclasses.replace(settings.origin, endpoint=origin.hub.url)
+    settings = dataclasses.replace(settings, origin=origin_settings)
+    fetch_snapshot(settings, origin.repo_id)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, origin.repo_id)
+    assert any(not cache.read_sidecar(b.name).pieces for b in cache.blobs_dir.iterdir())
+
+    a = make_agent("a", origin, tracker)
+    loop_until(lambda: len(a.held_blobs()) == len(origin.files), timeout=30, what="A seeds the cache")
+    assert all(cache.read_sidecar(b.name).pieces for b in cache.blobs_dir.iterdir())
+    wait_until_seeded(tracker, a)
+    origin.hub.reset_counters()
+    status_b = fetch_and_wait(make_agent("b", origin, tracker), origin.repo_id)
+    assert_snapshot_verifies(status_b["snapshot"], origin)
+    assert file_requests(origin.hub) == [] and status_b["bytes_from_origin"] == 0

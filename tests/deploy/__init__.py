@@ -1,0 +1,1 @@
+"""Deployment: the Helm chart rendered by Helm's engine and validated, the Dockerfile."""

@@ -1,0 +1,1 @@
+"""Tests of agent.fetch (see tests/support for what they share)."""

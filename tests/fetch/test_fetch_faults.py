@@ -1,0 +1,307 @@
+"""Bad input and a misbehaving origin: one clear error, nothing corrupt visible, only the failed file lost."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cache.layout import RepoCache
+from agent.cli.main import main
+from agent.core.errors import (
+    EXIT_AUTH,
+    EXIT_DISK,
+    EXIT_INTEGRITY,
+    EXIT_NOT_FOUND,
+    AuthError,
+    CacheError,
+    IntegrityError,
+    NotFoundError,
+    OriginError,
+    RateLimitedError,
+    UnsafePathError,
+)
+from agent.fetch.engine import fetch_snapshot
+from agent.hub import server as hub_server
+from agent.hub.server import HubServer
+from tests.support.fetchkit import (
+    REPO,
+    MiB,
+    fetch_args,
+    file_requests,
+    leftovers,
+    model,
+    repo_dir,
+    serve,
+    settings_for,
+    snapshot_contents,
+)
+
+TOKEN = "hf_sekrit_TOKEN_0123456789"
+
+
+@pytest.fixture
+def origin(tmp_path):
+    root = tmp_path / "origin"
+    files = model(root)
+    yield from ((srv, files) for srv in serve(root))
+
+
+def total(files: dict[str, bytes]) -> int:
+    return sum(len(b) for b in files.values())
+
+
+def shards(files: dict[str, bytes]) -> list[str]:
+    return sorted(p for p in files if p.endswith(".safetensors"))
+
+
+def cli(srv, tmp_path, *extra: str):
+    return CliRunner().invoke(main, ["--log-level", "DEBUG", *fetch_args(srv.url, tmp_path, *extra)])
+
+
+def assert_one_line_error(result, exit_code: int, *needles: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), result.stderr
+    # No traceback of ours (the in-process test hub may log its own connection resets to stderr).
+    assert not any(f"agent/{m}.py" in result.output for m in ("cli", "fetch", "origin", "download", "cache"))
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+def test_unknown_repo_revision_and_file(tmp_path, origin):
+    srv, _ = origin
+    unknown = CliRunner().invoke(
+        main, ["fetch", "org/nope", "--origin", srv.url, "--cache-dir", str(tmp_path / "h")]
+    )
+    assert_one_line_error(unknown, EXIT_NOT_FOUND, "org/nope", "not found")
+    assert_one_line_error(
+        cli(srv, tmp_path, "--revision", "no-such-branch"), EXIT_NOT_FOUND, "revision not found"
+    )
+    assert_one_line_error(cli(srv, tmp_path, "--include", "*.gguf"), EXIT_NOT_FOUND, "no file matches")
+    assert not (tmp_path / "hub" / "models--org--tiny" / "snapshots").exists() or not any(
+        (tmp_path / "hub" / "models--org--tiny" / "snapshots").iterdir()
+    )
+
+
+def test_invalid_repo_id_is_a_usage_error(tmp_path, origin):
+    srv, _ = origin
+    result = CliRunner().invoke(
+        main, ["fetch", "../etc", "--origin", srv.url, "--cache-dir", str(tmp_path / "h")]
+    )
+    assert_one_line_error(result, 2, "invalid repo id")
+
+
+def test_gated_repo_needs_a_valid_token_which_is_never_printed(tmp_path, caplog):
+    root = tmp_path / "origin"
+    files = model(root)
+    caplog.set_level(logging.DEBUG)
+    with HubServer(root, tokens=(TOKEN,), gated=(REPO,)) as srv:
+        no_token = cli(srv, tmp_path)
+        assert_one_line_error(no_token, EXIT_AUTH, "access refused", "--token")
+        wrong = cli(srv, tmp_path, "--token", TOKEN[::-1])
+        assert_one_line_error(wrong, EXIT_AUTH, "refused the token")
+        ok = cli(srv, tmp_path, "--token", TOKEN)
+        assert ok.exit_code == 0, ok.output
+        assert snapshot_contents(Path(ok.stdout.strip().splitlines()[-1])) == files
+        for result in (no_token, wrong, ok):
+            assert TOKEN not in result.output and TOKEN[::-1] not in result.output
+        assert TOKEN not in caplog.text and TOKEN[::-1] not in caplog.text
+        with pytest.raises(AuthError):
+            fetch_snapshot(settings_for(tmp_path / "x", srv.url), REPO)
+        settings = settings_for(tmp_path / "y", srv.url, token=TOKEN, max_retries=1)
+        assert TOKEN not in repr(settings)
+        # A run that fails partway keeps its resume records (and the digests of the files it finished).
+        srv.faults.status_methods = frozenset({"GET"})
+        srv.faults.truncate_after = 300_000
+        srv.faults.truncate_times = 100
+        with pytest.raises(OriginError):
+            fetch_snapshot(settings, REPO)
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and root not in p.parents]
+    # Every kind of file a fetch leaves is looked at: blobs, resume records, digests, refs.
+    for kind in ("blobs", "partials", "digests", "refs"):
+        assert any(p.parent.name == kind or p.parent.parent.name == kind for p in written), (kind, written)
+    for p in written:
+        assert TOKEN.encode() not in p.read_bytes(), p
+
+
+def test_429_retry_after_is_honoured_and_bounded(tmp_path, origin):
+    srv, files = origin
+    srv.faults.status_queue = [(429, {"Retry-After": "0.4"})] * 2
+    t0 = time.monotonic()
+    result = fetch_snapshot(settings_for(tmp_path, srv.url, files_at_once=1, connections=1), REPO)
+    assert time.monotonic() - t0 >= 0.8  # one request at a time: both waits are in series
+    assert snapshot_contents(result.snapshot_path) == files
+    assert [r.status for r in srv.requests].count(429) == 2
+
+    srv.faults.status_queue = [(429, {"Retry-After": "0"})] * 50
+    t0 = time.monotonic()
+    with pytest.raises(RateLimitedError, match="429"):
+        fetch_snapshot(settings_for(tmp_path / "b", srv.url, max_retries=3, files_at_once=1), REPO)
+    assert time.monotonic() - t0 < 30
+
+
+def test_5xx_and_dropped_connections_retry_only_that_range(tmp_path, origin):
+    srv, files = origin
+    srv.faults.status_methods = frozenset({"GET"})
+    srv.faults.status_queue = [(503, {}), (500, {}), (502, {})]
+    srv.faults.truncate_after = 300_000
+    srv.faults.truncate_times = 3
+    result = fetch_snapshot(settings_for(tmp_path, srv.url, chunk_size=1 << 20), REPO)
+    assert snapshot_contents(result.snapshot_path) == files
+    statuses = [r.status for r in srv.requests]
+    assert statuses.count(503) == statuses.count(500) == statuses.count(502) == 1
+    # Retried ranges restart where their bytes stopped: nothing is fetched twice.
+    assert srv.egress_bytes - total(files) < 64 * 1024
+
+
+def test_stalled_body_times_out_and_retries_the_rest_of_that_range(tmp_path, origin):
+    srv, files = origin
+    shard = shards(files)[0]
+    chunk, stall = 2 * MiB, 30.0
+    assert len(files[shard]) > chunk
+    # The first range stalls after 1.5 MiB; the client reads 1 MiB blocks, so it holds one whole block.
+    srv.faults.stall_seconds = stall
+    srv.faults.stall_after = 3 * MiB // 2
+    settings = settings_for(tmp_path, srv.url, read_timeout=0.5, chunk_size=chunk, connections=1)
+    t0 = time.monotonic()
+    result = fetch_snapshot(settings, REPO, include=[shard])
+    elapsed = time.monotonic() - t0
+    assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+    # A 0.5 s read timeout, not the 30 s stall: the stalled response was given up on.
+    assert elapsed < stall / 3, elapsed
+    # Then only the rest of the stalled range was asked for again, from the byte where it stopped (the
+    # stalled request itself is recorded only when its handler wakes up, after this test).
+    starts = {}
+    for r in srv.requests:
+        if r.method == "GET" and r.range:
+            first, _, last = r.range.removeprefix("bytes=").partition("-")
+            starts[int(first)] = int(last)
+    retried = [s for s in starts if 0 < s < chunk]
+    assert len(retried) == 1 and MiB <= retried[0] <= 3 * MiB // 2, starts
+    assert starts[retried[0]] == chunk - 1, starts
+
+
+def test_server_ignoring_range_gets_one_stream_per_file(tmp_path, origin):
+    srv, files = origin
+    srv.faults.ignore_range = True
+    result = fetch_snapshot(settings_for(tmp_path, srv.url, chunk_size=256 * 1024, connections=8), REPO)
+    assert snapshot_contents(result.snapshot_path) == files
+    gets = [
+        r
+        for r in srv.requests
+        if r.method == "GET" and (r.path.startswith("/_cdn/") or "/resolve/" in r.path)
+    ]
+    assert len(gets) == len(files)  # one stream per file, not one per range
+    assert srv.egress_bytes < total(files) + 64 * 1024
+
+
+def test_hash_mismatch_discards_only_that_file(tmp_path, origin):
+    srv, files = origin
+    bad = shards(files)[1]
+    srv.faults.corrupt_paths = {bad}
+    settings = settings_for(tmp_path, srv.url)
+    with pytest.raises(IntegrityError, match=bad):
+        fetch_snapshot(settings, REPO)
+    cache = RepoCache(settings.cache_dir, settings.state_dir, REPO)
+    snapshot = cache.snapshot_dir(srv.commit_for(REPO))
+    assert not (snapshot / bad).exists() and not (snapshot / bad).is_symlink()
+    assert leftovers(settings.cache_dir, settings.state_dir) == []
+    assert cache.read_ref("main") is None  # refs move only when everything is in place
+    good = [p for p in files if p != bad]
+    assert snapshot_contents(snapshot) == {p: files[p] for p in good}  # completed files are kept
+
+    srv.faults.reset()
+    srv.reset_counters()
+    result = fetch_snapshot(settings, REPO)
+    assert result.downloaded == (bad,)
+    assert snapshot_contents(result.snapshot_path) == files
+    assert srv.egress_bytes < len(files[bad]) + 64 * 1024
+
+    srv.faults.corrupt_paths = {bad}
+    assert_one_line_error(cli(srv, tmp_path / "d"), EXIT_INTEGRITY, bad, "does not match")
+
+
+class _EvilListing(hub_server._Handler):
+    """A hub whose tree listing smuggles in paths that would escape the snapshot."""
+
+    evil_path = "../../escape.json"
+
+    def _tree(self, repo_id, revision, prefix, query):
+        entry = {"type": "file", "oid": "1" * 40, "size": 3, "path": self.evil_path}
+        real = json.loads(
+            json.dumps(
+                hub_server.listing.tree_entries(self._snapshot(repo_id, revision, False), "", recursive=True)
+            )
+        )
+        self._send_json(200, [*real, entry])
+
+
+@pytest.mark.parametrize("evil", ["../../escape.json", "/etc/cron.d/x", "a/../../b"])
+def test_unsafe_paths_in_listing_are_refused(tmp_path, origin, evil):
+    srv, _ = origin
+    handler = type("Evil", (_EvilListing,), {"evil_path": evil})
+    srv._server.RequestHandlerClass = handler
+    settings = settings_for(tmp_path, srv.url)
+    with pytest.raises(UnsafePathError):
+        fetch_snapshot(settings, REPO)
+    assert file_requests(srv) == []
+    assert not repo_dir(settings.cache_dir).exists() or not any(
+        (repo_dir(settings.cache_dir) / "blobs").iterdir()
+    )
+    assert not (tmp_path / "escape.json").exists()
+    result = cli(srv, tmp_path)
+    assert_one_line_error(result, EXIT_INTEGRITY, "unsafe path")
+
+
+def test_unwritable_cache_dir(tmp_path, origin):
+    srv, _ = origin
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CacheError, match="cannot create"):
+        fetch_snapshot(settings_for(tmp_path, srv.url, cache_dir=blocker / "hub"), REPO)
+    result = CliRunner().invoke(
+        main, ["fetch", REPO, "--origin", srv.url, "--cache-dir", str(blocker / "hub")]
+    )
+    assert_one_line_error(result, EXIT_DISK, "cannot create")
+
+
+def test_read_only_cache_mount(tmp_path, origin, mounted_tmpfs):
+    srv, _ = origin
+    mnt = mounted_tmpfs(tmp_path / "ro", "size=4m,ro")
+    with pytest.raises(CacheError):
+        fetch_snapshot(settings_for(tmp_path, srv.url, cache_dir=mnt / "hub"), REPO)
+
+
+def test_origin_error_is_not_found_not_retried_forever(tmp_path, origin):
+    srv, _ = origin
+    srv.faults.status_methods = frozenset({"HEAD"})
+    srv.faults.status_queue = [(404, {"X-Error-Code": "EntryNotFound"})]
+    with pytest.raises(NotFoundError, match="not found"):
+        fetch_snapshot(settings_for(tmp_path, srv.url, files_at_once=1), REPO)
+
+
+def test_persistent_5xx_gives_up(tmp_path, origin):
+    srv, _ = origin
+    srv.faults.status_queue = [(500, {})] * 100
+    t0 = time.monotonic()
+    with pytest.raises(OriginError, match="500"):
+        fetch_snapshot(settings_for(tmp_path, srv.url, max_retries=2, files_at_once=1), REPO)
+    assert time.monotonic() - t0 < 30
+
+
+def test_token_is_sent_to_the_origin_host_only():
+    from agent.core.settings import OriginSettings
+    from agent.origin.client import OriginClient
+
+    client = OriginClient(OriginSettings(endpoint="http://127.0.0.1:8080", token=TOKEN))
+    assert (
+        client.headers_for("http://127.0.0.1:8080/org/m/resolve/main/x")["Authorization"] == f"Bearer {TOKEN}"
+    )
+    for elsewhere in ("http://127.0.0.2:8080/_cdn/x", "http://127.0.0.1:9090/x", "https://127.0.0.1:8080/x"):
+        assert "Authorization" not in client.headers_for(elsewhere)
+    assert TOKEN not in repr(client)

@@ -1,0 +1,1 @@
+"""Tests of agent.http (see tests/support for what they share)."""

@@ -1,0 +1,1 @@
+"""Tests of the test origin (agent.hub), proven against the real huggingface_hub client."""

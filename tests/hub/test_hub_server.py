@@ -1,0 +1,523 @@
+"""The HF-compatible hub, driven by the real huggingface_hub client, httpx and raw sockets."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from safetensors import safe_open
+
+from agent.cli.main import main as agent_main
+from agent.hub.ranges import parse_range
+from agent.hub.repos import git_blob_sha1
+from agent.hub.server import HubServer
+from agent.hub.testmodel import make_model, parse_size
+from tests.support.procs import kill_process, loop_until
+
+MiB = 2**20
+REPO = "org/model"
+GATED = "org/gated"
+PRIVATE = "org/private"
+TOKEN = "hf_test_token_123"
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hub")
+    make_model(root, REPO, total_bytes=8 * MiB, shards=2, seed=1)
+    nested = root / REPO / "sub" / "deeper"
+    nested.mkdir(parents=True)
+    (nested / "notes.txt").write_text("nested file\n")
+    (root / REPO / "sub" / "b.txt").write_text("b\n")
+    make_model(root, GATED, total_bytes=1 * MiB, shards=1, seed=2)
+    make_model(root, PRIVATE, total_bytes=1 * MiB, shards=1, seed=3)
+    return root
+
+
+@pytest.fixture
+def hub(hub_root: Path):
+    with HubServer(hub_root, tokens=[TOKEN], gated=[GATED], private=[PRIVATE], tree_page_size=3) as srv:
+        yield srv
+
+
+def repo_files(root: Path, repo_id: str) -> dict[str, bytes]:
+    base = root / repo_id
+    return {p.relative_to(base).as_posix(): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- the real huggingface_hub client --------------------------------------------------------------
+
+
+def test_snapshot_download_is_byte_identical_and_loads(hub: HubServer, hub_root: Path, tmp_path: Path):
+    path = Path(snapshot_download(REPO, endpoint=hub.url, cache_dir=tmp_path / "cache"))
+    assert path.name == hub.commit_for(REPO)
+    expected = repo_files(hub_root, REPO)
+    got = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    assert got == expected
+    index = json.loads(got["model.safetensors.index.json"])
+    seen: dict[str, str] = {}
+    for shard in sorted({*index["weight_map"].values()}):
+        with safe_open(str(path / shard), framework="numpy") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                assert f.get_tensor(name).nbytes > 0
+                seen[name] = shard
+    assert seen == index["weight_map"]
+    # LFS files went through the CDN redirect, small files were answered directly.
+    statuses = {(r.method, r.path.split("/")[-1]): r.status for r in hub.requests if "/resolve/" in r.path}
+    assert statuses[("HEAD", "model-00001-of-00002.safetensors")] == 302
+    assert statuses[("HEAD", "config.json")] == 200
+    assert any(r.path.startswith("/_cdn/") and r.status == 200 for r in hub.requests)
+
+
+def test_gated_repo_needs_a_valid_token(hub: HubServer, hub_root: Path, tmp_path: Path):
+    path = Path(snapshot_download(GATED, endpoint=hub.url, cache_dir=tmp_path / "ok", token=TOKEN))
+    assert (path / "model.safetensors").read_bytes() == (hub_root / GATED / "model.safetensors").read_bytes()
+    with pytest.raises(GatedRepoError):
+        snapshot_download(GATED, endpoint=hub.url, cache_dir=tmp_path / "anon", token=False)
+    with pytest.raises(HfHubHTTPError) as wrong:
+        hf_hub_download(GATED, "config.json", endpoint=hub.url, cache_dir=tmp_path / "bad", token="hf_wrong")
+    assert wrong.value.response.status_code == 401
+    assert not isinstance(wrong.value, GatedRepoError)
+    # The repo's metadata stays visible without a token, as on the Hub.
+    assert HfApi(endpoint=hub.url, token=False).model_info(GATED).gated == "auto"
+
+
+def test_private_and_missing_repos_look_alike(hub: HubServer, tmp_path: Path):
+    anon = HfApi(endpoint=hub.url, token=False)
+    authed = HfApi(endpoint=hub.url, token=TOKEN)
+    for api, repo_id, status in [(anon, PRIVATE, 401), (anon, "org/nope", 401), (authed, "org/nope", 404)]:
+        with pytest.raises(RepositoryNotFoundError) as err:
+            api.model_info(repo_id)
+        assert err.value.response.status_code == status
+    assert authed.model_info(PRIVATE).private is True
+    with pytest.raises(RepositoryNotFoundError):
+        hf_hub_download(PRIVATE, "config.json", endpoint=hub.url, cache_dir=tmp_path / "c", token=False)
+
+
+def test_unknown_revision_and_file(hub: HubServer, tmp_path: Path):
+    api = HfApi(endpoint=hub.url, token=False)
+    for revision in ("nope", "0" * 40):
+        with pytest.raises(RevisionNotFoundError):
+            api.model_info(REPO, revision=revision)
+    with pytest.raises(RevisionNotFoundError):
+        hf_hub_download(REPO, "config.json", revision="dev", endpoint=hub.url, cache_dir=tmp_path / "c")
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(REPO, "missing.json", endpoint=hub.url, cache_dir=tmp_path / "c")
+
+
+def test_hf_hub_download_nested_file(hub: HubServer, hub_root: Path, tmp_path: Path):
+    path = Path(hf_hub_download(REPO, "sub/deeper/notes.txt", endpoint=hub.url, cache_dir=tmp_path / "c"))
+    assert path.read_bytes() == (hub_root / REPO / "sub/deeper/notes.txt").read_bytes()
+    assert path.parent.parent.parent.name == hub.commit_for(REPO)
+
+
+def test_list_repo_tree_paginates_with_hub_oids(hub: HubServer, hub_root: Path):
+    api = HfApi(endpoint=hub.url, token=False)
+    entries = list(api.list_repo_tree(REPO, recursive=True))
+    pages = [r for r in hub.requests if "/tree/" in r.path]
+    files = repo_files(hub_root, REPO)
+    assert len(pages) == -(-len(entries) // 3) > 2
+    listed_files = {e.path: e for e in entries if hasattr(e, "size")}
+    assert set(listed_files) == set(files)
+    assert {e.path for e in entries if not hasattr(e, "size")} == {"sub", "sub/deeper"}
+    for path, data in files.items():
+        entry = listed_files[path]
+        assert entry.size == len(data)
+        if path.endswith(".safetensors"):
+            assert entry.lfs is not None and entry.lfs.sha256 == sha256(data) and entry.lfs.size == len(data)
+        else:
+            assert entry.lfs is None and entry.blob_id == git_blob_sha1(data)
+    top = [e.path for e in api.list_repo_tree(REPO, path_in_repo="sub")]
+    assert top == ["sub/b.txt", "sub/deeper"]
+
+
+def test_model_info_with_files_metadata(hub: HubServer, hub_root: Path):
+    info = HfApi(endpoint=hub.url, token=False).model_info(REPO, files_metadata=True)
+    assert info.id == REPO and info.sha == hub.commit_for(REPO)
+    files = repo_files(hub_root, REPO)
+    assert {s.rfilename for s in info.siblings or []} == set(files)
+    for sibling in info.siblings or []:
+        assert sibling.size == len(files[sibling.rfilename])
+        if sibling.rfilename.endswith(".safetensors"):
+            assert sibling.lfs is not None and sibling.lfs.sha256 == sha256(files[sibling.rfilename])
+
+
+def test_commit_moves_and_old_commits_stay_resolvable(tmp_path: Path):
+    root = tmp_path / "hub"
+    make_model(root, REPO, total_bytes=64 * 1024, shards=1)
+    with HubServer(root) as srv, httpx.Client(base_url=srv.url) as client:
+        assert srv.warm() == 1
+        old = srv.commit_for(REPO)
+        assert srv.commit_for(REPO, old) == old
+        (root / REPO / "README.md").write_text("changed\n")
+        new = srv.commit_for(REPO)
+        assert new != old
+        assert client.get(f"/api/models/{REPO}/revision/{old}").json()["sha"] == old
+        # Unchanged file of the old commit: served; changed file: 404 rather than the wrong bytes.
+        assert client.get(f"/{REPO}/resolve/{old}/config.json").status_code == 200
+        gone = client.get(f"/{REPO}/resolve/{old}/README.md")
+        assert gone.status_code == 404 and gone.headers["X-Error-Code"] == "EntryNotFound"
+        assert client.get(f"/{REPO}/resolve/{new}/README.md").content == b"changed\n"
+        # A half-written file is not part of any commit.
+        (root / REPO / "big.bin.incomplete").write_bytes(b"x" * 10)
+        assert srv.commit_for(REPO) == new
+
+
+# -- HTTP details ---------------------------------------------------------------------------------
+
+
+def test_head_headers_small_file_and_lfs_redirect(hub: HubServer, hub_root: Path):
+    commit = hub.commit_for(REPO)
+    config = (hub_root / REPO / "config.json").read_bytes()
+    shard = (hub_root / REPO / "model-00002-of-00002.safetensors").read_bytes()
+    with httpx.Client(base_url=hub.url) as client:
+        small = client.head(f"/{REPO}/resolve/main/config.json")
+        assert small.status_code == 200
+        assert small.headers["ETag"] == f'"{git_blob_sha1(config)}"'
+        assert small.headers["X-Repo-Commit"] == commit
+        assert int(small.headers["Content-Length"]) == len(config)
+        assert small.headers["Accept-Ranges"] == "bytes" and small.headers["X-Request-Id"]
+        big = client.head(f"/{REPO}/resolve/{commit}/model-00002-of-00002.safetensors")
+        assert big.status_code == 302
+        assert big.headers["X-Linked-Etag"] == f'"{sha256(shard)}"'
+        assert int(big.headers["X-Linked-Size"]) == len(shard)
+        assert big.headers["X-Repo-Commit"] == commit
+        location = big.headers["Location"]
+        assert location.startswith(f"{hub.url}/_cdn/{sha256(shard)}?")
+        assert client.get(location).content == shard
+        tampered = client.get(location.replace("sig=", "sig=0"))
+        assert tampered.status_code == 403
+
+
+def test_cdn_url_needs_no_authorization_even_for_gated(hub: HubServer, hub_root: Path):
+    with httpx.Client(base_url=hub.url) as client:
+        redirect = client.head(
+            f"/{GATED}/resolve/main/model.safetensors", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert redirect.status_code == 302
+        body = client.get(redirect.headers["Location"]).content
+    assert body == (hub_root / GATED / "model.safetensors").read_bytes()
+
+
+def test_ranges(hub: HubServer, hub_root: Path):
+    data = (hub_root / REPO / "config.json").read_bytes()
+    size = len(data)
+    url = f"/{REPO}/resolve/main/config.json"
+    with httpx.Client(base_url=hub.url) as client:
+        for header, (start, end) in [
+            ("bytes=2-9", (2, 9)),
+            ("bytes=5-", (5, size - 1)),
+            ("bytes=-7", (size - 7, size - 1)),
+            (f"bytes=3-{size * 2}", (3, size - 1)),
+        ]:
+            r = client.get(url, headers={"Range": header})
+            assert r.status_code == 206, header
+            assert r.content == data[start : end + 1]
+            assert r.headers["Content-Range"] == f"bytes {start}-{end}/{size}"
+        r = client.get(url, headers={"Range": f"bytes={size}-"})
+        assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{size}"
+        assert client.get(url, headers={"Range": "bytes=0-1,4-5"}).content == data  # multi-range: whole body
+    assert parse_range("bytes=-0", 10) == "unsatisfiable"
+    assert parse_range("bytes=5-2", 10) is None and parse_range("items=0-1", 10) is None
+
+
+def raw_get(url: str, path: str) -> int:
+    """A request whose path goes out exactly as written (httpx would normalise `..`)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_rejects_dot_dot(hub: HubServer):
+    (hub.root / "secret.txt").write_text("not a repo file")
+    for path in [
+        f"/{REPO}/resolve/main/../../secret.txt",
+        f"/{REPO}/resolve/main/%2E%2E/%2E%2E/secret.txt",
+        f"/{REPO}/resolve/main/sub/..%2F..%2F..%2Fsecret.txt",
+        f"/api/models/{REPO}/tree/main/..%2F..",
+    ]:
+        assert raw_get(hub.url, path) == 400, path
+    assert raw_get(hub.url, "/api/models/../org") in (401, 404)
+    assert raw_get(hub.url, "/org/../resolve/main/secret.txt") in (401, 404)
+
+
+def test_error_headers_cannot_be_injected_from_the_path(hub: HubServer):
+    host, port = hub.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", f"/{REPO}/resolve/main/a%0D%0AX-Evil:%201%C3%A9.json")
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 404 and response.getheader("X-Error-Code") == "EntryNotFound"
+        assert response.getheader("X-Evil") is None
+    finally:
+        conn.close()
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(hub: HubServer):
+    host, port = hub.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for _ in range(3):
+            conn.request("GET", f"/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+            response = conn.getresponse()
+            assert response.status == 206 and response.read() == b"{\n  "
+    finally:
+        conn.close()
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+def test_status_queue_then_normal(hub: HubServer):
+    hub.faults.status_queue = [(429, {"Retry-After": "1", "X-Error-Code": "RateLimited"}), (503, {})]
+    url = f"/{REPO}/resolve/main/config.json"
+    with httpx.Client(base_url=hub.url) as client:
+        first = client.get(url)
+        assert first.status_code == 429 and first.headers["Retry-After"] == "1"
+        assert first.headers["X-Error-Code"] == "RateLimited" and "error" in first.json()
+        assert client.get(url).status_code == 503
+        assert client.get(url).status_code == 200
+        hub.faults.status_queue = [(500, {})]
+        hub.faults.status_methods = frozenset({"GET"})
+        assert client.head(url).status_code == 200
+        assert client.get(url).status_code == 500
+        hub.faults.reset()
+        assert hub.faults.status_methods == frozenset({"GET", "HEAD"})
+
+
+def test_ignore_range(hub: HubServer, hub_root: Path):
+    hub.faults.ignore_range = True
+    r = httpx.get(f"{hub.url}/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+    assert r.status_code == 200 and r.content == (hub_root / REPO / "config.json").read_bytes()
+
+
+def cdn_url(hub: HubServer, path: str) -> str:
+    return httpx.head(f"{hub.url}/{REPO}/resolve/main/{path}").headers["Location"]
+
+
+def test_truncated_body_drops_the_connection(hub: HubServer, hub_root: Path):
+    shard = "model-00001-of-00002.safetensors"
+    data = (hub_root / REPO / shard).read_bytes()
+    url = cdn_url(hub, shard)
+    hub.faults.truncate_after = 100_000
+    hub.faults.truncate_times = 1
+    received = bytearray()
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream("GET", url) as r:
+        assert int(r.headers["Content-Length"]) == len(data)
+        for chunk in r.iter_bytes():
+            received += chunk
+    assert bytes(received) == data[:100_000]
+    assert httpx.get(url).content == data  # truncate_times used up
+
+
+def test_corrupt_all_or_some_paths(hub: HubServer, hub_root: Path):
+    shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    data1, data2 = ((hub_root / REPO / s).read_bytes() for s in (shard1, shard2))
+    url1, url2 = cdn_url(hub, shard1), cdn_url(hub, shard2)
+    hub.faults.corrupt_paths = {shard1}
+    got1 = httpx.get(url1).content
+    assert len(got1) == len(data1) and sha256(got1) != sha256(data1)
+    assert httpx.get(url2).content == data2
+    ranged = httpx.get(url1, headers={"Range": "bytes=1000-1999"}).content
+    assert ranged != data1[1000:2000] and ranged[1:] == data1[1001:2000]
+    hub.faults.reset()
+    hub.faults.corrupt = True
+    hub.faults.corrupt_times = 1
+    small = httpx.get(f"{hub.url}/{REPO}/resolve/main/config.json").content
+    assert small != (hub_root / REPO / "config.json").read_bytes()
+    assert httpx.get(url2).content == data2
+
+
+def test_stall_triggers_a_read_timeout(hub: HubServer):
+    url = cdn_url(hub, "model-00001-of-00002.safetensors")
+    hub.faults.stall_seconds = 2.0
+    hub.faults.stall_after = 50_000
+    received = bytearray()
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout), httpx.stream("GET", url, timeout=httpx.Timeout(10, read=0.5)) as r:
+        for chunk in r.iter_bytes():
+            received += chunk
+    assert len(received) == 50_000
+    assert time.monotonic() - started < 5
+
+
+# -- bandwidth and counters -----------------------------------------------------------------------
+
+
+def timed_get(url: str, headers: dict[str, str], results: list[tuple[int, float]]) -> None:
+    started = time.monotonic()
+    body = httpx.get(url, headers=headers, timeout=30).content
+    results.append((len(body), time.monotonic() - started))
+
+
+@pytest.mark.parametrize("cap", ["total", "per_connection"])
+def test_rate_caps(hub_root: Path, cap: str):
+    rate, part, conns = 2 * MiB, MiB, 4
+    kwargs = {"rate_total": rate} if cap == "total" else {"rate_per_connection": rate}
+    with HubServer(hub_root, **kwargs) as srv:  # type: ignore[arg-type]
+        url = cdn_url(srv, "model-00001-of-00002.safetensors")
+        results: list[tuple[int, float]] = []
+        threads = [
+            threading.Thread(
+                target=timed_get, args=(url, {"Range": f"bytes={i * part}-{(i + 1) * part - 1}"}, results)
+            )
+            for i in range(conns)
+        ]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        elapsed = time.monotonic() - started
+    assert [n for n, _ in results] == [part] * conns
+    rates = sorted(n / dt for n, dt in results)
+    # The caps are upper bounds, which load cannot break; the lower bounds leave a loaded machine 2x.
+    if cap == "total":  # 4 MiB through one 2 MiB/s bucket, whatever the connections
+        measured = conns * part / elapsed
+        assert 0.5 * rate <= measured <= 1.15 * rate, f"{measured / MiB:.2f} MiB/s vs cap {rate / MiB} MiB/s"
+    else:  # each connection on its own 2 MiB/s: one bucket shared by all 4 would give each 0.5 MiB/s
+        assert 0.5 * rate <= rates[0] and rates[-1] <= 1.15 * rate, [f"{r / MiB:.2f}" for r in rates]
+
+
+def test_egress_counter_and_stats_route(hub: HubServer):
+    hub.reset_counters()
+    with httpx.Client(base_url=hub.url) as client:
+        r = client.get(f"/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-99"})
+        assert len(r.content) == 100
+        client.head(f"/{REPO}/resolve/main/config.json")
+        info = client.get(f"/api/models/{REPO}")
+        stats = client.get("/_weightswarm/stats").json()
+        assert stats == {"egress_bytes": 100 + len(info.content), "requests": 3}
+        assert hub.egress_bytes == stats["egress_bytes"]
+        assert [(m, rng, s) for m, _, rng, s in hub.requests] == [
+            ("GET", "bytes=0-99", 206),
+            ("HEAD", None, 200),
+            ("GET", None, 200),
+        ]
+        assert client.post("/_weightswarm/reset").status_code == 200
+    assert hub.egress_bytes == 0 and hub.requests == []
+
+
+# -- test models ----------------------------------------------------------------------------------
+
+
+def test_make_model_is_deterministic_and_valid(tmp_path: Path):
+    a = make_model(tmp_path / "a", "org/m", total_bytes=3 * MiB + 6, shards=1, seed=7, dtype="BF16")
+    b = make_model(tmp_path / "b", "org/m", total_bytes=3 * MiB + 6, shards=1, seed=7, dtype="BF16")
+    make_model(tmp_path / "c", "org/m", total_bytes=3 * MiB + 6, shards=1, seed=8, dtype="BF16")
+    names = sorted(p.name for p in a)
+    assert "model.safetensors" in names and "model.safetensors.index.json" not in names
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+    assert (tmp_path / "a/org/m/model.safetensors").read_bytes() != (
+        tmp_path / "c/org/m/model.safetensors"
+    ).read_bytes()
+    shard = tmp_path / "a/org/m/model.safetensors"
+    header_len = int.from_bytes(shard.read_bytes()[:8], "little")
+    header = json.loads(shard.read_bytes()[8 : 8 + header_len])
+    spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+    assert spans[0][0] == 0 and all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))
+    assert spans[-1][1] == 3 * MiB + 6 == shard.stat().st_size - 8 - header_len
+    with safe_open(str(shard), framework="numpy") as f:
+        assert len(list(f.keys())) == len(spans)
+    assert not list((tmp_path / "a").rglob("*.incomplete"))
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == 64 * MiB and parse_size("2GB") == 2 * 10**9
+    assert parse_size("1.5KiB") == 1536 and parse_size("123") == 123
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+
+
+def test_make_test_model_command(tmp_path: Path):
+    result = CliRunner().invoke(
+        agent_main, ["make-test-model", str(tmp_path), "org/cli", "--size", "1MiB", "--shards", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "org/cli/model-00002-of-00002.safetensors").is_file()
+    bad = CliRunner().invoke(agent_main, ["make-test-model", str(tmp_path), "org/cli", "--size", "huge"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "not a size" in bad.output
+
+
+def test_serve_hub_command_bad_input(tmp_path: Path):
+    missing = CliRunner().invoke(agent_main, ["serve-hub", str(tmp_path / "nope"), "--port", "0"])
+    assert missing.exit_code == 2 and "not a directory" in missing.output
+    (tmp_path / "empty").write_text("# no tokens\n")
+    empty = CliRunner().invoke(
+        agent_main, ["serve-hub", str(tmp_path), "--token-file", str(tmp_path / "empty")]
+    )
+    assert empty.exit_code == 2 and "holds no token" in empty.output
+
+
+def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"# accepted tokens\n{TOKEN}\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent",
+        "serve-hub",
+        str(hub_root),
+        "--port",
+        "0",
+        "--token-file",
+        str(token_file),
+        "--gated",
+        GATED,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    try:
+        assert proc.stdout is not None
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        loop_until(lambda: line or proc.poll() is not None, timeout=30, what="serve-hub to print its URL")
+        url = line[0].strip() if line else ""
+        assert url.startswith("http://127.0.0.1:"), (
+            url,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
+        assert httpx.get(f"{url}/api/models/{REPO}").json()["sha"]
+        gated = f"{url}/{GATED}/resolve/main/config.json"
+        assert httpx.get(gated).status_code == 401
+        assert httpx.get(gated, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert TOKEN not in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        kill_process(proc)

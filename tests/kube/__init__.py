@@ -1,0 +1,1 @@
+"""Tests of agent.kube (see tests/support for what they share)."""

@@ -1,0 +1,1 @@
+"""Several nodes in network namespaces with shaped links (root)."""

@@ -1,0 +1,9 @@
+"""What the tests share, so no test file starts servers its own way:
+
+- `procs`: bounded waits (`loop_until`), free ports, stopping processes by PID, `require` (a missing
+  dependency fails under CI and skips locally);
+- `cluster`: the real origin (HubServer), tracker (`tracker serve` subprocess) and agents (in-process
+  daemons or `agent serve` subprocesses) on 127.0.0.1, as pytest fixtures (loaded by tests/conftest.py);
+- `fetchkit`: a small model on a real test hub and settings for the fetch engine;
+- `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher.
+"""

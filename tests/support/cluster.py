@@ -1,0 +1,248 @@
+"""Fixtures for the daemon tests: a real origin (HubServer), a real tracker (`tracker serve` as a
+subprocess, so a test can kill and restart it), and real agents (in-process `Daemon`s or
+`agent serve` subprocesses), all on 127.0.0.1. Everything started here is stopped here, by PID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.daemon.node import Daemon, build_serve_settings
+from agent.hub.server import HubServer
+from agent.hub.testmodel import make_model
+from tests.support.procs import free_port, loop_until, stop_process
+
+REPO = "acme/tiny"
+MODEL_BYTES = 3 * 2**20
+TOKEN = "tracker-secret-token-1234"
+BIN = Path(sys.executable).parent
+
+
+@dataclasses.dataclass
+class Origin:
+    hub: HubServer
+    repo_id: str
+    size: int
+    """Bytes of all files of the model."""
+    files: dict[str, bytes]
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[Origin]:
+    root = tmp_path / "hub"
+    paths = make_model(root, REPO, total_bytes=MODEL_BYTES, shards=3, seed=7)
+    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
+    with HubServer(root) as hub:
+        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
+
+
+class TrackerProcess:
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.db = tmp / "tracker.db"
+        self.token_file = tmp / "tracker.token"
+        self.token_file.write_text(TOKEN + "\n")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "tracker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [
+            str(BIN / "tracker"),
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db",
+            str(self.db),
+            "--token-file",
+            str(self.token_file),
+            "--interval",
+            "10",
+            "--log-level",
+            "WARNING",
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        loop_until(self.ready, timeout=30, what="tracker ready")
+
+    def ready(self) -> bool:
+        return _ready(self.proc, self.url, self.log, "tracker", tail=2000)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, grace=10)
+        self.proc = None
+
+    def blob(self, blob_id: str) -> dict[str, object]:
+        data: dict[str, object] = httpx.get(f"{self.url}/v1/blobs/{blob_id}", timeout=5).json()
+        return data
+
+
+def _ready(proc: subprocess.Popen[bytes] | None, url: str, log: Path, what: str, tail: int) -> bool:
+    """Whether `url`/readyz answers 200; fails at once, with the end of `log`, if the process exited."""
+    assert proc is not None
+    if proc.poll() is not None:
+        raise AssertionError(f"{what} exited: {log.read_text()[-tail:]}")
+    try:
+        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def tracker(tmp_path: Path) -> Iterator[TrackerProcess]:
+    t = TrackerProcess(tmp_path)
+    t.start()
+    try:
+        yield t
+    finally:
+        t.stop()
+
+
+def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProcess | None, **swarm: object):
+    settings = build_serve_settings(
+        cache_dir=tmp / name / "hub",
+        state_dir=tmp / name / "state",
+        tracker=tracker.url if tracker else None,
+        tracker_token_file=tracker.token_file if tracker else None,
+        origin=origin_url,
+        token=None,
+        bt_listen="127.0.0.1:0",
+        api_listen="127.0.0.1:0",
+        node_name=name,
+        stall_timeout=float(swarm.pop("stall_timeout", 20.0)),
+        lease_ttl=9.0,
+    )
+    daemon = dataclasses.replace(settings.daemon, tracker_probe_interval=0.5, wait_poll_seconds=5.0)
+    fetch = dataclasses.replace(settings.fetch, chunk_size=256 * 1024)
+    swarm_settings = dataclasses.replace(settings.swarm, **swarm)  # type: ignore[arg-type]
+    return dataclasses.replace(settings, daemon=daemon, fetch=fetch, swarm=swarm_settings)
+
+
+@pytest.fixture
+def make_agent(tmp_path: Path) -> Iterator:
+    started: list[Daemon] = []
+
+    def make(name: str, origin: Origin, tracker: TrackerProcess | None, **swarm: object) -> Daemon:
+        d = Daemon(agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm))
+        started.append(d)
+        d.start()
+        return d
+
+    yield make
+    for d in reversed(started):
+        d.stop()
+
+
+def fetch_and_wait(daemon: Daemon, repo_id: str, timeout: float = 90.0) -> dict:
+    job = daemon.request_model(repo_id, "main")
+    assert job.wait(timeout), f"fetch not done after {timeout}s: {job.status()}"
+    status = job.status().to_json()
+    assert status["phase"] == "Ready", status
+    return status
+
+
+def fetch_all_and_verify(daemons: list[Daemon], origin: Origin, timeout: float = 120.0) -> list[dict]:
+    """Request the origin's model on every daemon at once; each must end Ready with a verified snapshot."""
+    jobs = [d.request_model(origin.repo_id, "main") for d in daemons]
+    for job in jobs:
+        assert job.wait(timeout), job.status()
+    statuses = [j.status().to_json() for j in jobs]
+    for st in statuses:
+        assert st["phase"] == "Ready", st
+        assert_snapshot_verifies(st["snapshot"], origin)
+    return statuses
+
+
+def wait_until_seeded(tracker: TrackerProcess, *daemons: Daemon, timeout: float = 30.0) -> None:
+    """Until the tracker lists a seeder for every blob these daemons hold (their first announce is async)."""
+    blobs = {b for d in daemons for b in d.held_blobs()}
+    assert blobs, "the daemons hold no blobs"
+    loop_until(
+        lambda: all(int(tracker.blob(b).get("seeders") or 0) >= 1 for b in blobs),
+        timeout=timeout,
+        what="seeders announced",
+    )
+
+
+def assert_snapshot_verifies(snapshot: str, origin: Origin) -> None:
+    """Every file of the model is in the snapshot with the origin's exact bytes, as a relative symlink."""
+    snap = Path(snapshot)
+    for rel, data in origin.files.items():
+        link = snap / rel
+        assert link.is_symlink() and not os.path.isabs(os.readlink(link)), rel
+        got = link.read_bytes()
+        assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), f"{rel} differs"
+    assert sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir()) == sorted(origin.files)
+
+
+def file_requests(hub: HubServer) -> list:
+    """Requests for file bytes (resolve or CDN GETs), as opposed to API metadata."""
+    return [r for r in hub.requests if r.method == "GET" and "/api/" not in r.path]
+
+
+class AgentProcess:
+    """`agent serve` as a subprocess (for SIGKILL tests)."""
+
+    def __init__(self, tmp: Path, name: str, origin_url: str, tracker: TrackerProcess, *extra: str) -> None:
+        self.api_port = free_port()
+        self.bt_port = free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.cache_dir = tmp / name / "hub"
+        self.state_dir = tmp / name / "state"
+        self.log = tmp / f"{name}.log"
+        self.argv = [
+            str(BIN / "agent"),
+            "--log-level",
+            "INFO",
+            "serve",
+            "--cache-dir",
+            str(self.cache_dir),
+            "--state-dir",
+            str(self.state_dir),
+            "--tracker",
+            tracker.url,
+            "--tracker-token-file",
+            str(tracker.token_file),
+            "--origin",
+            origin_url,
+            "--bt-listen",
+            f"127.0.0.1:{self.bt_port}",
+            "--api-listen",
+            f"127.0.0.1:{self.api_port}",
+            "--node-name",
+            name,
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        loop_until(self.ready, timeout=30, what="agent ready")
+
+    def ready(self) -> bool:
+        return _ready(self.proc, self.url, self.log, "agent", tail=3000)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, grace=20)
+        self.proc = None

@@ -1,0 +1,1 @@
+"""Tests of agent.swarm (see tests/support for what they share)."""

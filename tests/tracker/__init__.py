@@ -1,0 +1,1 @@
+"""Tests of the tracker: routes, stores, auth, bad input, real BitTorrent clients."""

@@ -1,0 +1,167 @@
+"""Fixtures and helpers for the tracker tests (no tests here).
+
+Real servers only: uvicorn serving the real app in a thread on a free loopback port, and
+a real redis-server (started from the Debian binary on a free port, stopped by PID).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import quote_from_bytes
+
+import httpx
+import pytest
+import uvicorn
+
+from tests.support.procs import free_port, loop_until, require
+from tracker.app import TrackerApp, create_app
+from tracker.bencode import bdecode, bencode
+from tracker.settings import TrackerSettings
+
+TOKEN = "test-write-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Tracker:
+    """A running tracker: its base URL, app (for metrics) and an HTTP client."""
+
+    def __init__(self, url: str, app: TrackerApp) -> None:
+        self.url = url
+        self.app = app
+        self.http = httpx.Client(base_url=url, timeout=30)
+
+    def announce(
+        self, infohash: bytes, peer_id: bytes, port: int, left: int = 100, **extra: str | int
+    ) -> dict:
+        query = f"info_hash={quote_from_bytes(infohash)}&peer_id={quote_from_bytes(peer_id)}&port={port}"
+        query += f"&uploaded=0&downloaded=0&left={left}"
+        for key, value in extra.items():
+            query += f"&{key}={value}"
+        response = self.http.get(f"/announce?{query}")
+        assert response.status_code == 200, response.text
+        return dict(bdecode(response.content))
+
+    def scrape(self, *infohashes: bytes) -> dict:
+        query = "&".join(f"info_hash={quote_from_bytes(ih)}" for ih in infohashes)
+        return dict(bdecode(self.http.get(f"/scrape?{query}").content))
+
+
+@contextlib.contextmanager
+def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
+    """Serve a fresh app from `settings` on a free loopback port until the block ends."""
+    port = free_port()
+    app = create_app(replace(settings, port=port))
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"tracker-{port}", daemon=True)
+    thread.start()
+    try:
+        loop_until(lambda: server.started or not thread.is_alive(), timeout=30, what="tracker start")
+        assert server.started, "tracker server did not start"
+        tracker = Tracker(f"http://127.0.0.1:{port}", app)
+        with tracker.http:
+            yield tracker
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[str]:
+    """A private redis-server on a free port (no persistence), stopped by PID at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        require("redis-server", "Debian package redis-server (./dev installs it)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--protected-mode",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port)
+
+        def ready() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                assert proc.poll() is None, "redis-server exited"
+                return False
+
+        loop_until(ready, timeout=30, what="redis-server")
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One redis-server for the session; tests flush it (store_settings) before use."""
+    with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        client.flushall()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def store_settings(request: pytest.FixtureRequest, tmp_path: Path) -> TrackerSettings:
+    """Settings for each store, so one suite runs against both."""
+    base = TrackerSettings(token=TOKEN)
+    if request.param == "sqlite":
+        return replace(base, db_path=tmp_path / "tracker.db")
+    url = request.getfixturevalue("redis_url")
+    flush_redis(url)
+    return replace(base, redis_url=url)
+
+
+def make_info(data: bytes, piece_length: int = 16 * 1024, name: str | None = None) -> tuple[str, bytes]:
+    """(blob id = sha256 hex, canonical bencoded single-file info dict) for `data`."""
+    blob_id = hashlib.sha256(data).hexdigest()
+    pieces = b"".join(
+        hashlib.sha1(data[i : i + piece_length]).digest() for i in range(0, len(data), piece_length)
+    )
+    info = {"length": len(data), "name": name or blob_id, "piece length": piece_length, "pieces": pieces}
+    return blob_id, bencode(info)
+
+
+def peer_id(n: int) -> bytes:
+    return b"-WS0100-" + n.to_bytes(12, "big")
+
+
+def infohash(n: int) -> bytes:
+    return hashlib.sha1(b"torrent %d" % n).digest()
+
+
+def compact_ports(blob: bytes) -> list[int]:
+    return [int.from_bytes(blob[i + 4 : i + 6], "big") for i in range(0, len(blob), 6)]

@@ -1,0 +1,286 @@
+"""The same suite against both stores (SQLite and Redis), through the real HTTP app."""
+# ruff: noqa: F811  (pytest fixtures imported from test_tracker_fixtures are parameters here)
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.support.procs import loop_until
+from tests.tracker.test_tracker_fixtures import (
+    AUTH,
+    compact_ports,
+    infohash,
+    make_info,
+    peer_id,
+    redis_url,  # noqa: F401
+    run_server,
+    store_settings,  # noqa: F401
+)
+from tracker.bencode import bdecode
+from tracker.settings import TrackerSettings
+
+
+def test_announce_hands_out_others_seeders_first(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        ih = infohash(1)
+        first = t.announce(ih, peer_id(1), 7001, left=100, event="started")
+        assert first[b"peers"] == b"" and first[b"incomplete"] == 1 and first[b"complete"] == 0
+        assert first[b"interval"] == store_settings.interval
+        assert first[b"min interval"] == store_settings.min_interval
+        for n in range(2, 6):
+            t.announce(ih, peer_id(n), 7000 + n, left=100)
+        t.announce(ih, peer_id(9), 7009, left=0)
+        reply = t.announce(ih, peer_id(1), 7001, left=100, numwant=2)
+        ports = compact_ports(reply[b"peers"])
+        assert len(ports) == 2
+        assert ports[0] == 7009, "the seeder comes first for a leecher"
+        assert 7001 not in ports, "a peer is never handed itself"
+        assert (reply[b"complete"], reply[b"incomplete"]) == (1, 5)
+        everyone = t.announce(ih, peer_id(1), 7001, left=100, numwant=500)
+        assert sorted(compact_ports(everyone[b"peers"])) == [7002, 7003, 7004, 7005, 7009]
+        seeder_view = t.announce(ih, peer_id(9), 7009, left=0)
+        assert sorted(compact_ports(seeder_view[b"peers"])) == [7001, 7002, 7003, 7004, 7005]
+
+
+def test_dictionary_form_ipv6_and_ip_param(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        ih = infohash(2)
+        t.announce(ih, peer_id(1), 6001, left=0, ip="10.1.2.3")
+        t.announce(ih, peer_id(2), 6002, left=0, ip="fd00::7")
+        t.announce(ih, peer_id(3), 6003, left=0, ip="not-an-ip")  # ignored: source address used
+        reply = t.announce(ih, peer_id(4), 6004, left=5)
+        v4 = reply[b"peers"]
+        assert sorted(compact_ports(v4)) == [6001, 6003]
+        assert {v4[i : i + 4] for i in range(0, len(v4), 6)} == {bytes([10, 1, 2, 3]), bytes([127, 0, 0, 1])}
+        assert reply[b"peers6"] == bytes.fromhex("fd000000000000000000000000000007") + (6002).to_bytes(
+            2, "big"
+        )
+        full = t.announce(ih, peer_id(4), 6004, left=5, compact=0)
+        peers = {p[b"port"]: p for p in full[b"peers"]}
+        assert peers[6001][b"ip"] == b"10.1.2.3" and peers[6001][b"peer id"] == peer_id(1)
+        assert peers[6002][b"ip"] == b"fd00::7"
+        no_id = t.announce(ih, peer_id(4), 6004, left=5, compact=0, no_peer_id=1)
+        assert all(b"peer id" not in p for p in no_id[b"peers"])
+
+
+def test_events_scrape_and_numwant_cap(store_settings: TrackerSettings) -> None:
+    settings = replace(store_settings, max_numwant=3)
+    with run_server(settings) as t:
+        ih, unknown = infohash(3), infohash(4)
+        for n in range(1, 7):
+            t.announce(ih, peer_id(n), 5000 + n, left=10, event="started")
+        assert len(compact_ports(t.announce(ih, peer_id(1), 5001, numwant=10**12)[b"peers"])) == 3
+        assert t.announce(ih, peer_id(1), 5001, numwant=0)[b"peers"] == b""
+        t.announce(ih, peer_id(2), 5002, left=0, event="completed")
+        t.announce(ih, peer_id(3), 5003, left=10, event="stopped")
+        files = t.scrape(ih, unknown)[b"files"]
+        assert files[ih] == {b"complete": 1, b"downloaded": 1, b"incomplete": 4}
+        assert files[unknown] == {b"complete": 0, b"downloaded": 0, b"incomplete": 0}
+        stopped_view = t.announce(ih, peer_id(1), 5001, numwant=50)
+        assert 5003 not in compact_ports(stopped_view[b"peers"])
+
+
+def test_peers_expire_after_missed_announces(store_settings: TrackerSettings) -> None:
+    settings = replace(store_settings, interval=1, min_interval=0, peer_ttl_factor=1.0)
+    with run_server(settings) as t:
+        ih = infohash(5)
+        t.announce(ih, peer_id(1), 4001, left=0)
+        assert compact_ports(t.announce(ih, peer_id(2), 4002)[b"peers"]) == [4001]
+        # Peer 2 keeps announcing; peer 1 went silent and must drop out within a few TTLs.
+        loop_until(
+            lambda: t.announce(ih, peer_id(2), 4002)[b"peers"] == b"",
+            timeout=15,
+            interval=0.3,
+            what="silent peer to expire",
+        )
+        assert t.scrape(ih)[b"files"][ih][b"complete"] == 0
+
+
+def test_metainfo_publish_is_validated_idempotent_and_conflicts(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        blob_id, info = make_info(b"x" * 40_000)
+        url = f"/v1/blobs/{blob_id}/metainfo"
+        assert t.http.get(url).status_code == 404
+        created = t.http.put(url, content=info, headers=AUTH)
+        assert created.status_code == 201, created.text
+        import hashlib
+
+        assert created.json() == {"infohash": hashlib.sha1(info).hexdigest()}
+        assert t.http.put(url, content=info, headers=AUTH).status_code == 200
+        got = t.http.get(url)
+        assert got.content == info and got.headers["content-type"] == "application/x-bittorrent"
+        _, other = make_info(b"y" * 40_000, name=blob_id)
+        conflict = t.http.put(url, content=other, headers=AUTH)
+        assert conflict.status_code == 409 and blob_id in conflict.json()["detail"]
+        assert t.http.get(url).content == info
+        state = t.http.get(f"/v1/blobs/{blob_id}").json()
+        assert state == {
+            "blob_id": blob_id,
+            "infohash": hashlib.sha1(info).hexdigest(),
+            "seeders": 0,
+            "leechers": 0,
+            "lease": None,
+            "holders": [],
+        }
+
+
+def test_leases_one_holder_idempotent_release_and_expiry(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        blob_id = "ab" * 32
+        url = f"/v1/leases/{blob_id}"
+        first = t.http.post(url, json={"node_id": "node-a", "ttl": 30}, headers=AUTH).json()
+        assert first["granted"] and first["holder"] == "node-a" and 0 < first["expires_in"] <= 30
+        again = t.http.post(url, json={"node_id": "node-a", "ttl": 30}, headers=AUTH).json()
+        assert again["granted"] and again["holders"] == ["node-a"]
+        other = t.http.post(url, json={"node_id": "node-b", "ttl": 30}, headers=AUTH).json()
+        assert not other["granted"] and other["holder"] == "node-a"
+        assert t.http.get(f"/v1/blobs/{blob_id}").json()["lease"]["holder"] == "node-a"
+        beat = t.http.post(f"{url}/heartbeat", json={"node_id": "node-a", "ttl": 30}, headers=AUTH)
+        assert beat.status_code == 200 and beat.json()["granted"]
+        assert t.http.post(f"{url}/heartbeat", json={"node_id": "node-b"}, headers=AUTH).status_code == 409
+        assert t.http.delete(url, params={"node_id": "node-a"}, headers=AUTH).json() == {"released": True}
+        assert t.http.post(f"{url}/heartbeat", json={"node_id": "node-a"}, headers=AUTH).status_code == 404
+        short = t.http.post(url, json={"node_id": "node-b", "ttl": 0.5}, headers=AUTH).json()
+        assert short["granted"]
+        # node-b dies (no heartbeat): its lease lapses and node-c gets it.
+        loop_until(
+            lambda: t.http.post(url, json={"node_id": "node-c", "ttl": 30}, headers=AUTH).json()["granted"],
+            timeout=15,
+            interval=0.2,
+            what="expired lease to be granted again",
+        )
+        assert t.http.get(f"/v1/blobs/{blob_id}").json()["holders"] == ["node-c"]
+
+
+def test_max_lease_holders(store_settings: TrackerSettings) -> None:
+    with run_server(replace(store_settings, max_lease_holders=2)) as t:
+        url = f"/v1/leases/{'cd' * 20}"
+        results = [
+            t.http.post(url, json={"node_id": f"n{i}", "ttl": 30}, headers=AUTH).json() for i in range(3)
+        ]
+        assert [r["granted"] for r in results] == [True, True, False]
+        assert sorted(results[2]["holders"]) == ["n0", "n1"]
+
+
+def test_manifests_resolve_and_models_health(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        blob_id, info = make_info(b"w" * 20_000)
+        ih = t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).json()["infohash"]
+        commit1, commit2 = "1" * 40, "2" * 40
+        files = [
+            {"path": "model.safetensors", "size": 20_000, "blob_id": blob_id, "infohash": ih},
+            {"path": "sub/config.json", "size": 12, "blob_id": "e" * 40, "infohash": None},
+        ]
+        r = t.http.put(
+            f"/v1/manifests/org/model/{commit1}", json={"revision": "main", "files": files}, headers=AUTH
+        )
+        assert r.status_code == 201, r.text
+        assert t.http.get("/v1/resolve/org/model/main").json() == {"commit": commit1}
+        got = t.http.get(f"/v1/manifests/org/model/{commit1}").json()
+        assert got["files"] == files and got["repo_id"] == "org/model"
+        t.http.put(
+            f"/v1/manifests/org/model/{commit2}", json={"revision": "main", "files": files[:1]}, headers=AUTH
+        ).raise_for_status()
+        assert t.http.get("/v1/resolve/org/model/main").json() == {"commit": commit2}, "latest publish wins"
+        assert t.http.get("/v1/resolve/org/model/dev").status_code == 404
+        assert t.http.get(f"/v1/manifests/org/other/{commit1}").status_code == 404
+        t.announce(bytes.fromhex(ih), peer_id(1), 3001, left=0)
+        t.announce(bytes.fromhex(ih), peer_id(2), 3002, left=0)
+        t.announce(bytes.fromhex(ih), peer_id(3), 3003, left=9)
+        (model,) = t.http.get("/v1/models").json()["models"]
+        assert model["repo_id"] == "org/model" and model["revisions"] == {"main": commit2}
+        by_commit = {c["commit"]: c for c in model["commits"]}
+        assert by_commit[commit2]["complete_copies"] == 2
+        assert by_commit[commit2]["files"][0]["leechers"] == 1
+        assert by_commit[commit1]["complete_copies"] == 0, "a file nobody seeds means no complete copy"
+
+
+def test_wait_returns_when_a_seeder_appears(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        blob_id, info = make_info(b"v" * 20_000)
+        quick = t.http.get(f"/v1/blobs/{blob_id}/wait", params={"timeout": 0.3}).json()
+        assert quick["infohash"] is None and quick["seeders"] == 0
+        ih = t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).json()["infohash"]
+        import threading
+
+        seeded = threading.Timer(0.5, lambda: t.announce(bytes.fromhex(ih), peer_id(1), 2001, left=0))
+        seeded.start()
+        try:
+            state = t.http.get(f"/v1/blobs/{blob_id}/wait", params={"timeout": 20}).json()
+        finally:
+            seeded.join()
+        assert state["infohash"] == ih and state["seeders"] == 1
+
+
+@pytest.mark.redis
+def test_two_replicas_share_one_redis(redis_url: str) -> None:
+    from tests.tracker.test_tracker_fixtures import TOKEN, flush_redis
+
+    flush_redis(redis_url)
+    settings = TrackerSettings(token=TOKEN, redis_url=redis_url)
+    with run_server(settings) as a, run_server(settings) as b:
+        ih = infohash(7)
+        a.announce(ih, peer_id(1), 8001, left=0)
+        assert compact_ports(b.announce(ih, peer_id(2), 8002)[b"peers"]) == [8001]
+        assert b.scrape(ih)[b"files"][ih][b"complete"] == 1
+        url = f"/v1/leases/{'ef' * 32}"
+        assert a.http.post(url, json={"node_id": "node-a"}, headers=AUTH).json()["granted"]
+        denied = b.http.post(url, json={"node_id": "node-b"}, headers=AUTH).json()
+        assert not denied["granted"] and denied["holder"] == "node-a"
+        blob_id, info = make_info(b"z" * 30_000)
+        a.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
+        assert b.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
+
+
+def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> None:
+    from tests.tracker.test_tracker_fixtures import TOKEN
+
+    settings = TrackerSettings(token=TOKEN, db_path=tmp_path / "t.db")
+    blob_id, info = make_info(b"q" * 17_000)
+    with run_server(settings) as t:
+        t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
+        t.http.put(
+            f"/v1/manifests/o/m/{'3' * 40}", json={"revision": "v1", "files": []}, headers=AUTH
+        ).raise_for_status()
+        assert t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n1"}, headers=AUTH).json()["granted"]
+    with run_server(settings) as t:
+        assert t.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
+        assert t.http.get("/v1/resolve/o/m/v1").json() == {"commit": "3" * 40}
+        assert not t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n2"}, headers=AUTH).json()[
+            "granted"
+        ]
+        assert bdecode(t.http.get(f"/v1/blobs/{blob_id}/metainfo").content)[b"name"] == blob_id.encode()
+
+
+@pytest.mark.parametrize("event", ["started", "completed", "stopped", "update"])
+def test_metrics_count_announces_by_event(event: str, tmp_path) -> None:
+    from tests.tracker.test_tracker_fixtures import TOKEN
+
+    with run_server(TrackerSettings(token=TOKEN)) as t:
+        extra = {} if event == "update" else {"event": event}
+        t.announce(infohash(9), peer_id(1), 1234, left=0, **extra)
+        t.announce(infohash(9), b"short", 1234)  # refused: counted as error
+        text = t.http.get("/metrics").text
+        assert f'tracker_announces_total{{event="{event}"}} 1.0' in text
+        assert 'tracker_announces_total{event="error"} 1.0' in text
+        assert 'tracker_request_seconds_count{route="announce"}' in text
+        expected_peers = 0 if event == "stopped" else 1
+        assert f"tracker_peers {expected_peers}.0" in text
+
+
+@pytest.mark.redis
+def test_redis_outage_is_a_failure_reason_not_a_crash(tmp_path) -> None:
+    from tests.tracker.test_tracker_fixtures import TOKEN, redis_server
+
+    with redis_server(tmp_path) as url:
+        server = run_server(TrackerSettings(token=TOKEN, redis_url=url))
+        t = server.__enter__()
+    try:  # redis-server is stopped now; the tracker keeps answering
+        reply = t.announce(infohash(11), peer_id(1), 9001)
+        assert reply == {b"failure reason": b"tracker temporarily unavailable, retry later"}
+        assert t.http.get("/readyz").status_code == 503
+        assert t.http.get("/healthz").status_code == 200
+    finally:
+        server.__exit__(None, None, None)
