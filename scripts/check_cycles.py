@@ -16,7 +16,8 @@ import grimp
 
 def cycles(graph: grimp.ImportGraph, package: str) -> list[list[str]]:
     modules = sorted(m for m in graph.modules if m == package or m.startswith(package + "."))
-    edges = {m: sorted(i for i in graph.find_modules_directly_imported_by(m) if i in modules) for m in modules}
+    inside = set(modules)
+    edges = {m: sorted(set(graph.find_modules_directly_imported_by(m)) & inside) for m in modules}
     found: list[list[str]] = []
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     path: list[str] = []

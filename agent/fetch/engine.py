@@ -262,7 +262,7 @@ def fetch_snapshot(
     try:
         plan = plan_from_origin(client, repo_id, revision, include, exclude)
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
-        # the daemon's path (daemon_fetch) keeps OriginSource's default and computes them.
+        # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
         engine = FetchEngine(settings, source, progress or Progress(quiet=True))
         return engine.run(plan)

@@ -13,9 +13,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.daemon.node import Daemon
-from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
-from tests.support.cluster import Origin, agent_settings, fetch_and_wait, file_requests
+from tests.support.cluster import Origin, agent_settings, fetch_and_wait, file_requests, model_origin
 
 GOOD = "hf_goodtoken1234567890"
 WRONG = "hf_wrongtoken123456789"
@@ -93,10 +91,9 @@ def test_resolve_headers_ranges_and_errors_match_the_hub(origin, make_agent):
 @pytest.fixture
 def gated(tmp_path: Path):
     root = tmp_path / "gated-hub"
-    paths = make_model(root, "acme/secret", total_bytes=2**20, shards=2, seed=3)
-    files = {str(p.relative_to(root / "acme/secret")): p.read_bytes() for p in paths}
-    with HubServer(root, tokens=[GOOD], gated=["acme/secret"]) as hub:
-        yield Origin(hub, "acme/secret", sum(len(b) for b in files.values()), files)
+    secret = "acme/secret"
+    with model_origin(root, secret, total_bytes=2**20, shards=2, seed=3, tokens=[GOOD], gated=[secret]) as o:
+        yield o
 
 
 def test_gated_repo_is_refused_to_a_wrong_token_although_its_blobs_are_cached(gated, tmp_path):

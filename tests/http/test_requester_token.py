@@ -16,9 +16,14 @@ import pytest
 
 from agent.core.settings import HF_TOKEN_HEADER
 from agent.daemon.node import Daemon
-from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
-from tests.support.cluster import BIN, AgentProcess, Origin, agent_settings, assert_snapshot_verifies
+from tests.support.cluster import (
+    BIN,
+    AgentProcess,
+    Origin,
+    agent_settings,
+    assert_snapshot_verifies,
+    model_origin,
+)
 
 GOOD = "hf_requester_good_token_0123456789"
 WRONG = "hf_requester_wrong_token_987654321"
@@ -28,12 +33,11 @@ SECRET = "acme/secret"
 
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "gated-hub"
-    paths = make_model(root, SECRET, total_bytes=2**20, shards=2, seed=5)
-    files = {str(p.relative_to(root / SECRET)): p.read_bytes() for p in paths}
     # The node's own token is a valid one too, so lending it would work: the tests show when it is not lent.
-    with HubServer(root, tokens=[GOOD, NODE], gated=[SECRET]) as hub:
-        yield Origin(hub, SECRET, sum(map(len, files.values())), files)
+    root = tmp_path / "gated-hub"
+    tokens = [GOOD, NODE]
+    with model_origin(root, SECRET, total_bytes=2**20, shards=2, seed=5, tokens=tokens, gated=[SECRET]) as o:
+        yield o
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,8 @@ import pytest
 
 from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
 from agent.kube.requests import MODELS_ANNOTATION, STATUS_ANNOTATION, ModelRef
-from tests.support.cluster import BIN, Origin, agent_settings, assert_snapshot_verifies
+from tests.support.cluster import BIN, Origin, agent_settings, assert_snapshot_verifies, model_origin
 from tests.support.fake_kube import FakeKube
 from tests.support.procs import free_port, loop_until, stop_process
 
@@ -31,11 +30,10 @@ ORIGIN_RATE = 1.5 * 2**20
 
 @pytest.fixture
 def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "hub-origin"
-    paths = make_model(root, REPO, total_bytes=MODEL_BYTES, shards=2, seed=11)
-    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
-    with HubServer(root, rate_total=ORIGIN_RATE) as hub:
-        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
+    with model_origin(
+        tmp_path / "hub-origin", REPO, total_bytes=MODEL_BYTES, shards=2, seed=11, rate_total=ORIGIN_RATE
+    ) as o:
+        yield o
 
 
 @pytest.fixture

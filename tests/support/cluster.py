@@ -5,6 +5,7 @@ subprocess, so a test can kill and restart it), and real agents (in-process `Dae
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,13 +39,21 @@ class Origin:
     files: dict[str, bytes]
 
 
+@contextlib.contextmanager
+def model_origin(
+    root: Path, repo_id: str, *, total_bytes: int, shards: int, seed: int, **hub: Any
+) -> Iterator[Origin]:
+    """A test model written under `root`, served by a real test hub (`hub`: HubServer options)."""
+    paths = make_model(root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed)
+    files = {str(p.relative_to(root / repo_id)): p.read_bytes() for p in paths}
+    with HubServer(root, **hub) as server:
+        yield Origin(server, repo_id, sum(len(b) for b in files.values()), files)
+
+
 @pytest.fixture
 def origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "hub"
-    paths = make_model(root, REPO, total_bytes=MODEL_BYTES, shards=3, seed=7)
-    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
-    with HubServer(root) as hub:
-        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
+    with model_origin(tmp_path / "hub", REPO, total_bytes=MODEL_BYTES, shards=3, seed=7) as o:
+        yield o
 
 
 class TrackerProcess:
@@ -135,8 +145,18 @@ def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProces
 def make_agent(tmp_path: Path) -> Iterator:
     started: list[Daemon] = []
 
-    def make(name: str, origin: Origin, tracker: TrackerProcess | None, **swarm: object) -> Daemon:
-        d = Daemon(agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm))
+    def make(
+        name: str,
+        origin: Origin,
+        tracker: TrackerProcess | None,
+        daemon: dict[str, Any] | None = None,
+        **swarm: object,
+    ) -> Daemon:
+        """An in-process agent on the origin (and tracker); `daemon` / `swarm`: settings overrides."""
+        settings = agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm)
+        if daemon:
+            settings = dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **daemon))
+        d = Daemon(settings)
         started.append(d)
         d.start()
         return d

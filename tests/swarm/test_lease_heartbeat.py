@@ -6,55 +6,38 @@ A real tracker process, two real daemons, an origin capped so the one shard take
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.daemon.node import Daemon
-from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
-from tests.support.cluster import Origin, TrackerProcess, agent_settings, assert_snapshot_verifies
+from tests.support.cluster import (
+    Origin,
+    assert_snapshot_verifies,
+    model_origin,
+)
 from tests.support.procs import loop_until
 
 REPO = "acme/slow"
 SHARD_BYTES = 2 * 2**20
 ORIGIN_RATE = 200_000  # bytes/s: the shard alone takes ~10 s
 LEASE_TTL = 3.0  # the CLI's floor; the download lasts more than three of them
+SHORT_LEASE = {"lease_ttl": LEASE_TTL, "wait_poll_seconds": 1.0}
+"""With a 1 s long-poll a waiting node would notice a lapsed lease within a second."""
 
 
 @pytest.fixture
 def slow_origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "hub"
-    paths = make_model(root, REPO, total_bytes=SHARD_BYTES, shards=1, seed=11)
-    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
-    with HubServer(root, rate_total=ORIGIN_RATE) as hub:
-        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
-
-
-@pytest.fixture
-def short_lease_agent(tmp_path: Path) -> Iterator[Callable[[str, Origin, TrackerProcess], Daemon]]:
-    started: list[Daemon] = []
-
-    def make(name: str, origin: Origin, tracker: TrackerProcess) -> Daemon:
-        settings = agent_settings(tmp_path, name, origin.hub.url, tracker)
-        # A 1 s long-poll: a waiting node would notice a lapsed lease within a second.
-        daemon = dataclasses.replace(settings.daemon, lease_ttl=LEASE_TTL, wait_poll_seconds=1.0)
-        d = Daemon(dataclasses.replace(settings, daemon=daemon))
-        started.append(d)
-        d.start()
-        return d
-
-    yield make
-    for d in reversed(started):
-        d.stop()
+    with model_origin(
+        tmp_path / "hub", REPO, total_bytes=SHARD_BYTES, shards=1, seed=11, rate_total=ORIGIN_RATE
+    ) as o:
+        yield o
 
 
 @pytest.mark.timeout(120)
-def test_a_download_longer_than_the_lease_ttl_keeps_the_lease(slow_origin, tracker, short_lease_agent):
+def test_a_download_longer_than_the_lease_ttl_keeps_the_lease(slow_origin, tracker, make_agent):
     shard = next(p for p in slow_origin.files if p.endswith(".safetensors"))
     blob = hashlib.sha256(slow_origin.files[shard]).hexdigest()
 
@@ -62,11 +45,11 @@ def test_a_download_longer_than_the_lease_ttl_keeps_the_lease(slow_origin, track
         lease = tracker.blob(blob).get("lease")
         return str(lease["holder"]) if isinstance(lease, dict) else None
 
-    a = short_lease_agent("a", slow_origin, tracker)
+    a = make_agent("a", slow_origin, tracker, daemon=SHORT_LEASE)
     job_a = a.request_model(REPO, "main")
     loop_until(lambda: holder() == a.node_id, timeout=30, what="node a holds the shard's origin lease")
     taken = time.monotonic()
-    b = short_lease_agent("b", slow_origin, tracker)
+    b = make_agent("b", slow_origin, tracker, daemon=SHORT_LEASE)
     job_b = b.request_model(REPO, "main")
 
     samples: list[tuple[float, str | None]] = []

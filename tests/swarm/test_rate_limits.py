@@ -14,9 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
-from tests.support.cluster import AgentProcess, Origin, TrackerProcess, assert_snapshot_verifies
+from tests.support.cluster import AgentProcess, Origin, TrackerProcess, assert_snapshot_verifies, model_origin
 from tests.support.procs import loop_until
 
 REPO = "acme/eight"
@@ -26,11 +24,10 @@ LIMIT = 2 * MiB
 
 @pytest.fixture
 def origin8(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "hub"
-    paths = make_model(root, REPO, total_bytes=8 * MiB, shards=2, seed=5)
-    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
-    with HubServer(root) as hub:
-        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
+    with model_origin(
+        tmp_path / "hub", REPO, total_bytes=8 * MiB, shards=2, seed=5
+    ) as o:
+        yield o
 
 
 @pytest.fixture
