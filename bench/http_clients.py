@@ -33,10 +33,10 @@ What it does:
      time, and CPU relative to urllib3 fp.readinto in the same sink and connection count.
 
 Usage:
-  .venv/bin/python bench/http_clients.py                         # 1 GiB, 5 runs, ~4 min on 2 CPUs
-  .venv/bin/python bench/http_clients.py --variants urllib3-fp,urllib3,httpx-raw,httpx-bytes
-  .venv/bin/python bench/http_clients.py --size 256MiB --runs 3
-  .venv/bin/python bench/http_clients.py --workdir /tmp/wsh      # keep the model between runs
+  .venv/bin/python -m bench.http_clients                         # 1 GiB, 5 runs, ~4 min on 2 CPUs
+  .venv/bin/python -m bench.http_clients --variants urllib3-fp,urllib3,httpx-raw,httpx-bytes
+  .venv/bin/python -m bench.http_clients --size 256MiB --runs 3
+  .venv/bin/python -m bench.http_clients --workdir /tmp/wsh      # keep the model between runs
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ import httpx
 import urllib3
 import xxhash
 
-HERE = Path(__file__).resolve().parent.parent
-AGENT = [sys.executable, "-m", "agent"]
-REPO = "bench/model"
+from bench.origin_fetch import AGENT, HERE, REPO, start_hub, stop
+
 READ_BLOCK = 1 << 20
 """Bytes per readinto for the file sink, as agent/origin/ranges.py's READ_BLOCK."""
 
@@ -256,26 +255,6 @@ def worker(variant: str, connections: int, sink_kind: str, url: str, size: int, 
 # --- the driver -----------------------------------------------------------------------------------
 
 
-def start_hub(root: Path) -> tuple[subprocess.Popen[str], str]:
-    cmd = [*AGENT, "serve-hub", str(root), "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
-    if not url.startswith("http"):
-        proc.kill()
-        raise SystemExit(f"serve-hub did not start: {url!r}")
-    return proc, url
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def cdn_url(hub: str, path: str) -> str:
     """The URL the hub redirects the shard to (the first listing waits while the hub hashes)."""
     resp = urllib3.request("GET", f"{hub}/{REPO}/resolve/main/{path}", redirect=False, timeout=600)
@@ -288,7 +267,8 @@ def cdn_url(hub: str, path: str) -> str:
 def one_run(variant: str, connections: int, sink: str, url: str, size: int, sink_dir: Path) -> Run:
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "bench.http_clients",
         "--worker",
         variant,
         str(connections),
@@ -349,7 +329,7 @@ def main() -> None:
         if conns > 1 or v in ("urllib3-fp", "httpx-raw")
     ]
     results: dict[tuple[int, str, str], list[Run]] = {c: [] for c in configs}
-    proc, hub = start_hub(origin)
+    proc, hub = start_hub(origin, None)
     t_start = time.monotonic()
     try:
         url = cdn_url(hub, shard.name)
