@@ -1,5 +1,6 @@
 -- wrk script for bench/tracker_load.py: announces spread over many torrents and peers.
--- WS_HASHES: file with one hex infohash per line; WS_PEERS: number of distinct peers.
+-- WS_HASHES: file with one hex infohash per line; WS_PEERS: number of distinct peers;
+-- WS_ANNOUNCE_PATH: the announce path (default /announce; weightswarm's is /announce/<passkey>).
 local function pct(hex)
   return (hex:gsub("..", function(b) return "%" .. b end))
 end
@@ -10,6 +11,7 @@ for line in io.lines(path) do
   if #line == 40 then hashes[#hashes + 1] = pct(line) end
 end
 local npeers = tonumber(os.getenv("WS_PEERS") or "1000")
+local announce_path = os.getenv("WS_ANNOUNCE_PATH") or "/announce"
 for i = 1, npeers do
   peer_ids[i] = pct(string.format("2d5753303130302d%024x", i))  -- "-WS0100-" + 12 bytes
 end
@@ -28,7 +30,7 @@ request = function()
   local h = hashes[math.random(#hashes)]
   local p = math.random(npeers)
   local left = (p % 5 == 0) and "0" or "1048576"  -- a fifth of the peers are seeders
-  local path = "/announce?info_hash=" .. h .. "&peer_id=" .. peer_ids[p] .. "&port=" .. (10000 + p) ..
+  local path = announce_path .. "?info_hash=" .. h .. "&peer_id=" .. peer_ids[p] .. "&port=" .. (10000 + p) ..
     "&uploaded=0&downloaded=0&left=" .. left .. "&compact=1&numwant=50"
   return wrk.format("GET", path)
 end

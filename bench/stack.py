@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 ORIGIN_PORT = 8080
 TRACKER_PORT = 7480
 BT_PORT = 6881
-API = "http://127.0.0.1:7470"  # each node's own loopback: every namespace has its own
+API = "http://127.0.0.1:7470"  # probes on each node's own loopback: every namespace has its own
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -38,6 +38,12 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["HF_HUB_DISABLE_TELEMETRY"] = "1"
     env.update(extra or {})
     return env
+
+
+def _secret_file(path: Path, secret: str) -> Path:
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> None:
@@ -93,9 +99,14 @@ class Stack:
         """Prefixed to log names (e.g. "weightswarm-cold-"), so a later phase keeps earlier logs."""
         self.hub_root = hub_root
         self.env = clean_env()
-        self.token_file = workdir / "tracker.token"
-        self.token_file.write_text(secrets.token_hex(16) + "\n")
-        self.token_file.chmod(0o600)
+        self.token_file = _secret_file(workdir / "tracker.token", secrets.token_hex(16))
+        """The tracker's agent-role token: every agent's --tracker-token-file."""
+        self.passkey_file = _secret_file(workdir / "tracker.passkey", secrets.token_hex(16))
+        """The tracker's announce passkey: every agent's --tracker-passkey-file."""
+        self._auth_header = _secret_file(
+            workdir / "tracker.auth-header", f"Authorization: Bearer {self.token_file.read_text().strip()}"
+        )
+        """The agent token as a curl header file (`-H @file`): reads need it, and argv is public."""
         self.origin: Proc | None = None
         self.tracker: Proc | None = None
         self.agents: dict[str, Proc] = {}
@@ -110,15 +121,22 @@ class Stack:
     def tracker_url(self) -> str:
         return f"http://{self.c.ip('tracker')}:{TRACKER_PORT}"
 
+    @property
+    def announce_url(self) -> str:
+        """The tracker's announce URL, passkey included (for .torrent files; never print it)."""
+        return f"{self.tracker_url}/announce/{self.passkey_file.read_text().strip()}"
+
     def node_dir(self, node: str) -> Path:
         return self.workdir / "nodes" / node
 
     def log(self, name: str) -> Path:
         return self.logdir / f"{self.log_prefix}{name}.log"
 
-    def curl(self, member: str, url: str, timeout: float = 10.0) -> str | None:
-        """GET `url` from inside `member`'s namespace; None on any failure."""
-        res = self.c.run(member, ["curl", "-sf", "--max-time", str(timeout), url], timeout=timeout + 5)
+    def curl(self, member: str, url: str, timeout: float = 10.0, tracker_auth: bool = False) -> str | None:
+        """GET `url` from inside `member`'s namespace; None on any failure. `tracker_auth`: send the
+        agent token (the tracker's /v1 reads need one)."""
+        auth = ["-H", f"@{self._auth_header}"] if tracker_auth else []
+        res = self.c.run(member, ["curl", "-sf", *auth, "--max-time", str(timeout), url], timeout=timeout + 5)
         return res.stdout if res.returncode == 0 else None
 
     # -- origin --------------------------------------------------------------------------
@@ -177,6 +195,8 @@ class Stack:
             str(db),
             "--token-file",
             str(self.token_file),
+            "--announce-passkey-file",
+            str(self.passkey_file),
         ]
         self.tracker = self.c.spawn("tracker", argv, self.env, self.log("tracker"))
         wait_for(
@@ -194,7 +214,7 @@ class Stack:
             self.tracker = None
 
     def blob_seeders(self, blob_id: str) -> int:
-        body = self.curl("tracker", f"{self.tracker_url}/v1/blobs/{blob_id}")
+        body = self.curl("tracker", f"{self.tracker_url}/v1/blobs/{blob_id}", tracker_auth=True)
         return int(json.loads(body).get("seeders") or 0) if body else 0
 
     # -- agents --------------------------------------------------------------------------
@@ -213,6 +233,8 @@ class Stack:
                 self.tracker_url,
                 "--tracker-token-file",
                 str(self.token_file),
+                "--tracker-passkey-file",
+                str(self.passkey_file),
                 "--origin",
                 self.origin_url,
                 "--bt-listen",
@@ -250,7 +272,8 @@ class Stack:
 
     # -- fetching ------------------------------------------------------------------------
     def fetch_agent_argv(self, node: str, model: Model) -> list[str]:
-        return [str(BIN / "agent"), "fetch", model.repo_id, "--agent", API]
+        admin = self.node_dir(node) / "state" / "admin.sock"  # the agent's default admin socket
+        return [str(BIN / "agent"), "fetch", model.repo_id, "--agent", f"unix://{admin}"]
 
     def fetch_naive_argv(self, node: str, model: Model) -> list[str]:
         d = self.node_dir(node)

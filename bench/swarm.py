@@ -126,7 +126,7 @@ def build_torrents(stack: Stack, model: Model, dest: Path) -> list[Path]:
                 hasher.update(chunk)
         info = info_dict(f.blob_id, f.size, hasher.piece_length, hasher.digest())
         meta = {
-            b"announce": f"{stack.tracker_url}/announce".encode(),
+            b"announce": stack.announce_url.encode(),
             b"info": info,
             b"url-list": resolve_url(stack.origin_url, model, f).encode(),
         }

@@ -4,7 +4,8 @@
 
 Starts both trackers on loopback ports, drives each with
 `wrk -t2 -c64 -d<duration>s --latency -s bench/announce.lua`, where the script spreads
-announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes), and
+announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes; ours at
+/announce/<passkey>, as agents announce, opentracker at /announce), and
 prints announces/s, p50/p99 latency, the ratio, and how many nodes x blobs one replica
 carries at the announce interval (every node re-announces every blob once per interval).
 """
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -47,8 +49,21 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -
     raise SystemExit(f"nothing listening on port {port} after {timeout}s")
 
 
-def run_wrk(port: int, duration: int, hashes: Path, peers: int) -> dict[str, int]:
-    env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(peers)}
+def check_announce(port: int, path: str, hashes: Path) -> None:
+    """One announce by hand: a refused one is HTTP 200 too, and wrk would time refusals."""
+    first = hashes.read_text().split()[0]
+    query = "info_hash=" + "".join(f"%{first[i : i + 2]}" for i in range(0, 40, 2))
+    query += "&peer_id=" + "%02" * 20 + "&port=1&left=0"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}?{query}", timeout=10) as resp:
+        body = resp.read()
+    if b"failure reason" in body:
+        raise SystemExit(f"the tracker refused the benchmark's announce: {body[:200]!r}")
+
+
+def run_wrk(port: int, duration: int, hashes: Path, peers: int, path: str = "/announce") -> dict[str, int]:
+    check_announce(port, path, hashes)
+    # The path (with the passkey) goes to announce.lua by environment, not on wrk's command line.
+    env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(peers), "WS_ANNOUNCE_PATH": path}
     cmd = [
         "wrk",
         "-t2",
@@ -95,6 +110,8 @@ def main() -> None:
         hashes.write_text("".join(secrets.token_hex(20) + "\n" for _ in range(args.blobs)))
         token = work / "token"
         token.write_text(secrets.token_hex(16))
+        passkey = secrets.token_hex(16)
+        (work / "passkey").write_text(passkey)
         os.chmod(tmp, 0o755)  # opentracker chroots into it and drops to 'nobody'
         hashes.chmod(0o644)
         results = {}
@@ -112,6 +129,8 @@ def main() -> None:
                 str(work / "t.db"),
                 "--token-file",
                 str(token),
+                "--announce-passkey-file",
+                str(work / "passkey"),
                 "--log-level",
                 "WARNING",
                 "--interval",
@@ -121,7 +140,9 @@ def main() -> None:
         )
         try:
             wait_port(port, ours)
-            results["tracker serve (sqlite)"] = run_wrk(port, args.duration, hashes, args.peers)
+            results["tracker serve (sqlite)"] = run_wrk(
+                port, args.duration, hashes, args.peers, f"/announce/{passkey}"
+            )
         finally:
             stop(ours)
 

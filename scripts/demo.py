@@ -4,7 +4,7 @@ What it does (no root, no network beyond 127.0.0.1):
  1. writes a test model (256 MiB, 4 safetensors shards) into a hub directory;
  2. starts an origin hub (`agent serve-hub`, capped at 50 MB/s in total, as a slow or
     rate-limited Hugging Face would be), a tracker (`tracker serve` with a generated token
-    file) and three node daemons (`agent serve`, each with its own cache, ports and name);
+    and announce passkey) and three node daemons (`agent serve`, each with its own cache, ports and name);
  3. asks all three to fetch the model at once (`agent fetch REPO --agent URL`), showing
     progress; then reports per agent the time and the bytes from the origin vs from peers,
     and the origin egress ÷ model size (without the swarm it would be 3.0);
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from agent.http.client import http_client
 
 BIN = Path(sys.executable).parent
 REPO = "demo/tiny-llama"
@@ -117,17 +119,28 @@ class Processes:
 class Agent:
     name: str
     api: str
+    """Its network listener (probes)."""
     cache: Path
     state: Path
+
+    @property
+    def admin(self) -> str:
+        """Its admin socket (the default one in its state dir): jobs, and `agent fetch --agent`."""
+        return f"unix://{self.state / 'admin.sock'}"
     proc: subprocess.Popen[bytes] | None = None
     fetch: subprocess.Popen[bytes] | None = None
     seconds: float | None = None
     job: dict[str, Any] | None = None
 
 
-def get_json(url: str) -> Any:
+def get_json(url: str, path: str = "") -> Any:
+    """GET `url` + `path` (`url` may be an agent's `unix://` socket); None unless a 200 with JSON."""
     try:
-        r = httpx.get(url, timeout=5)
+        if url.startswith("unix://"):
+            with http_client(url, 5) as client:
+                r = client.get(path)
+        else:
+            r = httpx.get(url + path, timeout=5)
         return r.json() if r.status_code == 200 else None
     except httpx.HTTPError:
         return None
@@ -164,10 +177,16 @@ def egress(origin: str) -> int:
     return int(stats["egress_bytes"])
 
 
-def start_tracker(procs: Processes, work: Path) -> tuple[str, Path]:
-    token = work / "tracker.token"
-    token.write_text(secrets.token_hex(16) + "\n")
-    token.chmod(0o600)
+def secret_file(path: Path) -> Path:
+    path.write_text(secrets.token_hex(16) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def start_tracker(procs: Processes, work: Path) -> tuple[str, Path, Path]:
+    """The tracker with an agent-role token and an announce passkey (files the agents get too)."""
+    token = secret_file(work / "tracker.token")
+    passkey = secret_file(work / "tracker.passkey")
     port = free_port()
     p = procs.start(
         "tracker",
@@ -180,14 +199,18 @@ def start_tracker(procs: Processes, work: Path) -> tuple[str, Path]:
             str(work / "tracker.db"),
             "--token-file",
             str(token),
+            "--announce-passkey-file",
+            str(passkey),
         ],
     )
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: procs.check_alive("tracker", p) and get_json(f"{url}/healthz"), 30, "the tracker")
-    return url, token
+    return url, token, passkey
 
 
-def start_agents(procs: Processes, work: Path, origin: str, tracker: str, token: Path) -> list[Agent]:
+def start_agents(
+    procs: Processes, work: Path, origin: str, tracker: str, token: Path, passkey: Path
+) -> list[Agent]:
     agents = []
     for i in range(1, AGENTS + 1):
         name = f"agent-{i}"
@@ -206,6 +229,8 @@ def start_agents(procs: Processes, work: Path, origin: str, tracker: str, token:
                 tracker,
                 "--tracker-token-file",
                 str(token),
+                "--tracker-passkey-file",
+                str(passkey),
                 "--origin",
                 origin,
                 "--bt-listen",
@@ -220,7 +245,7 @@ def start_agents(procs: Processes, work: Path, origin: str, tracker: str, token:
     for a in agents:
         assert a.proc is not None
         wait_until(
-            lambda a=a: procs.check_alive(a.name, a.proc) and get_json(f"{a.api}/readyz"),  # type: ignore[misc]
+            lambda a=a: procs.check_alive(a.name, a.proc) and get_json(a.api, "/readyz"),  # type: ignore[misc]
             60,
             f"{a.name} ready",
         )
@@ -228,7 +253,7 @@ def start_agents(procs: Processes, work: Path, origin: str, tracker: str, token:
 
 
 def latest_job(a: Agent) -> dict[str, Any] | None:
-    jobs = get_json(f"{a.api}/v1/jobs") or []
+    jobs = get_json(a.admin, "/v1/jobs") or []
     mine = [j for j in jobs if j.get("repo_id") == REPO]
     return max(mine, key=lambda j: j.get("created", 0)) if mine else None
 
@@ -398,13 +423,13 @@ def run(args: argparse.Namespace, work: Path) -> int:
 
             print(f"demo: {AGENTS} standalone `agent fetch` from the origin at once (no swarm)…")
         else:
-            tracker, token = start_tracker(procs, work)
-            print(f"demo: tracker {tracker} (tracker serve, token in {token.name})")
-            agents = start_agents(procs, work, origin, tracker, token)
+            tracker, token, passkey = start_tracker(procs, work)
+            print(f"demo: tracker {tracker} (tracker serve; token, passkey in {token.name}, {passkey.name})")
+            agents = start_agents(procs, work, origin, tracker, token, passkey)
             print("demo: agents " + ", ".join(f"{a.name} {a.api}" for a in agents))
 
             def argv_for(a: Agent) -> list[str]:
-                return [str(BIN / "agent"), "fetch", REPO, "--agent", a.api]
+                return [str(BIN / "agent"), "fetch", REPO, "--agent", a.admin]
 
             print(f"demo: `agent fetch {REPO} --agent URL` on all {AGENTS} agents at once…")
         e0 = egress(origin)

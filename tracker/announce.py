@@ -4,11 +4,13 @@ Query strings carry raw bytes (a percent-encoded 20-byte info_hash is rarely UTF
 they are split and unquoted here as bytes, never decoded as text by the framework.
 Errors are bencoded `failure reason` dicts with HTTP 200, which is what clients parse.
 
-The `ip` parameter is honoured when it is an IP literal: agents on hostNetwork pods
-announce their node address that way, and inside a cluster the tracker cannot tell a
-NATed source from a real one. The trade-off: any client can list another address as a
-peer (a classic tracker-amplification concern), which matters only if the announce
-endpoint is open to untrusted networks; then set an announce passkey.
+The peer is listed at the TCP source address of its announce. The `ip` parameter is
+ignored unless the tracker runs with --trust-announce-ip: honouring it lets any client
+list another host's address as a peer (every leecher would then connect to it: a classic
+tracker-amplification and traffic-steering trick), and the passkey does not help, since
+every node holds it. Turn it on only where the source address is wrong for peers, e.g.
+agents announcing through NAT or a proxy while peers must dial the node's hostNetwork
+address; then it takes an IP literal only (a hostname is ignored, never resolved).
 """
 
 from __future__ import annotations
@@ -113,13 +115,14 @@ def parse_announce(params: Params, client_host: str | None, settings: TrackerSet
     numwant = _int(params, b"numwant", -(2**31))
     numwant = settings.default_numwant if numwant is None else max(0, min(numwant, settings.max_numwant))
     ip = None
-    claimed = _one(params, b"ip")
-    if claimed:
-        ip = packed_ip(claimed)  # a hostname is ignored, never resolved
+    if settings.trust_announce_ip:
+        claimed = _one(params, b"ip")
+        if claimed:
+            ip = packed_ip(claimed)  # a hostname is ignored, never resolved
     if ip is None and client_host:
         ip = packed_ip(client_host)
     if ip is None:
-        raise AnnounceError("cannot tell the peer's address; pass ip=")
+        raise AnnounceError("cannot tell the peer's address from the connection")
     return AnnounceRequest(
         infohash=infohash,
         peer=(peer_id, ip, port),
@@ -129,6 +132,19 @@ def parse_announce(params: Params, client_host: str | None, settings: TrackerSet
         compact=_one(params, b"compact") != b"0",
         no_peer_id=_one(params, b"no_peer_id") == b"1",
     )
+
+
+def query_passkey(raw_query: bytes) -> bytes | None:
+    """The `passkey` query parameter (the path form /announce/<passkey> is the usual one)."""
+    try:
+        values = parse_query(raw_query).get(b"passkey")
+    except AnnounceError:
+        return None
+    return values[0] if values else None
+
+
+PASSKEY_REFUSED = "unknown or missing passkey"
+"""The failure reason for an announce or scrape without the right passkey (says nothing more)."""
 
 
 def failure(reason: str) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -17,8 +17,14 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracker import announce as bt
-from tracker.auth import bearer, matches
-from tracker.errors import ConflictError, StoreUnavailableError, TrackerError, ValidationError
+from tracker.auth import Role, bearer, passkey_ok, role_of
+from tracker.errors import (
+    ConflictError,
+    PublishedRepoError,
+    StoreUnavailableError,
+    TrackerError,
+    ValidationError,
+)
 from tracker.manifest import check_commit, check_repo, check_revision, validate_manifest
 from tracker.metainfo import check_blob_id, validate_info
 from tracker.metrics import Metrics
@@ -70,23 +76,29 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         lifespan=lifespan,
     )
 
-    def unauthorized() -> HTTPException:
-        return HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    def allow(*roles: Role) -> Callable[[Request], Awaitable[Role]]:
+        """A dependency: the caller's role if it is one of `roles`; 401 without a known token, 403
+        (naming the role needed) with a token of another role."""
+        needed = " or ".join(f"the {r.value} role ({r.option})" for r in roles)
 
-    def require_write(request: Request) -> None:
-        if settings.token is None:  # only with --insecure-no-token
-            return
-        if not matches(bearer(request.headers.get("authorization")), settings.token):
-            raise unauthorized()
+        async def caller(request: Request) -> Role:
+            role = role_of(bearer(request.headers.get("authorization")), settings)
+            if role is None:
+                metrics.refusals["token"].inc()
+                raise HTTPException(
+                    401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+                )
+            if role not in roles:
+                metrics.refusals["role"].inc()
+                raise HTTPException(403, f"this needs {needed}; the token given has the {role.value} role")
+            request.state.role = role
+            return role
 
-    def require_read(request: Request) -> None:
-        if settings.read_token is None:
-            return
-        if not matches(bearer(request.headers.get("authorization")), settings.read_token, settings.token):
-            raise unauthorized()
+        return caller
 
-    write = [Depends(require_write)]
-    read = [Depends(require_read)]
+    read = [Depends(allow(Role.AGENT, Role.PUBLISHER, Role.READER))]
+    agent_only = [Depends(allow(Role.AGENT))]
+    manifest_writers = [Depends(allow(Role.AGENT, Role.PUBLISHER))]
 
     @app.exception_handler(ValidationError)
     async def _invalid(_: Request, exc: ValidationError) -> JSONResponse:
@@ -95,6 +107,11 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     @app.exception_handler(ConflictError)
     async def _conflict(_: Request, exc: ConflictError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(PublishedRepoError)
+    async def _published(_: Request, exc: PublishedRepoError) -> JSONResponse:
+        metrics.refusals["role"].inc()
+        return JSONResponse({"detail": str(exc)}, status_code=403)
 
     @app.exception_handler(TrackerError)
     async def _unavailable(_: Request, exc: TrackerError) -> JSONResponse:
@@ -107,13 +124,24 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         }
     }
 
+    # They check the passkey here too, so the API served alone is no way around it.
+    def bt_refused(request: Request) -> Response | None:
+        if passkey_ok(settings, request.path_params.get("passkey", ""), request.scope["query_string"]):
+            return None
+        return Response(bt.failure(bt.PASSKEY_REFUSED), media_type="text/plain")
+
     @app.get("/announce", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
     @app.get("/announce/{passkey}", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
     async def announce(request: Request) -> Response:
-        """BEP 3 announce. Query: info_hash, peer_id (20 raw bytes, percent-encoded), port, uploaded,
-        downloaded, left, event (started|completed|stopped), compact (default 1, BEP 23; IPv6
-        peers in `peers6`, BEP 7), no_peer_id, numwant (default 50, capped), ip (an IP literal,
-        honoured), passkey (or in the path) when the tracker requires one."""
+        """BEP 3 announce, at /announce/<passkey> (or ?passkey=): a missing or wrong passkey gets a
+        `failure reason` and nothing is stored. Query: info_hash, peer_id (20 raw bytes,
+        percent-encoded), port, uploaded, downloaded, left, event (started|completed|stopped),
+        compact (default 1, BEP 23; IPv6 peers in `peers6`, BEP 7), no_peer_id, numwant (default 50,
+        capped), ip (ignored unless the tracker runs with --trust-announce-ip: the peer is listed at
+        the connection's source address)."""
+        refused = bt_refused(request)
+        if refused is not None:
+            return refused
         client = request.client
         body, _ = await bt.announce(
             request.scope["query_string"], client.host if client else None, store, settings
@@ -123,7 +151,11 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     @app.get("/scrape", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
     @app.get("/scrape/{passkey}", tags=["bittorrent"], response_class=Response, **bt_doc)  # type: ignore[arg-type]
     async def scrape(request: Request) -> Response:
-        """BEP 48 scrape: one or more info_hash values; unknown torrents report zeros."""
+        """BEP 48 scrape at /scrape/<passkey>: one or more info_hash values; unknown torrents report
+        zeros."""
+        refused = bt_refused(request)
+        if refused is not None:
+            return refused
         return Response(
             await bt.scrape(request.scope["query_string"], store, settings), media_type="text/plain"
         )
@@ -169,7 +201,7 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     @app.put(
         "/v1/blobs/{blob_id}/metainfo",
         tags=["blobs"],
-        dependencies=write,
+        dependencies=agent_only,
         openapi_extra={
             "requestBody": {"content": {BITTORRENT: {"schema": {"type": "string", "format": "binary"}}}}
         },
@@ -230,7 +262,7 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
             "holders": [h.node_id for h in state.holders],
         }
 
-    @app.post("/v1/leases/{blob_id}", tags=["leases"], dependencies=write)
+    @app.post("/v1/leases/{blob_id}", tags=["leases"], dependencies=agent_only)
     async def acquire(blob_id: str, body: LeaseRequest) -> dict[str, Any]:
         """Ask for the origin lease on a blob. Granted to at most `max_lease_holders` nodes; the same
         node asking again renews it. Others get granted=false and who holds it."""
@@ -241,7 +273,7 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         (metrics.lease_grants if state.granted else metrics.lease_denials).inc()
         return lease_json(state, body.node_id)
 
-    @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=write)
+    @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=agent_only)
     async def heartbeat(blob_id: str, body: HeartbeatRequest) -> dict[str, Any]:
         """Keep a held lease alive. 404 if nobody holds it any more, 409 if others hold it now."""
         state = await store.renew_lease(
@@ -255,20 +287,37 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
             raise HTTPException(404, f"no lease on {blob_id} held by this node (expired?)")
         return lease_json(state, body.node_id)
 
-    @app.delete("/v1/leases/{blob_id}", tags=["leases"], dependencies=write)
+    @app.delete("/v1/leases/{blob_id}", tags=["leases"], dependencies=agent_only)
     async def release(blob_id: str, node_id: Annotated[str, Query(pattern=NODE_ID)]) -> dict[str, bool]:
         """Give a lease back (done, or failed) so another node can take it at once."""
         return {"released": await store.release_lease(check_blob_id(blob_id), node_id)}
 
     # -- manifests -----------------------------------------------------------------------
-    @app.put("/v1/manifests/{org}/{name}/{commit}", tags=["manifests"], dependencies=write, status_code=201)
-    async def put_manifest(org: str, name: str, commit: str, body: ManifestRequest) -> dict[str, Any]:
-        """Publish repo_id@commit → files (safe relative paths, sizes >= 0, hex blob ids).
-        `revision`, if given, then resolves to this commit (the latest publish wins)."""
+    @app.put(
+        "/v1/manifests/{org}/{name}/{commit}",
+        tags=["manifests"],
+        dependencies=manifest_writers,
+        status_code=201,
+    )
+    async def put_manifest(
+        org: str, name: str, commit: str, body: ManifestRequest, request: Request
+    ) -> dict[str, Any]:
+        """Register repo_id@commit → files (safe relative paths, sizes >= 0, hex blob ids).
+        `revision`, if given, then resolves to this commit (the latest write wins).
+
+        The publisher role (hub-less models) marks the repo published; from then on the agent
+        role's writes for that repo are refused (403), so no node can overwrite or shadow it."""
         repo_id, commit = check_repo(org, name), check_commit(commit)
         revision, files = validate_manifest(body.model_dump(), settings.max_manifest_files)
-        await store.put_manifest(repo_id, commit, {"files": files}, revision)
-        return {"repo_id": repo_id, "commit": commit, "revision": revision, "files": len(files)}
+        publisher = request.state.role is Role.PUBLISHER
+        await store.put_manifest(repo_id, commit, {"files": files}, revision, publisher=publisher)
+        return {
+            "repo_id": repo_id,
+            "commit": commit,
+            "revision": revision,
+            "files": len(files),
+            "published": publisher,
+        }
 
     @app.get("/v1/manifests/{org}/{name}/{commit}", tags=["manifests"], dependencies=read)
     async def get_manifest(org: str, name: str, commit: str) -> dict[str, Any]:
@@ -314,8 +363,22 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
                     )
                     files.append({**f, "seeders": c.complete, "leechers": c.incomplete})
                 copies = min((f["seeders"] for f in files), default=0)
-                commits.append({"commit": commit, "files": files, "complete_copies": copies})
-            out.append({"repo_id": entry.repo_id, "revisions": entry.revisions, "commits": commits})
+                commits.append(
+                    {
+                        "commit": commit,
+                        "published": bool(manifest.get("published")),
+                        "files": files,
+                        "complete_copies": copies,
+                    }
+                )
+            out.append(
+                {
+                    "repo_id": entry.repo_id,
+                    "published": entry.published,
+                    "revisions": entry.revisions,
+                    "commits": commits,
+                }
+            )
         return {"models": out}
 
     return app

@@ -5,6 +5,9 @@
 announce) and hands everything else (the JSON API, health, metrics, OpenAPI) to FastAPI,
 built in `tracker.api`. The front also enforces the request-body limit (413) for every
 route before any framework code buffers a byte.
+
+Announce and scrape need the passkey (/announce/<passkey>); nothing logs it: BitTorrent
+requests are not access-logged, and every logged path has it redacted (`redact_path`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from tracker import announce as bt
 from tracker.api import create_api
-from tracker.auth import matches
+from tracker.auth import passkey_ok
 from tracker.metrics import Metrics
 from tracker.settings import TrackerSettings
 from tracker.store import Store
@@ -57,12 +60,16 @@ class TrackerApp:
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, b"method not allowed\n", _BT_HEADERS)
             return
-        if settings.announce_passkey is not None:
-            given = path_passkey.encode() if path_passkey else _query_passkey(raw_query)
-            if not matches(given, settings.announce_passkey):
-                await _respond(send, 200, bt.failure("unknown or missing passkey"), _BT_HEADERS)
+        if settings.announce_passkey is not None and not passkey_ok(settings, path_passkey, raw_query):
+            await _respond(send, 200, bt.failure(bt.PASSKEY_REFUSED), _BT_HEADERS)
+            self.metrics.refusals["passkey"].inc()
+            if route == "announce":
                 self.metrics.announces["error"].inc()
-                return
+            client = scope.get("client")
+            # DEBUG only (a misconfigured node retries every interval); never the path's passkey.
+            host = client[0] if client else "-"
+            log.debug("%s %s refused (passkey) from %s", scope["method"], redact_path(scope["path"]), host)
+            return
         client = scope.get("client")
         host = client[0] if client else None
         try:
@@ -89,7 +96,7 @@ class TrackerApp:
         length = _content_length(scope)
         if length is not None and length > limit:
             await _too_large(send, limit)
-            log.info("%s %s 413", scope["method"], scope["path"])
+            log.info("%s %s 413", scope["method"], redact_path(scope["path"]))
             return
         if scope["method"] in ("PUT", "POST", "PATCH", "DELETE"):
             # Read the (bounded) body up front so a chunked upload cannot grow past the limit.
@@ -126,8 +133,8 @@ class TrackerApp:
             await self.api(scope, receive, send_status)
         finally:
             self.metrics.latency["api"].observe(time.perf_counter() - start)
-            # Path only: query strings may carry node ids and future secrets; never headers.
-            log.info("%s %s %d", scope["method"], scope["path"], status[0])
+            # Path only (query strings may carry a passkey), passkey redacted; never headers.
+            log.info("%s %s %d", scope["method"], redact_path(scope["path"]), status[0])
 
 
 def create_app(settings: TrackerSettings, store: Store | None = None) -> TrackerApp:
@@ -161,9 +168,11 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _query_passkey(raw_query: bytes) -> bytes | None:
-    try:
-        values = bt.parse_query(raw_query).get(b"passkey")
-    except bt.AnnounceError:
-        return None
-    return values[0] if values else None
+def redact_path(path: str) -> str:
+    """The path fit for a log: whatever follows /announce/ or /scrape/ (a passkey) becomes ***.
+
+    Paths the API answers are redacted too: /announce/<passkey>/x reaches FastAPI (and a 404)."""
+    route, sep, rest = path.lstrip("/").partition("/")
+    if route in ("announce", "scrape") and sep and rest:
+        return f"/{route}/***"
+    return path

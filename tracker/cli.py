@@ -41,24 +41,47 @@ _path = click.Path(dir_okay=False, path_type=Path)
 @env_option(
     "--redis", "redis_url", default=None, help="redis://host:port/db: shared store for several replicas."
 )
-@env_option("--token-file", type=_path, default=None, help="File holding the bearer token that writes need.")
 @env_option(
-    "--insecure-no-token",
-    is_flag=True,
-    default=False,
-    help="Accept writes without a token (development only).",
+    "--token-file",
+    type=_path,
+    default=None,
+    help="File holding the agent-role bearer token (every node has it): metainfo, leases, "
+    "manifests of hub models, reads.",
+)
+@env_option(
+    "--publisher-token-file",
+    type=_path,
+    default=None,
+    help="File holding the publisher-role bearer token: manifests of hub-less models (a repo it "
+    "writes is then closed to agent-role writes), reads.",
 )
 @env_option(
     "--read-token-file",
     type=_path,
     default=None,
-    help="File holding a token that manifest/blob reads need (private repos).",
+    help="File holding an extra read-only token for GETs under /v1 (the agent and publisher tokens "
+    "read too; without a token /v1 reads get 401).",
 )
 @env_option(
     "--announce-passkey-file",
     type=_path,
     default=None,
-    help="File holding a passkey that announce/scrape need (/announce/<passkey> or ?passkey=).",
+    help="File holding the passkey that announce/scrape need (/announce/<passkey>). Required "
+    "unless --insecure-no-token.",
+)
+@env_option(
+    "--insecure-no-token",
+    is_flag=True,
+    default=False,
+    help="Start without --token-file and --announce-passkey-file; what has no secret is open to "
+    "anyone (development only).",
+)
+@env_option(
+    "--trust-announce-ip",
+    is_flag=True,
+    default=False,
+    help="Honour the announce ip= parameter instead of the connection's source address (agents "
+    "behind NAT or a proxy); lets any passkey holder list any address.",
 )
 @env_option(
     "--interval",
@@ -87,9 +110,11 @@ def serve(
     db_path: Path | None,
     redis_url: str | None,
     token_file: Path | None,
-    insecure_no_token: bool,
+    publisher_token_file: Path | None,
     read_token_file: Path | None,
     announce_passkey_file: Path | None,
+    insecure_no_token: bool,
+    trust_announce_ip: bool,
     interval: int,
     max_lease_holders: int,
     log_level: str,
@@ -106,13 +131,17 @@ def serve(
         db_path=db_path,
         redis_url=redis_url,
         token=read_secret_file(token_file, "--token-file") if token_file else None,
-        insecure_no_token=insecure_no_token,
+        publisher_token=(
+            read_secret_file(publisher_token_file, "--publisher-token-file") if publisher_token_file else None
+        ),
         read_token=read_secret_file(read_token_file, "--read-token-file") if read_token_file else None,
         announce_passkey=(
             read_secret_file(announce_passkey_file, "--announce-passkey-file")
             if announce_passkey_file
             else None
         ),
+        insecure_no_token=insecure_no_token,
+        trust_announce_ip=trust_announce_ip,
         interval=interval,
         min_interval=min(10, interval),
         max_lease_holders=max_lease_holders,
@@ -125,17 +154,17 @@ def serve(
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     store = "redis" if redis_url else (f"sqlite {db_path}" if db_path else "sqlite in memory")
+    warnings = [
+        ", WRITES AND READS UNAUTHENTICATED" if settings.token is None else "",
+        ", ANNOUNCES OPEN" if settings.announce_passkey is None else "",
+        ", announce ip= trusted" if settings.trust_announce_ip else "",
+    ]
     logging.getLogger("tracker").info(
-        "serving on http://%s:%d (store: %s, interval %ds%s)",
-        host,
-        port,
-        store,
-        interval,
-        ", WRITES UNAUTHENTICATED" if settings.token is None else "",
+        "serving on http://%s:%d (store: %s, interval %ds%s)", host, port, store, interval, "".join(warnings)
     )
     # One worker on purpose: with the SQLite store live peers are in this process's memory,
     # so a second worker would see half the swarm. For more throughput run replicas on --redis.
-    # access_log off: announce URLs can carry passkeys; tracker.access logs sanitized API paths.
+    # access_log off: announce URLs carry the passkey; tracker.access logs API paths, passkey redacted.
     uvicorn.run(
         app,
         host=host,

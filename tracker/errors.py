@@ -31,3 +31,14 @@ class ValidationError(TrackerError):
 
 class ConflictError(TrackerError):
     """A write disagrees with what is already stored (e.g. a second info dict for one blob)."""
+
+
+class PublishedRepoError(TrackerError):
+    """An agent-role write of a manifest (or ref) for a repo the publisher has published."""
+
+    def __init__(self, repo_id: str) -> None:
+        super().__init__(
+            f"{repo_id} is a published model: only the publisher-role token (--publisher-token-file) "
+            "may write its manifests and refs"
+        )
+        self.repo_id = repo_id

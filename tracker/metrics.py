@@ -8,6 +8,7 @@ from tracker.store import Store
 
 EVENT_LABELS = ("started", "completed", "stopped", "update", "error")
 ROUTES = ("announce", "scrape", "api")
+REFUSALS = ("passkey", "token", "role")
 
 
 class Metrics:
@@ -20,6 +21,14 @@ class Metrics:
         # Label children resolved once: .labels() per announce would cost a dict lookup and a lock.
         self.announces = {e: announces.labels(e) for e in EVENT_LABELS}
         self.scrapes = Counter("tracker_scrapes", "Scrape requests handled", registry=r)
+        refusals = Counter(
+            "tracker_auth_refusals",
+            "Requests refused: announce/scrape without the passkey, API calls without a known token "
+            "(401), or with a token of the wrong role (403)",
+            ["reason"],
+            registry=r,
+        )
+        self.refusals = {reason: refusals.labels(reason) for reason in REFUSALS}
         self.peers = Gauge("tracker_peers", "Live peers over all torrents", registry=r)
         self.seeders = Gauge("tracker_seeders", "Live seeders over all torrents", registry=r)
         self.torrents = Gauge("tracker_torrents", "Torrents with at least one live peer", registry=r)

@@ -6,12 +6,14 @@ by the CLI layer, and secrets are read from files here, once, at startup.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracker.errors import ConfigError
 
 MiB = 2**20
+_URL_SAFE = re.compile(r"^[A-Za-z0-9._~-]+$")
 
 
 @dataclass(frozen=True)
@@ -31,17 +33,37 @@ class TrackerSettings:
     """redis://host:port/db for the shared store; several replicas then serve one swarm view."""
 
     token: str | None = field(default=None, repr=False)
-    """Bearer token that every write (PUT/POST/DELETE under /v1) needs. Never logged (repr=False)."""
+    """The agent-role bearer token (--token-file): metainfo, origin leases, manifests of hub models,
+    and every read. Every node holds it, so it cannot write a model the publisher published.
+    Never logged (repr=False)."""
 
-    insecure_no_token: bool = False
-    """Allow writes without a token. Off by default: a tracker that accepts anyone's metainfo
-    can be made to serve poisoned piece hashes, so running open must be an explicit choice."""
+    publisher_token: str | None = field(default=None, repr=False)
+    """The publisher-role bearer token (--publisher-token-file): manifests (and the refs they set)
+    of hub-less models, and every read; no metainfo, no leases. A repo it writes is marked
+    published, and agent-role writes for that repo are refused from then on. None: no publisher.
+    Never logged (repr=False)."""
 
     read_token: str | None = field(default=None, repr=False)
-    """If set, GETs under /v1 (manifests of private repos) need this or the write token."""
+    """An optional read-only bearer token (--read-token-file) for GETs under /v1 (dashboards,
+    operators). The agent and publisher tokens read too; without any of them /v1 reads get 401."""
 
     announce_passkey: str | None = field(default=None, repr=False)
-    """If set, /announce and /scrape need it (as /announce/<passkey> or ?passkey=)."""
+    """The passkey that /announce and /scrape need (/announce/<passkey>, or ?passkey=). Required:
+    without it anyone who reaches the tracker can join (and map) every swarm. URL-safe characters
+    only, since it travels in the announce URL. Never logged (repr=False)."""
+
+    insecure_no_token: bool = False
+    """Start without the agent token and the announce passkey; whatever has no secret configured
+    is then open to anyone (writes, reads, announce). Development only: a tracker that accepts
+    anyone's metainfo can be made to serve poisoned piece hashes, so running open must be an
+    explicit choice."""
+
+    trust_announce_ip: bool = False
+    """Honour the announce `ip=` parameter (an IP literal). Off by default: the peer is listed at
+    the TCP source address, so no client can list someone else's address. Turn it on only when
+    the source address is wrong, e.g. agents reaching the tracker through NAT or an
+    overlay/service proxy while peers must dial the node's own (hostNetwork) address; the agents
+    must then be trusted, since any of them can list any address."""
 
     interval: int = 30
     """Seconds between announces we ask clients for. 30 s suits fast datacenter swarms."""
@@ -102,6 +124,29 @@ class TrackerSettings:
                 "no write token: pass --token-file FILE (or WEIGHTSWARM_TOKEN_FILE), "
                 "or --insecure-no-token to accept unauthenticated writes"
             )
+        if self.announce_passkey is None and not self.insecure_no_token:
+            raise ConfigError(
+                "no announce passkey: pass --announce-passkey-file FILE (or "
+                "WEIGHTSWARM_ANNOUNCE_PASSKEY_FILE), or --insecure-no-token to accept anyone's announces"
+            )
+        if self.announce_passkey is not None and not _URL_SAFE.match(self.announce_passkey):
+            raise ConfigError(
+                "--announce-passkey-file: the passkey travels in the announce URL path, so it may hold "
+                "only letters, digits and - . _ ~"
+            )
+        seen: dict[str, str] = {}
+        for option, secret in (
+            ("--token-file", self.token),
+            ("--publisher-token-file", self.publisher_token),
+            ("--read-token-file", self.read_token),
+            ("--announce-passkey-file", self.announce_passkey),
+        ):
+            if secret is None:
+                continue
+            if secret in seen:
+                # One secret in two roles would let its holder act in both (a node could publish).
+                raise ConfigError(f"{seen[secret]} and {option} hold the same secret: each needs its own")
+            seen[secret] = option
 
 
 def read_secret_file(path: Path, option: str) -> str:

@@ -62,11 +62,13 @@ class StoreStats:
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One published repo: its commits (with manifests) and the revisions pointing at them."""
+    """One registered repo: its commits (with manifests) and the revisions pointing at them."""
 
     repo_id: str
     revisions: dict[str, str]
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    published: bool = False
+    """The publisher role wrote a manifest for it: agent-role writes are refused."""
 
 
 class Store(abc.ABC):
@@ -116,12 +118,23 @@ class Store(abc.ABC):
     # -- manifests -----------------------------------------------------------------------
     @abc.abstractmethod
     async def put_manifest(
-        self, repo_id: str, commit: str, manifest: dict[str, Any], revision: str | None
+        self,
+        repo_id: str,
+        commit: str,
+        manifest: dict[str, Any],
+        revision: str | None,
+        *,
+        publisher: bool = False,
     ) -> None:
-        """Store repo_id@commit; if revision is given, point repo_id@revision at commit (latest wins)."""
+        """Store repo_id@commit; if revision is given, point repo_id@revision at commit (latest wins).
+
+        publisher=True (the publisher role): the manifest is recorded as published and the repo is
+        marked published. publisher=False on a published repo: PublishedRepoError, nothing stored.
+        The check and the write are one atomic step (replicas share the store)."""
 
     @abc.abstractmethod
-    async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None: ...
+    async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
+        """The stored manifest (`files`, and `published`: whether the publisher role wrote it)."""
 
     @abc.abstractmethod
     async def resolve(self, repo_id: str, revision: str) -> str | None: ...

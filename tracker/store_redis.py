@@ -5,7 +5,8 @@ of their addresses; every key gets a PEXPIRE of one peer TTL on each announce, s
 swarm vanishes by itself. An announce is one Lua script (one round trip, atomic).
 Leases are `max_holders` slot keys taken with SET NX PX: a holder that dies simply lets
 its key expire. Manifests and metainfo are plain keys without expiry (durable as far as
-the Redis persistence configuration makes them).
+the Redis persistence configuration makes them); a manifest write is one Lua script, so the
+check against the set of published repos and the write are atomic across replicas.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from tracker.errors import ConfigError, ConflictError, StoreUnavailableError
+from tracker.errors import ConfigError, ConflictError, PublishedRepoError, StoreUnavailableError
 from tracker.settings import TrackerSettings
 from tracker.store import (
     AnnounceResult,
@@ -105,6 +106,21 @@ end
 return 0
 """
 
+_PUT_MANIFEST = """
+local man, repos, commits, refs, published = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local repo, commit, body, revision, now, role = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if role == 'publisher' then
+  redis.call('SADD', published, repo)
+elseif redis.call('SISMEMBER', published, repo) == 1 then
+  return 0
+end
+redis.call('SET', man, body)
+redis.call('SADD', repos, repo)
+redis.call('ZADD', commits, now, commit)
+if ARGV[7] == '1' then redis.call('HSET', refs, revision, commit) end
+return 1
+"""
+
 _MAX_SLOTS = 64
 """Lease slots probed when reading holders: covers any --max-lease-holders a replica may use."""
 
@@ -131,6 +147,7 @@ class RedisStore(Store):
         self._announce = self._r.register_script(_ANNOUNCE)
         self._lease = self._r.register_script(_LEASE_ACQUIRE)
         self._release = self._r.register_script(_LEASE_RELEASE)
+        self._put_manifest = self._r.register_script(_PUT_MANIFEST)
 
     def _k(self, kind: bytes, key: bytes | str) -> bytes:
         return self._p + kind + b":" + (key.encode() if isinstance(key, str) else key)
@@ -226,19 +243,37 @@ class RedisStore(Store):
 
     # -- manifests -----------------------------------------------------------------------
     async def put_manifest(
-        self, repo_id: str, commit: str, manifest: dict[str, Any], revision: str | None
+        self,
+        repo_id: str,
+        commit: str,
+        manifest: dict[str, Any],
+        revision: str | None,
+        *,
+        publisher: bool = False,
     ) -> None:
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.set(self._k(b"man", f"{repo_id}@{commit}"), json.dumps(manifest, sort_keys=True))
-            pipe.sadd(self._p + b"repos", repo_id)
-            pipe.zadd(self._k(b"commits", repo_id), {commit: time.time()})
-            if revision is not None:
-                pipe.hset(self._k(b"refs", repo_id), revision, commit)
-            await pipe.execute()
+        # One script: the published check and the write are atomic across replicas.
+        keys = [
+            self._k(b"man", f"{repo_id}@{commit}"),
+            self._p + b"repos",
+            self._k(b"commits", repo_id),
+            self._k(b"refs", repo_id),
+            self._p + b"published",
+        ]
+        args = [
+            repo_id,
+            commit,
+            json.dumps({**manifest, "published": publisher}, sort_keys=True),
+            revision or "",
+            repr(time.time()),
+            "publisher" if publisher else "agent",
+            "1" if revision is not None else "0",
+        ]
+        if not int(await self._put_manifest(keys=keys, args=args)):
+            raise PublishedRepoError(repo_id)
 
     async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         body = await self._r.get(self._k(b"man", f"{repo_id}@{commit}"))
-        return dict(json.loads(body)) if body is not None else None
+        return _manifest(body) if body is not None else None
 
     async def resolve(self, repo_id: str, revision: str) -> str | None:
         commit = await self._r.hget(self._k(b"refs", repo_id), revision)
@@ -246,6 +281,7 @@ class RedisStore(Store):
 
     async def list_models(self) -> list[ModelEntry]:
         out = []
+        published = {_b(r).decode() for r in await self._r.smembers(self._p + b"published")}
         for repo in sorted(_b(r).decode() for r in await self._r.smembers(self._p + b"repos")):
             commits = [_b(c).decode() for c in await self._r.zrange(self._k(b"commits", repo), 0, -1)]
             bodies = await self._r.mget([self._k(b"man", f"{repo}@{c}") for c in commits]) if commits else []
@@ -254,7 +290,8 @@ class RedisStore(Store):
                 ModelEntry(
                     repo,
                     {_b(k).decode(): _b(v).decode() for k, v in refs.items()},
-                    {c: json.loads(b) for c, b in zip(commits, bodies, strict=True) if b is not None},
+                    {c: _manifest(b) for c, b in zip(commits, bodies, strict=True) if b is not None},
+                    published=repo in published,
                 )
             )
         return out
@@ -273,6 +310,13 @@ class RedisStore(Store):
 def _b(value: Any) -> bytes:
     """Redis replies are bytes (decode_responses is off); typeshed only knows bytes | str."""
     return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _manifest(body: Any) -> dict[str, Any]:
+    """A stored manifest; keys written before roles existed lack `published` (they were not)."""
+    manifest = dict(json.loads(_b(body)))
+    manifest.setdefault("published", False)
+    return manifest
 
 
 def _now_ms() -> int:

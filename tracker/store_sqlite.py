@@ -13,7 +13,7 @@ import sqlite3
 import time
 from typing import Any
 
-from tracker.errors import ConflictError, StoreUnavailableError
+from tracker.errors import ConflictError, PublishedRepoError, StoreUnavailableError
 from tracker.peers import PeerTable
 from tracker.settings import TrackerSettings
 from tracker.store import (
@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS manifests (
 CREATE TABLE IF NOT EXISTS refs (
     repo_id TEXT NOT NULL, revision TEXT NOT NULL, commit_id TEXT NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (repo_id, revision));
+CREATE TABLE IF NOT EXISTS published (repo_id TEXT PRIMARY KEY, since REAL NOT NULL);
 """
 
 
@@ -140,13 +141,27 @@ class SqliteStore(Store):
 
     # -- manifests -----------------------------------------------------------------------
     async def put_manifest(
-        self, repo_id: str, commit: str, manifest: dict[str, Any], revision: str | None
+        self,
+        repo_id: str,
+        commit: str,
+        manifest: dict[str, Any],
+        revision: str | None,
+        *,
+        publisher: bool = False,
     ) -> None:
         now = time.time()
+        body = json.dumps({**manifest, "published": publisher}, sort_keys=True)
+        # One transaction, no await inside: the published check and the write cannot interleave.
         with self._db:
+            if publisher:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO published (repo_id, since) VALUES (?, ?)", (repo_id, now)
+                )
+            elif self._db.execute("SELECT 1 FROM published WHERE repo_id = ?", (repo_id,)).fetchone():
+                raise PublishedRepoError(repo_id)
             self._db.execute(
                 "INSERT OR REPLACE INTO manifests (repo_id, commit_id, body, created) VALUES (?, ?, ?, ?)",
-                (repo_id, commit, json.dumps(manifest, sort_keys=True), now),
+                (repo_id, commit, body, now),
             )
             if revision is not None:
                 self._db.execute(
@@ -158,7 +173,7 @@ class SqliteStore(Store):
         row = self._db.execute(
             "SELECT body FROM manifests WHERE repo_id = ? AND commit_id = ?", (repo_id, commit)
         ).fetchone()
-        return dict(json.loads(row[0])) if row else None
+        return _manifest(row[0]) if row else None
 
     async def resolve(self, repo_id: str, revision: str) -> str | None:
         row = self._db.execute(
@@ -168,11 +183,12 @@ class SqliteStore(Store):
 
     async def list_models(self) -> list[ModelEntry]:
         models: dict[str, ModelEntry] = {}
+        published = {str(r[0]) for r in self._db.execute("SELECT repo_id FROM published")}
         for repo_id, commit, body in self._db.execute(
             "SELECT repo_id, commit_id, body FROM manifests ORDER BY repo_id, created"
         ):
-            entry = models.setdefault(repo_id, ModelEntry(repo_id, {}))
-            entry.manifests[commit] = json.loads(body)
+            entry = models.setdefault(repo_id, ModelEntry(repo_id, {}, published=repo_id in published))
+            entry.manifests[commit] = _manifest(body)
         for repo_id, revision, commit in self._db.execute("SELECT repo_id, revision, commit_id FROM refs"):
             if repo_id in models:
                 models[repo_id].revisions[revision] = commit
@@ -187,3 +203,10 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         self._db.close()
+
+
+def _manifest(body: str) -> dict[str, Any]:
+    """A stored manifest; rows written before roles existed lack `published` (they were not)."""
+    manifest = dict(json.loads(body))
+    manifest.setdefault("published", False)
+    return manifest

@@ -41,7 +41,7 @@ import psutil
 from agent.cache.layout import BlobDigest, StateDir, write_atomic
 from agent.core.errors import CacheFullError, NotFoundError
 from agent.core.metainfo import infohash
-from agent.core.settings import Settings
+from agent.core.settings import OpsSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +379,12 @@ class Evicted:
     last_used: float
 
 
+def _disk_percent(o: OpsSettings) -> float | None:
+    """The disk-percent limit, None when off (unset or 100: a full disk is the only limit)."""
+    p = o.cache_max_disk_percent
+    return p if p is not None and p < 100 else None
+
+
 class Evictor:
     """Runs eviction passes for one daemon (or one CLI invocation). Thread-safe: one pass at a time."""
 
@@ -404,7 +410,7 @@ class Evictor:
     @property
     def limited(self) -> bool:
         o = self.settings.ops
-        return o.cache_max_bytes is not None or o.cache_max_disk_percent is not None
+        return o.cache_max_bytes is not None or _disk_percent(o) is not None
 
     def pins(self) -> list[str]:
         return [*self.settings.ops.pins, *self._pins()]
@@ -416,11 +422,12 @@ class Evictor:
         if o.cache_max_bytes is not None:
             over = own_bytes(repos) + extra - o.cache_max_bytes
             worst, why = over, f"--cache-max-bytes {o.cache_max_bytes}"
-        if o.cache_max_disk_percent is not None:
+        percent = _disk_percent(o)
+        if percent is not None:
             du = psutil.disk_usage(str(self.settings.cache_dir))
-            over = int(du.used + extra - du.total * o.cache_max_disk_percent / 100)
+            over = int(du.used + extra - du.total * percent / 100)
             if over > worst or why == "no limit":
-                worst, why = over, f"--cache-max-disk-percent {o.cache_max_disk_percent:g}"
+                worst, why = over, f"--cache-max-disk-percent {percent:g}"
         return max(0, worst), why
 
     def candidates(self, repos: dict[str, CachedRepo], protect: set[str]) -> list[tuple[float, str, int]]:

@@ -22,15 +22,23 @@ def with_origin(settings: Settings, origin: str | None, token: str | None) -> Se
 
 
 def choose_daemon(agent_url: str | None, explicit_local: bool) -> str | None:
-    """The daemon to work through: --agent URL ('off' = none), else the local default one if it
-    answers and nothing says to work on a given cache directly (`explicit_local`)."""
-    from agent.http.client import DEFAULT_AGENT_URL, local_agent_answers
+    """The daemon to work through: --agent URL ('off' = none), else the local default one (its
+    admin socket) if it answers and nothing says to work on a given cache directly (`explicit_local`)."""
     from agent.http.client import agent_url as normalise
+    from agent.http.client import local_agent_answers
 
     if agent_url and agent_url.lower() in ("off", "none", "standalone"):
         return None
     if agent_url:
         return normalise(agent_url)
-    if not explicit_local and local_agent_answers(DEFAULT_AGENT_URL):
-        return DEFAULT_AGENT_URL
+    default = local_agent_url()
+    if not explicit_local and local_agent_answers(default):
+        return default
     return None
+
+
+def local_agent_url() -> str:
+    """The admin socket of this machine's agent with the default state dir."""
+    from agent.http.client import default_agent_url
+
+    return default_agent_url(Settings.from_env_defaults().state_dir)

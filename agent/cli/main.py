@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
-from agent.cli.common import choose_daemon, handle_errors, with_origin
+from agent.cli.common import choose_daemon, handle_errors, local_agent_url, with_origin
 from agent.cli.ops import register
 from agent.core.settings import Settings
 from clikit import env_option
@@ -142,13 +143,30 @@ def make_test_model_command(
             help="Resume data, digests [default: ~/.local/state/weightswarm].")
 @env_option("--tracker", metavar="URL", help="Tracker base URL, e.g. http://tracker:6969 [default: none].")
 @env_option("--tracker-token-file", type=click.Path(path_type=Path, dir_okay=False),
-            help="File holding the tracker's bearer token (needed for leases and publishing).")
+            help="File holding the tracker's agent-role token (reads, metainfo, leases).")
+@env_option("--tracker-passkey-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="File holding the tracker's announce passkey (BitTorrent announces and scrapes).")
+@env_option("--publisher-token-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="File holding the tracker's publisher-role token; without it `agent publish` is refused.")
 @env_option("--origin", metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
 @env_option("--token", metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
 @env_option("--bt-listen", default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
             help="BitTorrent listen address (port 0 = any free port).")
 @env_option("--api-listen", default="127.0.0.1:7470", show_default=True, metavar="HOST:PORT",
-            help="Local HTTP API address (agent fetch --agent, agent ls, probes).")
+            help="Network listener: probes, /metrics and the HF-compatible endpoint only.")
+@env_option("--admin-socket", type=click.Path(path_type=Path, dir_okay=False),
+            help="Unix socket (mode 0600) of the admin channel: every route, for this node's CLI "
+                 "[default: STATE_DIR/admin.sock].")
+@env_option("--pods-socket", type=click.Path(path_type=Path, dir_okay=False),
+            help="Unix socket (mode 0666) where pods that mount its directory request models with their "
+                 "own HF token [default: off].")
+@env_option("--metrics-on-network/--no-metrics-on-network", default=True, show_default=True,
+            help="Serve /metrics on --api-listen as well as on the admin socket.")
+@env_option("--publish-root", "publish_roots", multiple=True,
+            type=click.Path(path_type=Path, file_okay=False),
+            help="Directory `agent publish` may read (repeatable) [default: none, publishing is off].")
+@env_option("--publish-unchecked-ids", is_flag=True, default=False,
+            help="Publish a repo id even when the origin cannot be asked whether it has it (air-gapped).")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")
@@ -160,8 +178,9 @@ def make_test_model_command(
 @env_option("--resume-interval", type=click.FloatRange(min=0.5), metavar="SECONDS",
             help="Resume data saved this often while downloading: progress a crash can lose [30].")
 @env_option("--cache-max-bytes", metavar="BYTES", help="Evict LRU blobs to keep the cache under this size.")
-@env_option("--cache-max-disk-percent", type=click.FloatRange(1, 100), metavar="PERCENT",
-            help="Evict LRU blobs while the cache filesystem is fuller than this.")
+@env_option("--cache-max-disk-percent", type=click.FloatRange(1, 100), default=85.0, show_default=True,
+            metavar="PERCENT", help="Evict LRU blobs while the cache filesystem is fuller than this "
+                                    "(100 = off).")
 @env_option("--pin", "pins", multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
 @env_option("--kube", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
             help="Watch this node's pods for weightswarm.io/models and report status on them "
@@ -170,31 +189,15 @@ def make_test_model_command(
             help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
 @env_option("--watch-namespace", metavar="NAMESPACE",
             help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
-@env_option("--lend-node-token/--no-lend-node-token", default=True, show_default=True,
-            help="Requests that bring no HF token (pod annotation, agent wait, POST /v1/fetch) fetch with "
-                 "this node's --token; off: anonymously.")
 @handle_errors
-def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str | None,
-                  tracker_token_file: Path | None, origin: str | None, token: str | None, bt_listen: str,
-                  api_listen: str, node_name: str | None, upload_rate_limit: int | None,
-                  download_rate_limit: int | None, stall_timeout: float | None,
-                  lease_ttl: float | None, resume_interval: float | None, cache_max_bytes: str | None,
-                  cache_max_disk_percent: float | None, pins: tuple[str, ...], kube: str,
-                  kubeconfig: Path | None, watch_namespace: str | None, lend_node_token: bool) -> None:
-    """Run the node daemon: seed the cache, fetch through the swarm, serve the local API."""
+def serve_command(kube: str, cache_max_bytes: str | None, cache_max_disk_percent: float,
+                  pins: tuple[str, ...], **options: Any) -> None:
+    """Run the node daemon: seed the cache, fetch through the swarm, serve the node's channels."""
     from agent.daemon.node import build_serve_settings, serve_forever
 
     # The one place that decides "am I in a cluster": kubelet sets this in every container.
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-
-    settings = build_serve_settings(
-        cache_dir=cache_dir, state_dir=state_dir, tracker=tracker, tracker_token_file=tracker_token_file,
-        origin=origin, token=token, bt_listen=bt_listen, api_listen=api_listen, node_name=node_name,
-        upload_rate_limit=upload_rate_limit, download_rate_limit=download_rate_limit,
-        stall_timeout=stall_timeout, lease_ttl=lease_ttl, resume_interval=resume_interval,
-        kube=kube == "on" or (kube == "auto" and in_cluster), kubeconfig=kubeconfig,
-        watch_namespace=watch_namespace, lend_node_token=lend_node_token,
-    )
+    settings = build_serve_settings(kube=kube == "on" or (kube == "auto" and in_cluster), **options)
     from agent.cli.ops import with_ops_settings
 
     serve_forever(with_ops_settings(settings, cache_max_bytes, cache_max_disk_percent, pins))
@@ -204,8 +207,9 @@ def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str |
 @click.argument("model", metavar="REPO_ID[@REV]")
 @env_option("--timeout", default=3600.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
             help="Give up (exit 7) when the model is not complete by then.")
-@env_option("--agent", "agent_url", default="127.0.0.1:7470", show_default=True, metavar="URL",
-            help="The node's agent (in a pod: the chart's node-local agent Service).")
+@env_option("--agent", "agent_url", metavar="URL",
+            help="The node's agent: in a pod its pods' socket, unix:///run/weightswarm/pods.sock "
+                 "[default: the admin socket of the default state dir].")
 @env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
             help="Hub cache checked directly while the agent is unreachable "
                  "[default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
@@ -213,7 +217,7 @@ def serve_command(cache_dir: Path | None, state_dir: Path | None, tracker: str |
             help="Hub token the agent fetches a gated/private repo with [default: $HF_TOKEN].")
 @env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
 @handle_errors
-def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | None, token: str | None,
+def wait_command(model: str, timeout: float, agent_url: str | None, cache_dir: Path | None, token: str | None,
                  quiet: bool) -> None:
     """Block until REPO_ID[@REV] is complete on this node (an init container's job); print its path last.
 
@@ -228,21 +232,21 @@ def wait_command(model: str, timeout: float, agent_url: str, cache_dir: Path | N
 
     ref = parse_model_ref(model.strip())
     settings = Settings.from_env_defaults(cache_dir=cache_dir)
-    snapshot = wait_for_model(ref, timeout=timeout, agent_url=normalise(agent_url),
+    snapshot = wait_for_model(ref, timeout=timeout, agent_url=normalise(agent_url or local_agent_url()),
                               cache_dir=settings.cache_dir, progress=Progress(quiet=quiet),
                               token=token or settings.origin.token)
     click.echo(str(snapshot))
 
 
 @main.command("ls")
-@env_option("--agent", "agent_url", default="127.0.0.1:7470", show_default=True, metavar="URL",
-            help="The agent daemon to ask.")
+@env_option("--agent", "agent_url", metavar="URL",
+            help="The agent daemon to ask [default: the admin socket of the default state dir].")
 @env_option("--json", "as_json", is_flag=True, default=False, help="Print the daemon's JSON answer.")
 @env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
             help="List this hub cache directly, without a daemon [default: ask the daemon, else the "
                  "default cache].")
 @handle_errors
-def ls_command(agent_url: str, as_json: bool, cache_dir: Path | None) -> None:
+def ls_command(agent_url: str | None, as_json: bool, cache_dir: Path | None) -> None:
     """List the models in the agent's cache: repo, revision -> commit, files, size, blobs seeded."""
     import json
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from agent.cli.common import choose_daemon, handle_errors, with_origin
+from agent.cli.common import choose_daemon, handle_errors, local_agent_url, with_origin
 from agent.core.errors import EXIT_INTEGRITY, ConfigError, DaemonError
 from agent.core.settings import Settings
 from clikit import env_option
@@ -60,12 +60,12 @@ def _daemon(agent_url: str | None, explicit_local: bool) -> Any:
     return AgentClient(url) if url is not None else None
 
 
-def list_models(agent_url: str, cache_dir: Path | None) -> list[dict[str, Any]]:
+def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str, Any]]:
     """`agent ls`: the daemon's view (with seeding counts); without one, the cache read directly."""
     from agent.http.client import AgentClient
 
     if cache_dir is None:
-        client = AgentClient(agent_url)
+        client = AgentClient(agent_url or local_agent_url())
         try:
             return client.models()
         except DaemonError as exc:
@@ -117,9 +117,14 @@ def _cache_options(func: Any) -> Any:
 @click.command("rm")
 @click.argument("ref", metavar="REPO[@REV]")
 @_cache_options
+@env_option("--force", is_flag=True, default=False,
+            help="Remove it even while pods on the node, a running fetch or --pin use it.")
 @handle_errors
-def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_url: str | None) -> None:
-    """Remove a model (one revision, or every revision) from the cache; blobs no revision uses go too."""
+def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_url: str | None,
+               force: bool) -> None:
+    """Remove a model (one revision, or every revision) from the cache; blobs no revision uses go too.
+
+    Through the agent, a model in use on the node is refused unless --force."""
     from agent.cache.eviction import parse_ref, remove_model
     from agent.cache.layout import check_repo_id
     from agent.core.progress import human_bytes
@@ -129,7 +134,7 @@ def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_u
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir))
     if client is not None:
         try:
-            out = client.remove_model(repo_id, rev)
+            out = client.remove_model(repo_id, rev, force)
         finally:
             client.close()
         snaps, blobs, freed = out["snapshots"], out["blobs"], out["bytes_freed"]
@@ -213,8 +218,17 @@ def _refetcher(settings: Settings, client: Any) -> Any:
 @env_option(
     "--tracker-token-file",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="File with the tracker's bearer token (standalone mode).",
+    help="File with the tracker's agent-role token, for the metainfo (standalone mode).",
 )
+@env_option(
+    "--publisher-token-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File with the tracker's publisher-role token, for the manifest (standalone mode).",
+)
+@env_option("--origin", metavar="URL",
+            help="Hub that must not have REPO_ID [default: $HF_ENDPOINT or https://huggingface.co].")
+@env_option("--publish-unchecked-ids", is_flag=True, default=False,
+            help="Publish even when the origin cannot be asked whether it has REPO_ID (air-gapped).")
 @handle_errors
 def publish_command(
     directory: Path,
@@ -225,14 +239,17 @@ def publish_command(
     agent_url: str | None,
     tracker: str | None,
     tracker_token_file: Path | None,
+    publisher_token_file: Path | None,
+    origin: str | None,
+    publish_unchecked_ids: bool,
 ) -> None:
     """Put a local model DIRECTORY into the cache and the swarm with no hub; print its commit id last.
 
     With a daemon: it copies the files into its cache, publishes manifest and metainfo to its
     tracker and seeds. Standalone: the same into --cache-dir and --tracker; an `agent serve` on that
-    cache seeds it when it starts.
+    cache seeds it when it starts. Never under a repo id the origin has.
     """
-    from agent.fetch.publish import publish_directory
+    from agent.fetch.publish import check_repo_id_unowned, publish_directory
 
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or tracker))
     if client is not None:
@@ -253,12 +270,15 @@ def publish_command(
         state_dir=state_dir,
         tracker=tracker,
         tracker_token_file=tracker_token_file,
-        origin=None,
+        publisher_token_file=publisher_token_file,
+        publish_unchecked_ids=publish_unchecked_ids,
+        origin=origin,
         token=None,
         bt_listen="127.0.0.1:0",
         api_listen="127.0.0.1:0",
         node_name=os.uname()[1],
     )
+    check_repo_id_unowned(settings, repo_id)
     tc = None
     if settings.daemon.tracker_url:
         tc = TrackerClient(settings.daemon.tracker_url, settings.daemon.tracker_token, settings.daemon)

@@ -62,6 +62,16 @@ class RateLimitedError(WeightswarmError):
     """The origin kept answering 429 after the bounded retries."""
 
 
+class BusyError(WeightswarmError):
+    """The node, or this client, already has as many fetch jobs running as it may (HTTP 429)."""
+
+
+class RefusedError(WeightswarmError):
+    """The caller may not do this here (publish outside --publish-root, a repo id the origin owns)."""
+
+    exit_code = EXIT_AUTH
+
+
 class OriginError(WeightswarmError):
     """The origin failed in a way retries did not fix (5xx, dropped connections, bad answers)."""
 

@@ -27,6 +27,8 @@ class FetchPlan:
     files: tuple[FileEntry, ...]
     all_paths: frozenset[str] = frozenset()
     """Every path at the commit, including ones --include/--exclude left out (for index checks)."""
+    from_tracker: bool = False
+    """Planned from the tracker's manifest (the origin could not): the tracker has it already."""
 
 
 @dataclass(frozen=True)

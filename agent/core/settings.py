@@ -1,9 +1,9 @@
 """Settings: nested dataclasses, built once (by the CLI) and passed down.
 
 No other module reads `os.environ`; `from_env_defaults` is the one place that maps the
-Hugging Face environment variables (`HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN`)
-onto defaults, as `huggingface_hub` does. `WEIGHTSWARM_<OPTION>` variables are handled by
-the CLI layer (every option has one).
+Hugging Face environment variables (`HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN`,
+`HF_TOKEN_PATH`) onto defaults, as `huggingface_hub` does. `WEIGHTSWARM_<OPTION>` variables are
+handled by the CLI layer (every option has one).
 """
 
 from __future__ import annotations
@@ -39,8 +39,21 @@ def default_origin(env: Mapping[str, str]) -> str:
 
 
 def default_token(env: Mapping[str, str]) -> str | None:
-    """`$HF_TOKEN` (or the legacy `$HUGGING_FACE_HUB_TOKEN`), else anonymous."""
-    return env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+    """`$HF_TOKEN` (or the legacy `$HUGGING_FACE_HUB_TOKEN`), else the token file huggingface_hub
+    reads (`$HF_TOKEN_PATH`, else `$HF_HOME/token`, else `~/.cache/huggingface/token`: what
+    `hf auth login` writes, and how the chart mounts a Secret), else anonymous."""
+    token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN")
+    if token:
+        return token
+    if env.get("HF_TOKEN_PATH"):
+        path = Path(env["HF_TOKEN_PATH"]).expanduser()
+    else:
+        cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(env.get("HF_HOME") or Path(cache) / "huggingface").expanduser() / "token"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,14 @@ class FetchSettings:
 
 
 DEFAULT_API_LISTEN = "127.0.0.1:7470"
+ADMIN_SOCKET_NAME = "admin.sock"
+"""The admin channel's socket in the state dir, unless --admin-socket says otherwise."""
+
+
+def default_admin_socket(state_dir: Path) -> Path:
+    return state_dir / ADMIN_SOCKET_NAME
+
+
 HF_TOKEN_HEADER = "X-HF-Token"
 """The requester's HF token on the agent API's `POST /v1/fetch`. Not `Authorization`: that is for
 naming the caller to the agent, this names the caller to the origin."""
@@ -112,7 +133,8 @@ class DaemonSettings:
     """This node's name (default the hostname); with the BitTorrent port it forms the lease node id."""
 
     api_listen: str = DEFAULT_API_LISTEN
-    """HOST:PORT of the local HTTP API (`agent fetch --agent`, `agent ls`). Loopback by default."""
+    """HOST:PORT of the network listener: probes, `/metrics` and the HF-compatible endpoint only
+    (model requests and admin actions are on the unix sockets). Loopback by default."""
 
     tracker_connect_timeout: float = 3.0
     """Seconds to connect to the tracker; short so a dead tracker falls back to the origin quickly."""
@@ -138,10 +160,40 @@ class DaemonSettings:
     job_history: int = 200
     """Finished jobs kept for `GET /v1/jobs/{id}`; older ones are forgotten first."""
 
-    lend_node_token: bool = True
-    """Requests that bring no HF token of their own (a pod annotation, `agent wait` or `POST /v1/fetch`
-    without one) fetch with the node's `--token`; False: they fetch anonymously, so gated repos need
-    the requester's token (`--no-lend-node-token`)."""
+    tracker_passkey: str | None = field(default=None, repr=False)
+    """Announce passkey the tracker requires (--tracker-passkey-file): libtorrent announces to
+    `<tracker>/announce/<passkey>`. Never logged (repr=False)."""
+
+    publisher_token: str | None = field(default=None, repr=False)
+    """The tracker's publisher-role token (--publisher-token-file): only it may register manifests of
+    hub-less models (`agent publish`). None: this node cannot publish. Never logged (repr=False)."""
+
+    admin_socket: Path | None = None
+    """Unix socket of the node's admin channel (--admin-socket): every route (publish, rm, forget,
+    fetch with the node's token, jobs, ls). Mode 0600: only the agent's user, i.e. the node's own CLI
+    and operator, can connect. None = `<state-dir>/admin.sock`."""
+
+    pods_socket: Path | None = None
+    """Unix socket of the pods' channel (--pods-socket): request a model and follow its job, with the
+    pod's own HF token (never the node's). Mode 0666: the credential is being able to mount the
+    directory it lives in (the chart: a hostPath only workload pods mount). None = off."""
+
+    metrics_on_network: bool = True
+    """Serve `/metrics` on --api-listen too (for Prometheus); the admin channel always has it."""
+
+    publish_roots: tuple[Path, ...] = ()
+    """Directories `agent publish` may read from (--publish-root, repeatable); empty = publishing off."""
+
+    publish_unchecked_ids: bool = False
+    """Publish even when the origin cannot say whether it knows the repo id (an air-gapped cluster;
+    --publish-unchecked-ids). Off: a repo id the origin knows, or one it cannot be asked about, is refused."""
+
+    max_jobs: int = 64
+    """Fetch jobs running at once, all channels together; more get 429 (disk and links are finite)."""
+
+    max_jobs_per_client: int = 8
+    """Fetch jobs one client may have running (a client: the pods' socket, one HF-endpoint client IP);
+    the admin channel is not limited."""
 
 
 @dataclass(frozen=True)
@@ -322,8 +374,9 @@ class OpsSettings:
     cache_max_bytes: int | None = None
     """Most bytes of blobs kept in the hub cache (--cache-max-bytes); None = no size limit."""
 
-    cache_max_disk_percent: float | None = None
-    """Evict while the cache filesystem is fuller than this percent (--cache-max-disk-percent); None = off."""
+    cache_max_disk_percent: float | None = 85.0
+    """Evict while the cache filesystem is fuller than this percent (--cache-max-disk-percent; 100 = off):
+    85 by default, so requests can never fill the node's disk until the kubelet evicts workloads."""
 
     pins: tuple[str, ...] = ()
     """`REPO[@REV]` entries never evicted (--pin, repeatable); no @REV pins every revision of the repo."""

@@ -23,16 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
 from agent.cache.eviction import repo_id_of
 from agent.cache.layout import StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
-from agent.core.settings import Settings
+from agent.core.settings import Settings, default_admin_socket
+from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix_listener
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
-from agent.http.api import NodeApi, create_app
+from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.swarm.policy import SwarmFetcher
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
@@ -46,13 +45,6 @@ log = logging.getLogger(__name__)
 _RESTART_DELAY = (1.0, 30.0)
 """Backoff bounds (seconds) before a failed background task runs again."""
 _JOBS_AT_ONCE = 4
-
-
-def split_hostport(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
 
 
 class Supervisor:
@@ -102,47 +94,6 @@ class Supervisor:
                 log.warning("background task %s did not stop within %.0fs", t.name, timeout)
 
 
-class ApiServer:
-    """uvicorn in a thread, so the daemon owns the process's signals and its shutdown order."""
-
-    def __init__(self, app: Any, listen: str) -> None:
-        host, port = split_hostport(listen, "--api-listen")
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-        )
-        self.server = uvicorn.Server(config)
-        self.listen = listen
-        self._thread = threading.Thread(target=self._serve, name="api", daemon=True)
-        self._failed: BaseException | None = None
-
-    def _serve(self) -> None:
-        try:
-            self.server.run()
-        except BaseException as exc:  # uvicorn exits the thread with SystemExit when it cannot bind
-            self._failed = exc
-
-    def start(self, timeout: float) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"cannot serve the agent API on {self.listen} (address in use?)")
-            time.sleep(0.02)
-
-    @property
-    def port(self) -> int:
-        for server in self.server.servers:
-            for sock in server.sockets:
-                return int(sock.getsockname()[1])
-        raise RuntimeError("API server not started")
-
-    def stop(self, timeout: float) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("API server did not stop within %.0fs", timeout)
-
-
 class Daemon:
     """One node's agent: BitTorrent session, tracker client, fetch jobs, API.
 
@@ -166,6 +117,8 @@ class Daemon:
         """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
         self._tracker_up: bool | None = None
         """The last probe's answer; None before the first."""
+        self.servers: list[ApiServer] = []
+        """The channels (docs/security.md): the admin socket, the pods' socket, the network."""
         self.swarm = Swarm(s.swarm, StateDir(s.state_dir).resume)
         try:
             # Several agents may share a host (tests, the demo): the BitTorrent port tells them apart.
@@ -183,10 +136,23 @@ class Daemon:
             self.podsync = self._pod_sync() if s.kube.enabled else None
             """The pod watcher and status reporter (agent.kube.podsync) with `--kube`."""
             node = NodeApi(self.request_model, self.jobs, self.list_models, self.problems)
-            self.api_server = ApiServer(create_app(node, self.ops.routers()), s.daemon.api_listen)
+            self.admin_socket = s.daemon.admin_socket or default_admin_socket(s.state_dir)
+            admin = create_app(node, ADMIN, self.ops.admin_routers())
+            self._serve(admin, self.admin_socket, 0o600, "--admin-socket")
+            if s.daemon.pods_socket is not None:
+                self._serve(create_app(node, PODS), s.daemon.pods_socket, 0o666, "--pods-socket")
+            network = create_app(node, None, self.ops.network_routers())
+            listener = tcp_listener(s.daemon.api_listen, "--api-listen")
+            self.api_server = ApiServer(network, listener, s.daemon.api_listen)
+            self.servers.append(self.api_server)
         except BaseException:
+            for server in self.servers:
+                server.stop(0)
             self.swarm.close()
             raise
+
+    def _serve(self, app: Any, path: Path, mode: int, what: str) -> None:
+        self.servers.append(ApiServer(app, unix_listener(path, mode, what), str(path)))
 
     def _pod_sync(self) -> PodSync:
         from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
@@ -209,11 +175,12 @@ class Daemon:
         self.ops.start(self._supervisor.spawn)
         if self.podsync is not None:
             self.podsync.start(self._supervisor.spawn)
-        self.api_server.start(timeout=s.daemon.shutdown_timeout)
+        for server in self.servers:
+            server.start(timeout=s.daemon.shutdown_timeout)
         log.info(
-            "agent %s serving the API on %s, BitTorrent on port %d",
+            "agent %s serving %s, BitTorrent on port %d",
             self.node_id,
-            s.daemon.api_listen,
+            ", ".join(server.where for server in self.servers),
             self.swarm.listen_port,
         )
 
@@ -221,7 +188,8 @@ class Daemon:
         """Ordered shutdown: API, jobs, background tasks, BitTorrent session (saves resume data), tracker."""
         timeout = self.settings.daemon.shutdown_timeout
         self._stop.set()
-        self.api_server.stop(timeout)
+        for server in self.servers:
+            server.stop(timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._supervisor.join(timeout)  # the pod watcher and status loop stop here...
         if self.podsync is not None:
@@ -237,7 +205,13 @@ class Daemon:
 
     @property
     def api_url(self) -> str:
+        """The network listener: probes, metrics, the HF-compatible endpoint."""
         return f"http://{self.api_host}:{self.api_server.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """The admin channel, for AgentClient and `agent ... --agent`."""
+        return f"unix://{self.admin_socket}"
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until `request_stop()`; True once stopping."""
@@ -276,24 +250,33 @@ class Daemon:
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         token: str | None = None,
+        *,
+        lend: bool = False,
+        client: str | None = None,
     ) -> Job:
         """Fetch a model into the cache through the swarm; a request equal to a running one joins it.
 
         `token`: the requester's HF token, used for this job's origin calls; it lives only in the
-        job's worker (never in the job, its key, a log or on disk)."""
+        job's worker (never in the job, its key, a log or on disk). Without one, `lend` fetches with
+        the node's token (the channels that may: docs/security.md). `client` (None: the node itself)
+        counts against `daemon.max_jobs_per_client`; every job counts against `daemon.max_jobs`."""
         check_repo_id(repo_id)
         if self._stop.is_set():
             raise ConfigError("the agent is shutting down")
-        requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32] if token else ""
-        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester)
-        job, new = self.jobs.get_or_create(key)
+        if token:
+            requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32]
+        else:
+            requester = "node" if lend and self.settings.origin.token else ""
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester, client)
+        d = self.settings.daemon
+        job, new = self.jobs.get_or_create(key, d.max_jobs, d.max_jobs_per_client)
         if new:
-            self._executor.submit(self._run_job, job, token)
+            self._executor.submit(self._run_job, job, token, lend)
         return job
 
-    def _run_job(self, job: Job, token: str | None) -> None:
+    def _run_job(self, job: Job, token: str | None, lend: bool) -> None:
         try:
-            run_fetch_job(self._fetch, job, token)
+            run_fetch_job(self._fetch, job, token, lend)
         except WeightswarmError as exc:
             log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
             job.fail(str(exc), exc.exit_code)
@@ -345,6 +328,19 @@ class Daemon:
         return models
 
 
+def read_secret(path: Path | None, option: str) -> str | None:
+    """The stripped contents of a secret file given as `option`; None when no file was given."""
+    if path is None:
+        return None
+    try:
+        secret = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {option} {path}: {exc.strerror}") from None
+    if not secret:
+        raise ConfigError(f"{option} {path} is empty")
+    return secret
+
+
 def build_serve_settings(
     *,
     cache_dir: Path | None,
@@ -356,6 +352,13 @@ def build_serve_settings(
     bt_listen: str,
     api_listen: str,
     node_name: str | None,
+    tracker_passkey_file: Path | None = None,
+    publisher_token_file: Path | None = None,
+    admin_socket: Path | None = None,
+    pods_socket: Path | None = None,
+    metrics_on_network: bool = True,
+    publish_roots: Sequence[Path] = (),
+    publish_unchecked_ids: bool = False,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -364,21 +367,10 @@ def build_serve_settings(
     kube: bool = False,
     kubeconfig: Path | None = None,
     watch_namespace: str | None = None,
-    lend_node_token: bool = True,
 ) -> Settings:
     """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
     split_hostport(bt_listen, "--bt-listen")
     split_hostport(api_listen, "--api-listen")
-    tracker_token = None
-    if tracker_token_file is not None:
-        try:
-            tracker_token = tracker_token_file.read_text().strip() or None
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read --tracker-token-file {tracker_token_file}: {exc.strerror}"
-            ) from None
-        if tracker_token is None:
-            raise ConfigError(f"--tracker-token-file {tracker_token_file} is empty")
     if tracker and not tracker.startswith(("http://", "https://")):
         raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
@@ -394,10 +386,16 @@ def build_serve_settings(
     daemon = dataclasses.replace(
         settings.daemon,
         tracker_url=tracker.rstrip("/") if tracker else None,
-        tracker_token=tracker_token,
+        tracker_token=read_secret(tracker_token_file, "--tracker-token-file"),
+        tracker_passkey=read_secret(tracker_passkey_file, "--tracker-passkey-file"),
+        publisher_token=read_secret(publisher_token_file, "--publisher-token-file"),
         node_name=node_name or socket.gethostname(),
         api_listen=api_listen,
-        lend_node_token=lend_node_token,
+        admin_socket=admin_socket,
+        pods_socket=pods_socket,
+        metrics_on_network=metrics_on_network,
+        publish_roots=tuple(Path(r).resolve() for r in publish_roots),
+        publish_unchecked_ids=publish_unchecked_ids,
     )
     if lease_ttl is not None:
         daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)

@@ -4,9 +4,9 @@ the HF-compatible endpoint and the admin routes (agent.http.admin).
 The daemon creates one `NodeOps` with the parts it needs (the job table for running pins, the
 swarm for metrics, the seeder that stops or moves a blob's torrent, the tracker for publishing,
 the daemon's `request_model` for the HF endpoint), calls `start(spawn)`, `job_finished(job)` after
-each fetch job and `before_fetch(plan)` before a job downloads, and mounts `routers()` on its API.
-Other components pin models (`pin_for_pods`, the pod watcher) and add cannot-fit hooks
-(`evictor.cannot_fit_hooks`, e.g. a Kubernetes Warning event).
+each fetch job and `before_fetch(plan)` before a job downloads, and mounts `admin_routers()` and
+`network_routers()` on its channels. Other components pin models (`pin_for_pods`, the pod
+watcher) and add cannot-fit hooks (`evictor.cannot_fit_hooks`, e.g. a Kubernetes Warning event).
 """
 
 from __future__ import annotations
@@ -26,15 +26,21 @@ from agent.cache.eviction import (
     Removed,
     UsageLog,
     own_bytes,
+    parse_ref,
     remove_model,
     scan_cache,
 )
-from agent.cache.layout import RepoCache, StateDir
-from agent.core.errors import WeightswarmError
+from agent.cache.layout import RepoCache, StateDir, check_repo_id
+from agent.core.errors import RefusedError, WeightswarmError
 from agent.core.plan import FetchPlan
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, JobTable, RequestModel
-from agent.fetch.publish import PublishResult, publish_directory
+from agent.fetch.publish import (
+    PublishResult,
+    check_publish_source,
+    check_repo_id_unowned,
+    publish_directory,
+)
 from agent.http.admin import AdminOps, admin_router
 from agent.http.hf import HfEndpoint, hf_router
 from agent.http.metrics import AgentMetrics, SwarmSnapshot, metrics_router
@@ -135,16 +141,37 @@ class NodeOps:
 
     # -- routes -----------------------------------------------------------------------------
 
-    def routers(self) -> list[APIRouter]:
-        """Metrics, the admin routes, and the HF-compatible endpoint last (its pattern is broad)."""
+    def admin_routers(self) -> list[APIRouter]:
+        """The admin channel's own routes: metrics and the admin operations."""
         admin = AdminOps(remove=self._remove, forget=self._seeder.forget, publish=self._publish)
-        return [metrics_router(self.metrics), admin_router(admin), hf_router(self.hf)]
+        return [metrics_router(self.metrics), admin_router(admin)]
 
-    def _remove(self, repo_id: str, revision: str | None) -> Removed:
+    def network_routers(self) -> list[APIRouter]:
+        """The network listener's: metrics (unless turned off) and the HF-compatible endpoint last
+        (its pattern is broad)."""
+        metrics = [metrics_router(self.metrics)] if self.settings.daemon.metrics_on_network else []
+        return [*metrics, hf_router(self.hf)]
+
+    def _remove(self, repo_id: str, revision: str | None, force: bool = False) -> Removed:
+        def uses(pin: str) -> bool:
+            pin_repo, pin_rev = parse_ref(pin)
+            return pin_repo == repo_id and (revision is None or pin_rev in (None, revision))
+
+        users = [pin for pin in self.evictor.pins() if uses(pin)]
+        if users and not force:
+            raise RefusedError(
+                f"{repo_id} is in use on this node ({', '.join(sorted(set(users)))}: a pod's request, a "
+                "running fetch or --pin); pass --force to remove it anyway"
+            )
         removed = remove_model(self.settings, repo_id, revision, self.readers, self._seeder.leaving)
         self.usage.forget(set(removed.blobs) - set(removed.shared))
         return removed
 
     def _publish(self, directory: Path, repo_id: str, revision: str) -> PublishResult:
         s = self.settings
-        return publish_directory(s, directory, repo_id, revision, self._tracker, self._seeder.seed)
+        source, root = check_publish_source(s, directory)
+        check_repo_id(repo_id)
+        if self._tracker is not None and not s.daemon.publisher_token:
+            raise RefusedError("this agent cannot publish: start it with --publisher-token-file")
+        check_repo_id_unowned(s, repo_id)
+        return publish_directory(s, source, repo_id, revision, self._tracker, self._seeder.seed, root)

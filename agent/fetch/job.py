@@ -66,23 +66,24 @@ class SwarmFetchEngine(FetchEngine):
             fp.finish()
 
 
-def origin_for_request(settings: Settings, token: str | None) -> tuple[OriginSettings, str]:
+def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tuple[OriginSettings, str]:
     """The origin settings one request runs with, and which token that is, in words for errors.
 
-    The requester's own token wins; without one the node's token is lent where the deployment
-    allows it (`daemon.lend_node_token`), else the request is anonymous."""
+    The requester's own token wins; without one the node's token is lent only where the channel
+    the request came through allows it (`lend`: the admin socket and pod annotations, see
+    docs/security.md), else the request is anonymous."""
     if token:
         return dataclasses.replace(settings.origin, token=token), "the requester's token"
-    if settings.daemon.lend_node_token and settings.origin.token:
+    if lend and settings.origin.token:
         return settings.origin, "the node's token (the request brought none)"
     return dataclasses.replace(settings.origin, token=None), "no token (pass one with --token or HF_TOKEN)"
 
 
-def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None) -> None:
+def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: bool = False) -> None:
     """Run one job to its end (Ready, or an exception the caller records on the job)."""
     settings = ctx.settings
     f = settings.fetch
-    origin, which = origin_for_request(settings, token)
+    origin, which = origin_for_request(settings, token, lend)
     client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
         _run(ctx, job, client)
@@ -120,9 +121,10 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
 
 
 def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
-    """Tell the tracker what this commit holds (its model list and swarm health use it)."""
+    """Tell the tracker what this commit holds (its model list and swarm health use it); not when
+    the plan came from its manifest (a published model's is the publisher's alone to write)."""
     tracker = ctx.tracker
-    if tracker is None:
+    if tracker is None or plan.from_tracker:
         return
     held = ctx.held_blobs()
     files = [

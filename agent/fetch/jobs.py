@@ -8,12 +8,15 @@ The phases match what the Kubernetes reporter publishes (`Pending`, `Downloading
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
+
+from agent.core.errors import BusyError
 
 Phase = Literal["Pending", "Downloading", "Ready", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Ready", "Failed"})
@@ -36,8 +39,11 @@ class JobKey:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     requester: str = ""
-    """A keyed hash of the requester's HF token ("" = none): requests with different tokens never
-    join each other's job (one token's refusal or grant is not another's). Never the token itself."""
+    """A keyed hash of the requester's HF token, "node" when the node's token is lent, "" = anonymous:
+    requests with different tokens never join each other's job (one token's refusal or grant is not
+    another's). Never the token itself."""
+    client: str | None = field(default=None, compare=False)
+    """Who asked first (the per-client job limit); not part of the identity: others may join."""
 
 
 @dataclass
@@ -68,7 +74,11 @@ class JobStatus:
 
 class RequestModel(Protocol):
     """How the API, the HF endpoint and the pod watcher ask the node for a model (the daemon's
-    `request_model`): a request equal to a running one, with the same token, joins its job."""
+    `request_model`): a request equal to a running one, with the same token, joins its job.
+
+    `token`: the requester's HF token; `lend`: without one, fetch with the node's token (only the
+    channels docs/security.md allows); `client`: who asks, for the per-client job limit (None: the
+    node itself, not limited). Raises `BusyError` when the node or the client has too many jobs."""
 
     def __call__(
         self,
@@ -77,6 +87,9 @@ class RequestModel(Protocol):
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         token: str | None = None,
+        *,
+        lend: bool = False,
+        client: str | None = None,
     ) -> Job: ...
 
 
@@ -88,7 +101,8 @@ class Job:
 
     def __init__(self, key: JobKey) -> None:
         self.key = key
-        self.id = f"{int(time.time()):x}-{next(_ids)}"
+        # Unguessable: a pod on the pods' socket must not read other requests' jobs by counting.
+        self.id = f"{int(time.time()):x}-{next(_ids)}-{secrets.token_hex(6)}"
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._phase: Phase = "Pending"
@@ -193,12 +207,23 @@ class JobTable:
     _jobs: OrderedDict[str, Job] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get_or_create(self, key: JobKey) -> tuple[Job, bool]:
-        """The active job for `key` (a second request joins it), else a new one; True when new."""
+    def get_or_create(
+        self, key: JobKey, max_jobs: int | None = None, max_per_client: int | None = None
+    ) -> tuple[Job, bool]:
+        """The active job for `key` (a second request joins it), else a new one; True when new.
+
+        A new job is refused (`BusyError`) when `max_jobs` are running, or `max_per_client` of
+        `key.client`'s (a key without a client is not limited per client)."""
         with self._lock:
-            for job in self._jobs.values():
-                if job.key == key and not job.done:
+            active = [j for j in self._jobs.values() if not j.done]
+            for job in active:
+                if job.key == key:
                     return job, False
+            if max_jobs is not None and len(active) >= max_jobs:
+                raise BusyError(f"the agent is running {len(active)} fetch jobs, its limit; retry later")
+            mine = sum(1 for j in active if key.client is not None and j.key.client == key.client)
+            if max_per_client is not None and key.client is not None and mine >= max_per_client:
+                raise BusyError(f"you have {mine} fetch jobs running on this agent, the limit; retry later")
             job = Job(key)
             self._jobs[job.id] = job
             finished = [j for j in self._jobs.values() if j.done]

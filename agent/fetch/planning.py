@@ -49,7 +49,7 @@ def plan_from_tracker(
     if not chosen:
         raise NotFoundError(f"{repo_id}@{revision}: no file of the tracker's manifest matches the filters")
     files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs) for f in chosen)
-    return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
+    return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing), from_tracker=True)
 
 
 def plan_fetch(

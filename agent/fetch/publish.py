@@ -4,9 +4,11 @@ Each file is copied once into `blobs/` while one pass computes its blob id (sha2
 the xxh3 sidecar and the BitTorrent piece hashes; the snapshot gets relative symlinks and
 `refs/<revision>`, exactly as a fetched model. The commit id is deterministic: the sha1 of the
 sorted (path, blob id) list, so publishing the same files twice gives the same commit on every
-node. The tracker gets each blob's metainfo and the manifest (with the tracker token); the
-daemon seeds. Other nodes then `agent fetch ID` (or use the pod annotation) and the daemon's fetch
-path plans from the tracker's manifest when the origin does not know the repo (agent.fetch.planning).
+node. The tracker gets each blob's metainfo (agent role) and the manifest (publisher role); the
+daemon seeds. A daemon publishes only from its `--publish-root`s and never under a repo id the
+origin has (`check_publish_source`, `check_repo_id_unowned`). Other nodes then `agent fetch ID`
+(or use the pod annotation) and the daemon's fetch path plans from the tracker's manifest when
+the origin does not know the repo (agent.fetch.planning).
 """
 
 from __future__ import annotations
@@ -23,10 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
-from agent.core.errors import ConfigError, DiskSpaceError, TrackerError
+from agent.core.errors import (
+    AuthError,
+    ConfigError,
+    DiskSpaceError,
+    NotFoundError,
+    RefusedError,
+    TrackerError,
+    UnsafePathError,
+    WeightswarmError,
+)
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.settings import Settings
+from agent.origin.client import OriginClient
 from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -66,20 +78,73 @@ def commit_for(files: list[tuple[str, str]]) -> str:
     return hashlib.sha1(json.dumps(sorted(files), separators=(",", ":")).encode()).hexdigest()
 
 
-def local_files(directory: Path) -> list[tuple[str, Path]]:
-    """(repo path, file) for every regular file below `directory`, hidden files and folders skipped."""
+def check_publish_source(settings: Settings, directory: Path) -> tuple[Path, Path]:
+    """(the real path of `directory`, the `--publish-root` holding it) if this agent may publish
+    from it (no roots configured: publishing is off). A daemon's check; the standalone CLI
+    publishes what its user can read anyway."""
+    roots = settings.daemon.publish_roots
+    if not roots:
+        raise RefusedError("publishing is off on this agent: start it with --publish-root DIR")
+    real = directory.expanduser().resolve()
+    for root in roots:
+        if real.is_relative_to(root):
+            return real, root
+    allowed = ", ".join(str(r) for r in roots)
+    raise RefusedError(f"{directory} is outside the agent's --publish-root ({allowed})")
+
+
+def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
+    """Refuse a repo id the origin has, so a local publish never shadows a Hub repo (clients asking
+    for it would get the local files). A private repo the node's token cannot see looks absent
+    (the Hub answers it with RepoNotFound), which no check can tell apart. When the origin cannot
+    be asked, refuse unless `daemon.publish_unchecked_ids` (an air-gapped cluster)."""
+    client = OriginClient(settings.origin, max_connections=1)
+    try:
+        client.get_json(f"{client.endpoint}/api/models/{repo_id}", f"{repo_id} at the origin")
+    except NotFoundError:
+        return
+    except AuthError:
+        pass  # it exists, gated or forbidden to this node
+    except WeightswarmError as exc:
+        if settings.daemon.publish_unchecked_ids:
+            log.warning("publishing %s without knowing whether the origin has it: %s", repo_id, exc)
+            return
+        raise RefusedError(
+            f"cannot ask the origin whether it has {repo_id} ({exc}); publish under an id the origin "
+            "lacks, or start the agent with --publish-unchecked-ids if it has no origin"
+        ) from None
+    finally:
+        client.close()
+    raise RefusedError(
+        f"the origin {settings.origin.endpoint} has a repo {repo_id}; a local publish must not shadow "
+        "it: choose another repo id"
+    )
+
+
+def local_files(directory: Path, boundary: Path | None = None) -> list[tuple[str, Path]]:
+    """(repo path, real file) for every regular file below `directory`, hidden files and folders
+    skipped. A symlink is followed only when its target is inside `boundary` (default: `directory`;
+    a daemon's: the publish root, so a hub-cache snapshot's links into `blobs/` work), else
+    `UnsafePathError`: a link must not publish a file from elsewhere, e.g. a mounted secret."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory; publish a folder that holds the model files")
+    top = directory.resolve()
+    fence = boundary.resolve() if boundary is not None else top
     out = []
-    for dirpath, dirs, names in os.walk(directory):
+    for dirpath, dirs, names in os.walk(top):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             p = Path(dirpath) / name
-            if name.startswith(".") or not p.is_file():
+            if name.startswith("."):
                 continue
-            rel = p.relative_to(directory).as_posix()
+            real = p.resolve()
+            if not real.is_relative_to(fence):
+                raise UnsafePathError(f"{p} links to {real}, outside {fence}; publish real files only")
+            if not real.is_file():
+                continue
+            rel = p.relative_to(top).as_posix()
             safe_relpath(rel)
-            out.append((rel, p))
+            out.append((rel, real))
     if not out:
         raise ConfigError(f"{directory} holds no files to publish")
     return out
@@ -91,7 +156,9 @@ def _copy_hashed(src: Path, cache: RepoCache) -> tuple[str, BlobDigest, Path]:
     hasher = BlobHasher(size, is_lfs=True)
     tmp = cache.blobs_dir / f"publish-{uuid.uuid4().hex}.incomplete"
     try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        # O_NOFOLLOW: `src` is a real path (local_files); a link swapped in since is not followed.
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as fin, open(tmp, "wb") as fout:
             while chunk := fin.read(_BLOCK):
                 hasher.update(chunk)
                 fout.write(chunk)
@@ -111,11 +178,13 @@ def publish_directory(
     revision: str = "main",
     tracker: TrackerClient | None = None,
     seed: SeedBlob | None = None,
+    boundary: Path | None = None,
 ) -> PublishResult:
+    """`boundary`: where the folder's symlinks may point (`local_files`)."""
     check_repo_id(repo_id)
     safe_relpath(revision)
     directory = directory.expanduser().resolve()
-    files = local_files(directory)
+    files = local_files(directory, boundary)
     cache = RepoCache(settings.cache_dir, settings.state_dir, repo_id)
     cache.prepare()
     need = sum(p.stat().st_size for _rel, p in files) + settings.fetch.min_free_bytes
@@ -157,7 +226,7 @@ def publish_directory(
         try:
             for blob_id, info in infos.items():
                 tracker.put_metainfo(blob_id, info)
-            tracker.put_manifest(repo_id, commit, revision, manifest)
+            tracker.publish_manifest(repo_id, commit, revision, manifest)
             published = True
         except TrackerError as exc:
             log.warning("%s@%s is in the local cache but not on the tracker: %s", repo_id, commit[:12], exc)

@@ -1,10 +1,12 @@
 """The node's admin routes on the local API: remove a model, stop seeding a blob, publish a folder.
 
-    DELETE /v1/models/{org}/{name}[?revision=]   agent rm (content other repos share stays, seeded)
+    DELETE /v1/models/{org}/{name}[?revision=&force=]   agent rm (content other repos share stays,
+                                   seeded); a model in use (pods, a fetch, --pin) only with force
     POST   /v1/blobs/{id}/forget                  stop seeding a blob (before `agent verify` repairs it)
     POST   /v1/publish {directory, repo_id, revision}   a local model into the cache and the swarm
 
-The routes get the operations as callables from the daemon; they only translate HTTP.
+The routes get the operations as callables from the daemon; they only translate HTTP. They are
+mounted on the admin channel only (docs/security.md).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ class PublishRequest(BaseModel):
 class AdminOps:
     """What the admin routes do, bound by the daemon to its cache, seeder and tracker."""
 
-    remove: Callable[[str, str | None], Removed]
-    """(repo id, revision or None for all) -> what was removed."""
+    remove: Callable[[str, str | None, bool], Removed]
+    """(repo id, revision or None for all, force) -> what was removed."""
     forget: Callable[[str], None]
     """Stop seeding a blob id."""
     publish: Callable[[Path, str, str], PublishResult]
@@ -45,9 +47,9 @@ def admin_router(ops: AdminOps) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.delete("/models/{org}/{name}")
-    def delete_model(org: str, name: str, revision: str | None = None) -> dict[str, Any]:
+    def delete_model(org: str, name: str, revision: str | None = None, force: bool = False) -> dict[str, Any]:
         try:
-            removed = ops.remove(f"{org}/{name}", revision)
+            removed = ops.remove(f"{org}/{name}", revision, force)
         except WeightswarmError as exc:
             raise http_error(exc) from None
         return {

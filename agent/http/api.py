@@ -1,30 +1,35 @@
-"""The daemon's local HTTP API (FastAPI), used by `agent fetch --agent`, `agent ls` and probes.
+"""The daemon's HTTP API (FastAPI), served on three channels (docs/security.md has who may use which).
 
 Routes (all JSON):
     POST /v1/fetch            {repo_id, revision?, include?, exclude?} -> 202 job status (joins a running
                               job for the same request and token); header `X-HF-Token`: the requester's
                               HF token, used for this job's origin calls (never stored or logged)
-    GET  /v1/jobs             every known job's status
     GET  /v1/jobs/{id}        one job: phase, bytes done/total, bytes from peers/origin/cache, per-file
                               progress, error, snapshot path; `?wait=S` blocks up to S s for it to finish
-    GET  /v1/models           models in the cache (for `agent ls`)
+    GET  /v1/jobs             every known job's status                   (admin channel only)
+    GET  /v1/models           models in the cache, for `agent ls`        (admin channel only)
     GET  /healthz             the process is alive
     GET  /readyz              the swarm session is up and no supervised task is failing (503 otherwise)
 
-`create_app(node, routers)` builds the app from a `NodeApi` (the daemon's callables, never the
-daemon) plus the routers others own (metrics, admin routes, the HF-compatible endpoint).
+Which channel gets which routes, and whether it lends the node's HF token, is decided once, in
+`Channel`: the admin socket gets everything above plus the admin routes (agent.http.admin) and
+lends; the pods' socket gets fetch and one job by id and never lends; the network listener gets
+the probes, `/metrics` and the HF-compatible endpoint (agent.http.hf) only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.core.errors import WeightswarmError
 from agent.core.settings import HF_TOKEN_HEADER
@@ -32,13 +37,38 @@ from agent.fetch.jobs import JobTable, RequestModel
 from agent.http.errors import http_error
 
 _MAX_JOB_WAIT = 60.0
+_WAITS_PER_CHANNEL = 32
+"""Long polls (`?wait=`) one channel may hold open at once; more are answered at once, not held."""
+_WAIT_POLL = 0.1
+"""Seconds between looks at a long-polled job."""
+MAX_BODY_BYTES = 64 * 1024
+"""Largest request body any channel accepts (a fetch request is a few hundred bytes)."""
+
+Glob = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 
 
 class FetchRequest(BaseModel):
     repo_id: str = Field(min_length=1, max_length=200)
     revision: str = Field(default="main", min_length=1, max_length=255)
-    include: list[str] = Field(default_factory=list, max_length=256)
-    exclude: list[str] = Field(default_factory=list, max_length=256)
+    include: list[Glob] = Field(default_factory=list, max_length=256)
+    exclude: list[Glob] = Field(default_factory=list, max_length=256)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """How one channel's model requests are treated."""
+
+    name: str
+    lend_node_token: bool
+    """A request without an HF token of its own fetches with the node's (only the node's own channel)."""
+    client: str | None
+    """Who its requests count as, for the per-client job limit; None = not limited (the node itself)."""
+    sees_everything: bool
+    """May list every job and the cache's models."""
+
+
+ADMIN = Channel("admin", lend_node_token=True, client=None, sees_everything=True)
+PODS = Channel("pods", lend_node_token=False, client="pods", sees_everything=False)
 
 
 @dataclass(frozen=True)
@@ -53,8 +83,9 @@ class NodeApi:
     """Why the node is not ready; empty when it is (`/readyz`)."""
 
 
-def fetch_router(node: NodeApi) -> APIRouter:
+def fetch_router(node: NodeApi, channel: Channel) -> APIRouter:
     router = APIRouter(prefix="/v1")
+    waits = threading.BoundedSemaphore(_WAITS_PER_CHANNEL)
 
     @router.post("/fetch", status_code=202)
     def start_fetch(
@@ -63,15 +94,17 @@ def fetch_router(node: NodeApi) -> APIRouter:
     ) -> dict[str, Any]:
         try:
             job = node.request_model(
-                body.repo_id, body.revision, include=body.include, exclude=body.exclude, token=hf_token
+                body.repo_id,
+                body.revision,
+                include=body.include,
+                exclude=body.exclude,
+                token=hf_token,
+                lend=channel.lend_node_token,
+                client=channel.client,
             )
         except WeightswarmError as exc:
             raise http_error(exc) from None
         return job.status().to_json()
-
-    @router.get("/jobs")
-    def list_jobs() -> list[dict[str, Any]]:
-        return [job.status().to_json() for job in node.jobs.all()]
 
     @router.get("/jobs/{job_id}")
     async def get_job(job_id: str, wait: float = 0.0) -> dict[str, Any]:
@@ -80,13 +113,26 @@ def fetch_router(node: NodeApi) -> APIRouter:
             raise HTTPException(
                 status_code=404, detail=f"no job {job_id!r} (finished jobs are kept for a while)"
             )
-        if wait > 0:
-            await asyncio.to_thread(job.wait, min(wait, _MAX_JOB_WAIT))
+        if wait > 0 and waits.acquire(blocking=False):
+            try:
+                # Polled on the event loop, not waited for in a worker thread: a long poll then holds
+                # no thread, and the threads stay free for the requests that need them.
+                deadline = time.monotonic() + min(wait, _MAX_JOB_WAIT)
+                while not job.done and time.monotonic() < deadline:
+                    await asyncio.sleep(_WAIT_POLL)
+            finally:
+                waits.release()
         return job.status().to_json()
 
-    @router.get("/models")
-    def list_models() -> list[dict[str, Any]]:
-        return node.list_models()
+    if channel.sees_everything:
+
+        @router.get("/jobs")
+        def list_jobs() -> list[dict[str, Any]]:
+            return [job.status().to_json() for job in node.jobs.all()]
+
+        @router.get("/models")
+        def list_models() -> list[dict[str, Any]]:
+            return node.list_models()
 
     return router
 
@@ -108,12 +154,58 @@ def probe_router(node: NodeApi) -> APIRouter:
     return router
 
 
-def create_app(node: NodeApi, routers: Sequence[APIRouter] = ()) -> FastAPI:
-    """The API app: probes, fetch and jobs, then `routers` in order (metrics, admin routes, and the
-    HF-compatible endpoint last: its /{org}/{name}/resolve/... pattern is broad)."""
+class BodyLimit:
+    """ASGI middleware: a request whose body is larger than `limit` bytes gets 413 before it reaches
+    a route (by its Content-Length, or as its chunks arrive); at most `limit` bytes are buffered."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._too_large(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # e.g. a long poll listening for the client leaving
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse({"detail": f"request body larger than {self.limit} bytes"}, status_code=413)
+        await response(scope, receive, send)
+
+
+def create_app(node: NodeApi, channel: Channel | None, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """One channel's app: probes, model requests when `channel` is given (not on the network), then
+    `routers` in order (metrics, admin routes, and the HF-compatible endpoint last: its
+    /{org}/{name}/resolve/... pattern is broad)."""
     app = FastAPI(title="weightswarm agent", version="0.1.0")
+    app.add_middleware(BodyLimit)
     app.include_router(probe_router(node))
-    app.include_router(fetch_router(node))
+    if channel is not None:
+        app.include_router(fetch_router(node, channel))
     for router in routers:
         app.include_router(router)
     return app

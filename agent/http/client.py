@@ -1,4 +1,8 @@
-"""Client of a running daemon's API: `agent fetch --agent URL` and `agent ls`.
+"""Client of a running daemon's API: `agent fetch --agent URL`, `agent ls`, `agent wait`.
+
+An agent URL is `unix:///path/to/socket` (the node's admin socket, or the pods' socket in a pod;
+docs/security.md) or `http://host:port`. Without one, the CLI talks to the admin socket of the
+default state dir (`default_agent_url`).
 
 A fetch handed to the daemon shows the same progress as a standalone one, drawn from the
 job status it polls (`GET /v1/jobs/{id}?wait=S` returns early when the job finishes).
@@ -7,28 +11,67 @@ job status it polls (`GET /v1/jobs/{id}?wait=S` returns early when the job finis
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from agent.core.errors import DaemonError, WeightswarmError, snippet
 from agent.core.progress import FileProgress, Progress, human_bytes
-from agent.core.settings import DEFAULT_API_LISTEN, HF_TOKEN_HEADER
+from agent.core.settings import HF_TOKEN_HEADER, default_admin_socket
+from agent.core.sockets import SocketPath
 
-DEFAULT_AGENT_URL = f"http://{DEFAULT_API_LISTEN}"
 _PROBE_TIMEOUT = 0.5
 _POLL_WAIT = 1.0
+_UNIX = "unix://"
+
+
+def default_agent_url(state_dir: Path) -> str:
+    """The admin socket of the agent whose state dir is `state_dir`."""
+    return _UNIX + str(default_admin_socket(state_dir))
 
 
 def agent_url(value: str) -> str:
+    """`unix:///socket`, a socket path, `http(s)://host:port` or `host:port` -> a normal agent URL."""
     value = value.rstrip("/")
+    if value.startswith("/"):
+        return _UNIX + value
     return value if "://" in value else f"http://{value}"
 
 
-def local_agent_answers(url: str = DEFAULT_AGENT_URL) -> bool:
+def http_client(url: str, timeout: float) -> httpx.Client:
+    """An httpx client for an agent URL (over the unix socket for `unix://`); never via a proxy."""
+    url = agent_url(url)
+    if url.startswith(_UNIX):
+        return _UnixClient(Path(url[len(_UNIX) :]), timeout)
+    return httpx.Client(base_url=url, timeout=timeout, trust_env=False)
+
+
+class _UnixClient(httpx.Client):
+    """An httpx client on a unix socket, which may have a path longer than `connect` takes
+    (agent.core.sockets): the way to it stays open as long as the client."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self._socket = SocketPath(path)
+        transport = httpx.HTTPTransport(uds=self._socket.address)
+        super().__init__(transport=transport, base_url="http://agent", timeout=timeout, trust_env=False)
+
+    def close(self) -> None:
+        super().close()
+        self._socket.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._socket.close()
+
+
+def local_agent_answers(url: str) -> bool:
     """True when a daemon answers `/healthz` at `url` within a fraction of a second."""
+    if url.startswith(_UNIX) and not Path(url[len(_UNIX) :]).exists():
+        return False
     try:
-        resp = httpx.get(f"{url}/healthz", timeout=_PROBE_TIMEOUT, trust_env=False)
+        with http_client(url, _PROBE_TIMEOUT) as http:
+            resp = http.get("/healthz")
     except httpx.HTTPError:
         return False
     return resp.status_code == 200
@@ -37,7 +80,7 @@ def local_agent_answers(url: str = DEFAULT_AGENT_URL) -> bool:
 class AgentClient:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url = agent_url(url)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout + 2 * _POLL_WAIT, trust_env=False)
+        self._http = http_client(self.url, timeout + 2 * _POLL_WAIT)
 
     def close(self) -> None:
         self._http.close()
@@ -77,9 +120,11 @@ class AgentClient:
         result: list[dict[str, Any]] = self._call("GET", "/v1/models")
         return result
 
-    def remove_model(self, repo_id: str, revision: str | None) -> dict[str, Any]:
+    def remove_model(self, repo_id: str, revision: str | None, force: bool = False) -> dict[str, Any]:
         org, name = repo_id.split("/", 1) if "/" in repo_id else ("", repo_id)
-        params = {"revision": revision} if revision else {}
+        params: dict[str, Any] = {"revision": revision} if revision else {}
+        if force:
+            params["force"] = "true"
         result: dict[str, Any] = self._call("DELETE", f"/v1/models/{org}/{name}", params=params)
         return result
 

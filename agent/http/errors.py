@@ -9,11 +9,13 @@ from fastapi import HTTPException
 
 from agent.core.errors import (
     AuthError,
+    BusyError,
     CacheFullError,
     ConfigError,
     DiskSpaceError,
     NotFoundError,
     RateLimitedError,
+    RefusedError,
     WeightswarmError,
 )
 
@@ -21,6 +23,8 @@ _STATUS: tuple[tuple[type[WeightswarmError], int], ...] = (
     (NotFoundError, 404),
     (AuthError, 403),
     (RateLimitedError, 429),
+    (BusyError, 429),
+    (RefusedError, 403),
     (CacheFullError, 507),
     (DiskSpaceError, 507),
     (ConfigError, 400),

@@ -17,13 +17,26 @@ order by libtorrent and by parallel ranges, so "the first N bytes are final" is 
 cheaply). A client waiting for a large cold file needs a long read timeout
 (`HF_HUB_DOWNLOAD_TIMEOUT`), or pre-pulls with `agent fetch` / the pod annotation.
 
-Access: P2P must never widen access. Before a file is served, the client's Authorization is
-checked with the origin (HEAD on the same resolve URL, redirects not followed: cheap); the
-decision is kept for `ops.access_ttl` seconds under an HMAC of the header with a per-process key
-(never the token itself, never on disk or in logs). The origin's model info saying a repo is
-neither private nor gated is trusted for `ops.public_ttl` seconds without asking again. A refusal
-is passed on with the origin's status and `X-Error-Code`, even when the blobs are cached. When the
-origin is unreachable, only a decision still in its TTL lets cached files out; otherwise 503.
+Access: P2P must never widen access. A file goes out only on one of two decisions, each from a
+request the agent builds itself (fixed URL, no client query string, redirects never followed: a 3xx
+is no decision):
+- public: the agent's own anonymous `GET {origin}/api/models/{repo}` says `"private": false` and
+  `"gated": false` (on the Hub `gated` is false, "auto" or "manual"; a missing field is not public).
+  Kept per repo for `ops.public_ttl` seconds and shared by every client; "not public" is kept for
+  `ops.access_ttl`.
+- granted: `GET {origin}/api/models/{repo}/auth-check` with the client's own Authorization answers
+  200 (as `huggingface_hub.auth_check`). Kept for `ops.access_ttl` seconds under (an HMAC of the
+  client's token with a per-process key, repo): never the token itself, never on disk or in logs,
+  never for another token, and never for a client without one (an anonymous client gets only what
+  is public).
+Responses to the client's own `/api/models/...` requests are passed through and never decide
+anything. A refusal is passed on with the origin's status and `X-Error-Code`, even when the blobs
+are cached; a private repo is never revealed (the origin's 401/404 `RepoNotFound`). When the origin
+is unreachable, only a decision still in its TTL lets cached files out; otherwise 503.
+
+Fetches for HF clients use the client's own token, never the node's, and count against the
+per-client job limit (`daemon.max_jobs_per_client`, a client being one IP): over it, 429 with
+`Retry-After`.
 """
 
 from __future__ import annotations
@@ -38,6 +51,8 @@ import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +65,29 @@ from starlette.background import BackgroundTask
 
 from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
 from agent.cache.layout import RepoCache, check_repo_id, is_blob_id, is_commit, safe_relpath
-from agent.core.errors import WeightswarmError
+from agent.core.errors import BusyError, WeightswarmError
 from agent.core.settings import Settings
 from agent.fetch.jobs import RequestModel
 from agent.http.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
-_PASSED_HEADERS = ("content-type", "x-error-code", "x-error-message", "x-repo-commit", "x-request-id")
+_PASSED_HEADERS = (
+    "content-type",
+    "x-error-code",
+    "x-error-message",
+    "x-repo-commit",
+    "x-request-id",
+    "retry-after",
+    "ratelimit",
+    "ratelimit-policy",
+)
+_REFUSAL_HEADERS = ("x-request-id", "retry-after", "ratelimit", "ratelimit-policy")
+_MAX_DECISIONS = 10_000
+"""Access decisions kept at most (each kind); beyond, the oldest are dropped (asked again)."""
+
+BUSY_RETRY_AFTER = 10
+"""Seconds a client over its fetch-job limit is told to wait (`Retry-After`; huggingface_hub honours it)."""
 
 
 @dataclass(frozen=True)
@@ -78,54 +108,151 @@ class FileMeta:
         return h
 
 
+@dataclass(frozen=True)
+class Visibility:
+    """What the origin answered the agent's own anonymous model-info request."""
+
+    public: bool
+    """Explicitly `private: false` and `gated: false`."""
+    private: bool
+    gated: str | bool
+    refusal: tuple[int, str, str | None]
+    """What an anonymous client is told about this repo when it is not public: (status, message,
+    X-Error-Code), the origin's own refusal where it gave one."""
+
+
+def client_credential(authorization: str | None) -> str | None:
+    """What identifies a client to the origin: its bearer token, or the whole header for another
+    scheme (marked, so that it never equals a bearer token); None for an anonymous client."""
+    if not authorization or not authorization.strip():
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return "\0" + authorization.strip()  # a NUL cannot be in a header, hence in a token
+
+
 class AccessCache:
-    """Who may read what, as the origin last said. Keys are HMACs of the Authorization header."""
+    """Who may read what, as the origin last said: a shared public decision per repo, and grants per
+    (keyed hash of the client's token, repo)."""
 
     def __init__(self, ttl: float, public_ttl: float) -> None:
         self.ttl = ttl
         self.public_ttl = public_ttl
         self._key = secrets.token_bytes(32)
         self._lock = threading.Lock()
-        self._granted: dict[tuple[str, str], float] = {}
-        self._public: dict[str, float] = {}
+        self._granted: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._visibility: OrderedDict[str, tuple[Visibility, float]] = OrderedDict()
 
-    def _who(self, auth: str | None) -> str:
-        return hmac.new(self._key, (auth or "").encode(), hashlib.sha256).hexdigest()
+    def _who(self, credential: str) -> str:
+        return hmac.new(self._key, credential.encode(), hashlib.sha256).hexdigest()
 
-    def grant(self, repo_id: str, auth: str | None) -> None:
+    @staticmethod
+    def _bound(table: OrderedDict[Any, Any], now: float) -> None:
+        if len(table) <= _MAX_DECISIONS:
+            return
+        for key in [k for k, v in table.items() if (v[1] if isinstance(v, tuple) else v) <= now]:
+            del table[key]
+        while len(table) > _MAX_DECISIONS:
+            table.popitem(last=False)
+
+    def grant(self, repo_id: str, credential: str) -> None:
         with self._lock:
-            if len(self._granted) > 10_000:  # bounded: drop expired decisions
-                now = time.monotonic()
-                self._granted = {k: v for k, v in self._granted.items() if v > now}
-            self._granted[(repo_id, self._who(auth))] = time.monotonic() + self.ttl
+            now = time.monotonic()
+            key = (self._who(credential), repo_id)
+            self._granted.pop(key, None)
+            self._granted[key] = now + self.ttl
+            self._bound(self._granted, now)
 
-    def revoke(self, repo_id: str, auth: str | None) -> None:
+    def revoke(self, repo_id: str, credential: str | None) -> None:
+        if credential is None:
+            return
         with self._lock:
-            self._granted.pop((repo_id, self._who(auth)), None)
+            self._granted.pop((self._who(credential), repo_id), None)
 
-    def set_public(self, repo_id: str, public: bool) -> None:
+    def granted(self, repo_id: str, credential: str | None) -> bool:
+        if credential is None:  # no token, no grant: anonymous clients get what is public only
+            return False
         with self._lock:
-            if public:
-                self._public[repo_id] = time.monotonic() + self.public_ttl
-            else:
-                self._public.pop(repo_id, None)
+            return self._granted.get((self._who(credential), repo_id), 0.0) > time.monotonic()
 
-    def allowed(self, repo_id: str, auth: str | None) -> bool:
-        now = time.monotonic()
+    def set_visibility(self, repo_id: str, visibility: Visibility) -> None:
         with self._lock:
-            if self._public.get(repo_id, 0.0) > now:
-                return True
-            return self._granted.get((repo_id, self._who(auth)), 0.0) > now
+            now = time.monotonic()
+            self._visibility.pop(repo_id, None)
+            ttl = self.public_ttl if visibility.public else self.ttl
+            self._visibility[repo_id] = (visibility, now + ttl)
+            self._bound(self._visibility, now)
+
+    def visibility(self, repo_id: str) -> Visibility | None:
+        """The origin's last answer about the repo, while in its TTL; None: ask again."""
+        with self._lock:
+            known = self._visibility.get(repo_id)
+            return known[0] if known is not None and known[1] > time.monotonic() else None
+
+    def allowed(self, repo_id: str, credential: str | None) -> bool:
+        known = self.visibility(repo_id)
+        return (known is not None and known.public) or self.granted(repo_id, credential)
 
 
-def hub_error(status: int, message: str, code: str | None = None, commit: str | None = None) -> JSONResponse:
+def hub_error(
+    status: int,
+    message: str,
+    code: str | None = None,
+    commit: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     """An error as the Hub sends it, so huggingface_hub raises its usual exception class."""
-    headers = {"X-Error-Message": "".join(c if " " <= c <= "~" else "?" for c in message)}
+    h = {"X-Error-Message": "".join(c if " " <= c <= "~" else "?" for c in message), **(headers or {})}
     if code:
-        headers["X-Error-Code"] = code
+        h["X-Error-Code"] = code
     if commit:
-        headers["X-Repo-Commit"] = commit
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+        h["X-Repo-Commit"] = commit
+    return JSONResponse({"error": message}, status_code=status, headers=h)
+
+
+def _redirected(what: str, repo_id: str, status: int) -> tuple[int, str]:
+    """A redirect on an access request: no decision (not followed, so no other URL decides)."""
+    log.warning("the origin answered the %s of %s with HTTP %d; not followed", what, repo_id, status)
+    return 502, f"the origin answered the {what} of {repo_id} with a redirect (HTTP {status}); not followed"
+
+
+def visibility_of(repo_id: str, resp: httpx.Response) -> Visibility:
+    """The origin's answer to the agent's anonymous model-info request, read strictly: public only
+    with `"private": false` and `"gated": false` both present in a 200 JSON object."""
+    status = resp.status_code
+    info: Any = None
+    if status == 200:
+        try:
+            info = json.loads(resp.content)
+        except ValueError:
+            info = None
+    if isinstance(info, dict):
+        private, gated = info.get("private"), info.get("gated")
+        if private is False and gated is False:
+            return Visibility(True, False, False, (200, "", None))
+        if private is False and gated in ("auto", "manual"):
+            msg = f"Access to model {repo_id} is restricted. You must have access to it and be authenticated."
+            return Visibility(False, False, gated, (401, msg, "GatedRepo"))
+        log.warning("the origin's model info of %s does not say it is public: tokens only", repo_id)
+        msg = f"the origin does not say that {repo_id} is public; send a token that may read it"
+        return Visibility(False, private is not False, gated or "auto", (403, msg, None))
+    if 300 <= status < 400:
+        return Visibility(False, True, False, (*_redirected("model info", repo_id, status), None))
+    if status >= 400:  # private or missing: the origin's own refusal, which does not say which
+        message = resp.headers.get("x-error-message") or "Repository not found"
+        return Visibility(False, True, False, (status, message, resp.headers.get("x-error-code")))
+    msg = f"the origin sent no usable model info for {repo_id} (HTTP {status})"
+    return Visibility(False, True, False, (502, msg, None))
+
+
+def _origin_refusal(resp: httpx.Response, fallback: str) -> JSONResponse:
+    """The origin's refusal of a request, in the Hub's format (its status, code, message, and the
+    rate-limit headers of a 429)."""
+    h = resp.headers
+    passed = {k: v for k, v in h.items() if k.lower() in _REFUSAL_HEADERS}
+    message = h.get("x-error-message") or fallback
+    return hub_error(resp.status_code, message, h.get("x-error-code"), headers=passed)
 
 
 def _passed(resp: httpx.Response) -> dict[str, str]:
@@ -134,6 +261,14 @@ def _passed(resp: httpx.Response) -> dict[str, str]:
 
 class _Unreachable(Exception):
     pass
+
+
+class _Throttled(Exception):
+    """The origin answered an access request with 429: passed on, so the client backs off."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
 
 
 class HfEndpoint:
@@ -181,31 +316,75 @@ class HfEndpoint:
         except (httpx.TransportError, _Unreachable) as exc:
             log.warning("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
             return self._local_api(rest, auth)
-        parts = rest.split("/")
-        if resp.status_code == 200 and (len(parts) == 2 or (len(parts) == 4 and parts[2] == "revision")):
-            self._learn_visibility(f"{parts[0]}/{parts[1]}", resp.content)
+        # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
+        # fields out) and its token; access decisions come from the agent's own requests only.
         headers = _passed(resp)
         link = resp.headers.get("link")
         if link:
             headers["Link"] = link.replace(self.origin, str(request.base_url).rstrip("/"))
         return Response(resp.content, status_code=resp.status_code, headers=headers)
 
-    def _learn_visibility(self, repo_id: str, body: bytes) -> None:
+    # -- access -----------------------------------------------------------------------------
+
+    async def check_access(self, repo_id: str, authorization: str | None) -> Response | None:
+        """None when the client may read the repo's files, else the answer to send it (the origin's
+        refusal, or 503 when the origin cannot be asked and no decision is in its TTL)."""
+        credential = client_credential(authorization)
+        if self.access.allowed(repo_id, credential):
+            return None
         try:
-            info = json.loads(body)
-        except ValueError:
-            return
-        if isinstance(info, dict):
-            public = info.get("private") is False and info.get("gated") in (False, None)
-            self.access.set_public(repo_id, public)
+            async with self._client() as client:
+                visibility = self.access.visibility(repo_id) or await self._ask_visibility(client, repo_id)
+                if visibility.public:
+                    return None
+                if credential is None:
+                    status, message, code = visibility.refusal
+                    return hub_error(status, message, code)
+                return await self._ask_grant(client, repo_id, authorization, credential)
+        except _Throttled as exc:
+            return _origin_refusal(exc.response, "the origin is rate limiting this node; retry later")
+        except (httpx.TransportError, _Unreachable) as exc:
+            log.warning("origin unreachable for the access check of %s (%s)", repo_id, exc)
+            return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
+
+    async def _ask_visibility(self, client: httpx.AsyncClient, repo_id: str) -> Visibility:
+        """The agent's own anonymous model-info request (fixed URL, no query, no client header)."""
+        resp = await client.get(f"{self.origin}/api/models/{repo_id}", headers=self._origin_headers(None))
+        if resp.status_code == 429:
+            raise _Throttled(resp)
+        if resp.status_code >= 500:
+            raise _Unreachable(f"HTTP {resp.status_code}")
+        visibility = visibility_of(repo_id, resp)
+        self.access.set_visibility(repo_id, visibility)
+        return visibility
+
+    async def _ask_grant(
+        self, client: httpx.AsyncClient, repo_id: str, authorization: str | None, credential: str
+    ) -> Response | None:
+        """The origin's `auth-check` with the client's own Authorization: 200 grants, nothing else does."""
+        url = f"{self.origin}/api/models/{repo_id}/auth-check"
+        resp = await client.get(url, headers=self._origin_headers(authorization))
+        status = resp.status_code
+        if status == 429:
+            raise _Throttled(resp)
+        if status >= 500:
+            raise _Unreachable(f"HTTP {status}")
+        if status == 200:
+            self.access.grant(repo_id, credential)
+            return None
+        self.access.revoke(repo_id, credential)
+        if 300 <= status < 400:
+            return hub_error(*_redirected("auth check", repo_id, status))
+        return _origin_refusal(resp, f"the origin refused access to {repo_id}")
 
     def _local_api(self, rest: str, auth: str | None) -> Response:
         parts = rest.split("/")
         if len(parts) < 2:
             return hub_error(503, "origin unreachable")
         repo_id = f"{parts[0]}/{parts[1]}"
-        if not self.access.allowed(repo_id, auth):
+        if not self.access.allowed(repo_id, client_credential(auth)):
             return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
+        known = self.access.visibility(repo_id)
         repo = self._scan(repo_id)
         tail = parts[2:]
         rev = tail[1] if len(tail) >= 2 and tail[0] in ("revision", "tree") else "main"
@@ -219,8 +398,8 @@ class HfEndpoint:
                 "id": repo_id,
                 "modelId": repo_id,
                 "sha": snap.commit,
-                "private": False,
-                "gated": False,
+                "private": known.private if known else True,
+                "gated": known.gated if known else False,
                 "siblings": siblings,
             }
             return JSONResponse(body)
@@ -272,9 +451,14 @@ class HfEndpoint:
         return FileMeta(commit, blob_id, size)
 
     async def file_meta(self, repo_id: str, rev: str, path: str, auth: str | None) -> FileMeta | Response:
+        refused = await self.check_access(repo_id, auth)
+        if refused is not None:
+            return refused
         local = self._local_meta(repo_id, rev, path)
-        if local is not None and is_commit(rev) and self.access.allowed(repo_id, auth):
+        if local is not None and is_commit(rev):
             return local
+        # Metadata only (which commit `rev` is, the blob id and size), asked with the client's own
+        # token; access was decided above. An LFS file answers 302 here: its headers are the metadata.
         url = f"{self.origin}/{repo_id}/resolve/{quote(rev, safe='')}/{quote(path)}"
         try:
             async with self._client() as client:
@@ -282,23 +466,19 @@ class HfEndpoint:
             if resp.status_code >= 500:
                 raise _Unreachable(f"HTTP {resp.status_code}")
         except (httpx.TransportError, _Unreachable) as exc:
-            if local is not None and self.access.allowed(repo_id, auth):
+            if local is not None:
                 return local
-            log.warning("origin unreachable for %s/%s (%s) and no access decision cached", repo_id, path, exc)
-            return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
+            log.warning("origin unreachable for %s/%s (%s) and the file is not cached", repo_id, path, exc)
+            return hub_error(503, f"origin unreachable and {repo_id}/{path} is not in this node's cache")
         if resp.status_code >= 400:
-            self.access.revoke(repo_id, auth)
+            if resp.status_code in (401, 403):
+                self.access.revoke(repo_id, client_credential(auth))
             return Response(b"", status_code=resp.status_code, headers=_passed(resp))
-        self.access.grant(repo_id, auth)
         h = resp.headers
         etag = (h.get("x-linked-etag") or h.get("etag") or "").removeprefix("W/").strip('"').lower()
         size = h.get("x-linked-size") or h.get("content-length") or ""
         commit = (h.get("x-repo-commit") or "").lower()
-        if (
-            not is_commit(commit)
-            or not is_blob_id(etag)
-            or not size.isdigit()
-        ):
+        if not is_commit(commit) or not is_blob_id(etag) or not size.isdigit():
             return hub_error(502, f"the origin sent no usable commit/ETag/size for {repo_id}/{path}")
         return FileMeta(commit, etag, int(size))
 
@@ -325,7 +505,8 @@ class HfEndpoint:
             if not cache.blob_is_complete(meta.blob_id, meta.size):
                 blob = cache.complete_elsewhere(meta.blob_id, meta.size)
             if blob is None:
-                failed = await self._fetch(repo_id, meta, path, request.headers.get("authorization"))
+                who = f"hf:{request.client.host if request.client else 'unknown'}"
+                failed = await self._fetch(repo_id, meta, path, request.headers.get("authorization"), who)
                 if failed is not None:
                     readers.release(meta.blob_id)
                     return failed
@@ -344,10 +525,11 @@ class HfEndpoint:
             raise
 
     async def _fetch(
-        self, repo_id: str, meta: FileMeta, path: str, authorization: str | None
+        self, repo_id: str, meta: FileMeta, path: str, authorization: str | None, client: str
     ) -> Response | None:
-        """Bring one file into the cache through the daemon's fetch path (with the client's own token);
-        an error response on failure."""
+        """Bring one file into the cache through the daemon's fetch path with the client's own token
+        (never the node's: `lend` stays False), counted against `client`'s job limit; an error
+        response on failure."""
         scheme, _, token = (authorization or "").partition(" ")
         try:
             job = self.request_model(
@@ -355,7 +537,12 @@ class HfEndpoint:
                 meta.commit,
                 include=[glob.escape(path)],
                 token=token.strip() if scheme.lower() == "bearer" and token.strip() else None,
+                lend=False,
+                client=client,
             )
+        except BusyError as exc:
+            retry = {"Retry-After": str(BUSY_RETRY_AFTER)}
+            return hub_error(429, str(exc), commit=meta.commit, headers=retry)
         except WeightswarmError as exc:
             return hub_error(503, str(exc), commit=meta.commit)
         done = await asyncio.to_thread(job.wait, self.settings.ops.hf_fetch_timeout)

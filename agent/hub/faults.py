@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Faults:
-    """Faults for file requests: `/resolve/...` and `/_cdn/...` (GET and HEAD)."""
+    """Faults for file requests (`/resolve/...` and `/_cdn/...`, GET and HEAD), and for any route by path."""
 
     status_queue: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     """Answer the next N file requests with these (status, headers) and a JSON error body, then normal."""
@@ -49,6 +49,13 @@ class Faults:
     stall_times: int = 1
     """How many responses stall."""
 
+    path_status: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    """Answer every request for these paths (exact, without the query string) with (status, headers)
+    and a JSON error body until removed: e.g. a 307 with a `Location`, as a hub behind a proxy may."""
+
+    model_info_omit: set[str] = field(default_factory=set)
+    """Fields left out of every model info document (a hub, mirror or proxy that does not send them)."""
+
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:
@@ -64,6 +71,11 @@ class Faults:
             if self.status_queue and method in self.status_methods:
                 return self.status_queue.pop(0)
             return None
+
+    def path_fault(self, path: str) -> tuple[int, dict[str, str]] | None:
+        with self._lock:
+            fault = self.path_status.get(path)
+            return (fault[0], dict(fault[1])) if fault is not None else None
 
     def take_truncate(self) -> int | None:
         with self._lock:

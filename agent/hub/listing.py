@@ -13,8 +13,18 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
-def model_info(snapshot: Snapshot, *, private: bool, gated: bool, blobs: bool) -> dict[str, Any]:
-    """What `GET /api/models/{repo}` answers: enough for huggingface_hub's ModelInfo."""
+EXPAND_PROPERTIES = frozenset(
+    "author baseModels cardData childrenModelCount config createdAt disabled downloads downloadsAllTime "
+    "evalResults gated gguf inference inferenceProviderMapping lastModified library_name likes mask_token "
+    "model-index pipeline_tag private resourceGroup safetensors sha siblings spaces tags transformersInfo "
+    "trendingScore usedStorage widgetData".split()
+)
+"""Values `?expand=` accepts on a model (huggingface_hub's `ExpandModelProperty_T`); others are a 400."""
+
+
+def model_info(snapshot: Snapshot, *, private: bool, gated: str | bool, blobs: bool) -> dict[str, Any]:
+    """What `GET /api/models/{repo}` answers: enough for huggingface_hub's ModelInfo. `gated`: False,
+    "auto" or "manual"."""
     siblings: list[dict[str, Any]] = []
     for path in sorted(snapshot.files):
         entry = snapshot.files[path]
@@ -39,7 +49,7 @@ def model_info(snapshot: Snapshot, *, private: bool, gated: bool, blobs: bool) -
         "lastModified": modified,
         "createdAt": modified,
         "private": private,
-        "gated": "auto" if gated else False,
+        "gated": gated,
         "disabled": False,
         "downloads": 0,
         "likes": 0,

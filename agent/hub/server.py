@@ -1,17 +1,22 @@
 """A Hugging Face-compatible hub that serves a directory: for tests, benchmarks and air-gapped clusters.
 
 Routes (as huggingface.co, read-only, model repos):
-- `GET /api/models/{org}/{name}[/revision/{rev}]` model info (`?blobs=true` adds sizes and oids);
+- `GET /api/models/{org}/{name}[/revision/{rev}]` model info (`?blobs=true` adds sizes and oids;
+  `?expand=a&expand=b` or `expand[]=` answers only `_id`, `id` and those properties, as the Hub);
+- `GET /api/models/{org}/{name}/auth-check` 200 when the token may read the repo's files, else the
+  refusal the files would get (what `huggingface_hub.auth_check` asks);
 - `GET /api/models/{org}/{name}/tree/{rev}[/{path}]` listing, paginated by a `Link: rel="next"` header;
 - `HEAD|GET /{org}/{name}/resolve/{rev}/{path}`: small files answered directly (ETag = git sha1),
   LFS files redirected (302) to a signed `/_cdn/{sha256}?...` URL that needs no Authorization;
 - `GET /_weightswarm/stats` egress and request counters, `POST /_weightswarm/reset` zeroes them.
 
 Errors carry the Hub's `X-Error-Code` / `X-Error-Message` headers and a JSON `{"error": ...}` body,
-so `huggingface_hub` raises its usual exception classes. Access rules: a configured token grants
-every repo; an unknown token is refused (401); a private repo is invisible without a token (401
-RepoNotFound, as a missing repo); a gated repo lists without a token but its files answer 401
-GatedRepo. With no tokens configured every bearer token is accepted.
+so `huggingface_hub` raises its usual exception classes. Access rules (`agent.hub.access`): a token
+in `tokens` reads every repo, one in `grants` the gated/private repos listed for it; an unknown token
+is refused (401); a private repo is invisible without access (401 RepoNotFound anonymous, 404 with a
+token, as a missing repo); a gated repo's model info is public (`gated: "auto"|"manual"`), its files
+answer 401 GatedRepo anonymous, 403 GatedRepo to a token without access. With no tokens configured
+every bearer token is accepted.
 
 The CDN route also repeats `X-Repo-Commit` / `X-Linked-Etag` / `X-Linked-Size`: recent
 `huggingface_hub` follows a same-origin redirect on its metadata HEAD and reads them from the
@@ -31,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -39,10 +44,10 @@ from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from agent.hub import listing
+from agent.hub.access import HubAccess, Refusal
 from agent.hub.faults import Faults, TokenBucket, chunk_for
 from agent.hub.ranges import parse_range
 from agent.hub.repos import RepoFile, RepoStore, Snapshot, safe_repo_path, valid_repo_id
-from tracker.auth import bearer, matches
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +61,18 @@ IDLE_TIMEOUT = 300.0
 """Seconds a keep-alive connection may sit idle (or a send may block) before the server drops it."""
 
 _SENDFILE_CHUNK = 8 * 2**20  # egress is counted per chunk, so keep chunks moderate
-INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
 
 class RequestRecord(NamedTuple):
-    """One request as the server saw it (path without the query string)."""
+    """One request as the server saw it (path without the query string, which is `query`)."""
 
     method: str
     path: str
     range: str | None
     status: int
+    query: str = ""
+    authorized: bool = False
+    """Whether it carried an Authorization header (never the header itself)."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -93,7 +100,8 @@ class HubServer:
         port: int = 0,
         *,
         tokens: Iterable[str] = (),
-        gated: Iterable[str] = (),
+        grants: Mapping[str, Iterable[str]] | None = None,
+        gated: Iterable[str] | Mapping[str, str] = (),
         private: Iterable[str] = (),
         rate_total: float | None = None,
         rate_per_connection: float | None = None,
@@ -103,10 +111,8 @@ class HubServer:
         self.host = host
         self.port = port
         self.store = RepoStore(self.root)
-        self._tokens = tuple(t for t in tokens if t)
-        self.gated = frozenset(gated)
-        self.private = frozenset(private)
-        for repo_id in self.gated | self.private:
+        self.access = HubAccess(tokens, grants, gated, private)
+        for repo_id in self.access.repo_ids():
             if not valid_repo_id(repo_id):
                 raise ValueError(f"not a repo id (org/name): {repo_id!r}")
         self.total_bucket: TokenBucket | None = None
@@ -234,15 +240,6 @@ class HubServer:
             (self._connections.add if add else self._connections.discard)(conn)
             self._accepted += add
 
-    def check_token(self, header: str | None) -> bool | None:
-        """True: a valid token; False: anonymous; None: a token that must be refused."""
-        if not header:
-            return False
-        token = bearer(header)
-        if token is None:
-            return None
-        return True if not self._tokens or matches(token, *self._tokens) else None
-
     def _signature(self, sha256: str, repo_id: str, commit: str, path: str, expires: int) -> str:
         msg = f"{sha256}|{repo_id}|{commit}|{path}|{expires}".encode()
         return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
@@ -324,9 +321,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._status = 0
         split = urlsplit(self.path)
         raw = split.path
-        query = dict(parse_qsl(split.query, keep_blank_values=True))
+        self._query_pairs = parse_qsl(split.query, keep_blank_values=True)
+        query = dict(self._query_pairs)
         internal = raw.startswith("/_weightswarm/")
         try:
+            if not internal:
+                self._raise_fault(self.hub.faults.path_fault(raw))
             self._route(method, raw, query)
         except _HttpError as err:
             self._send_error(err)
@@ -338,7 +338,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(_HttpError(500, "Internal error"))
             self.close_connection = True
         if not internal:
-            self.hub._record(RequestRecord(method, raw, self.headers.get("Range"), self._status))
+            h = self.headers
+            authed = "Authorization" in h
+            self.hub._record(RequestRecord(method, raw, h.get("Range"), self._status, split.query, authed))
 
     def _route(self, method: str, raw: str, query: dict[str, str]) -> None:
         parts = raw.split("/")[1:]
@@ -364,25 +366,23 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._model_info(repo_id, "main", query)
             if len(rest) == 2 and rest[0] == "revision":
                 return self._model_info(repo_id, unquote(rest[1]), query)
+            if rest == ["auth-check"]:
+                return self._auth_check(repo_id)
             if len(rest) >= 2 and rest[0] == "tree":
                 return self._tree(repo_id, unquote(rest[1]), unquote("/".join(rest[2:])), query)
         raise _HttpError(404, "Not Found")
 
     # -- access ------------------------------------------------------------------------------------
 
+    def _check_access(self, repo_id: str, content: bool) -> None:
+        exists = self.hub.store.repo_dir(repo_id) is not None
+        header = self.headers.get("Authorization")
+        refusal = self.hub.access.check(header, repo_id, exists=exists, content=content)
+        if isinstance(refusal, Refusal):
+            raise _HttpError(refusal.status, refusal.message, refusal.code)
+
     def _snapshot(self, repo_id: str, revision: str, content: bool) -> Snapshot:
-        authed = self.hub.check_token(self.headers.get("Authorization"))
-        if authed is None:
-            raise _HttpError(401, INVALID_CREDENTIALS)
-        hidden = repo_id in self.hub.private and not authed
-        if hidden or self.hub.store.repo_dir(repo_id) is None:
-            raise _HttpError(404 if authed else 401, "Repository not found", "RepoNotFound")
-        if content and repo_id in self.hub.gated and not authed:
-            raise _HttpError(
-                401,
-                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated.",
-                "GatedRepo",
-            )
+        self._check_access(repo_id, content)
         snapshot = self.hub.store.resolve(repo_id, revision)
         if snapshot is None:
             raise _HttpError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
@@ -397,8 +397,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _model_info(self, repo_id: str, revision: str, query: dict[str, str]) -> None:
         snapshot = self._snapshot(repo_id, revision, content=False)
         blobs = query.get("blobs", "").lower() in ("1", "true")
-        private, gated = repo_id in self.hub.private, repo_id in self.hub.gated
-        self._send_json(200, listing.model_info(snapshot, private=private, gated=gated, blobs=blobs))
+        access = self.hub.access
+        private, gated = repo_id in access.private, access.gated_mode(repo_id)
+        info = listing.model_info(snapshot, private=private, gated=gated, blobs=blobs)
+        expand = [v for k, v in self._query_pairs if k in ("expand", "expand[]")]
+        if expand:
+            unknown = sorted(set(expand) - listing.EXPAND_PROPERTIES)
+            if unknown:
+                raise _HttpError(400, f"Invalid expand value(s): {', '.join(unknown)}")
+            info = {k: v for k, v in info.items() if k in ("_id", "id", *expand)}
+        for name in self.hub.faults.model_info_omit:
+            info.pop(name, None)
+        self._send_json(200, info)
+
+    def _auth_check(self, repo_id: str) -> None:
+        self._check_access(repo_id, content=True)
+        self._send_json(200, {})
 
     def _tree(self, repo_id: str, revision: str, prefix: str, query: dict[str, str]) -> None:
         snapshot = self._snapshot(repo_id, revision, content=False)
@@ -425,7 +439,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- file routes -------------------------------------------------------------------------------
 
     def _injected_status(self, method: str) -> None:
-        fault = self.hub.faults.take_status(method)
+        self._raise_fault(self.hub.faults.take_status(method))
+
+    def _raise_fault(self, fault: tuple[int, dict[str, str]] | None) -> None:
         if fault is not None:
             status, headers = fault
             raise _HttpError(status, f"injected fault: HTTP {status}", headers.get("X-Error-Code"), headers)

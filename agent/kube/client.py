@@ -10,13 +10,12 @@ in one namespace is enough when `KubeSettings.namespace` is set):
 
     - apiGroups: [""]
       resources: ["pods"]
-      verbs: ["get", "list", "watch", "patch"]
+      verbs: ["list", "watch", "patch"]
         list + watch: GET /api/v1/pods?fieldSelector=spec.nodeName=<node> (or
           /api/v1/namespaces/<ns>/pods), with watch=1, allowWatchBookmarks, timeoutSeconds.
         patch: PATCH /api/v1/namespaces/<ns>/pods/<name>, application/merge-patch+json,
           touching only metadata.annotations["weightswarm.io/status"] (metadata.uid is sent
           as a precondition so a recreated pod of the same name is never patched).
-        get: not called today; granted so `agent` debugging and future reads need no chart change.
     - apiGroups: [""]
       resources: ["events"]
       verbs: ["create"]

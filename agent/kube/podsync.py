@@ -123,7 +123,9 @@ class PodSync:
 
     def _start(self, model: ModelRef) -> None:
         try:
-            self._jobs[model] = self._request_model(model.repo_id, model.revision)
+            # An annotation is the operator's request (creating pods where the agent watches is the
+            # credential, docs/security.md), so the node's token is lent.
+            self._jobs[model] = self._request_model(model.repo_id, model.revision, lend=True)
             self._errors.pop(model, None)
         except WeightswarmError as exc:
             self._jobs.pop(model, None)

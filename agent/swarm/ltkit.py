@@ -106,6 +106,15 @@ def infohash_of(ti: Any) -> str:
     return str(ti.info_hashes().v1)
 
 
+def redact_tracker_url(url: str) -> str:
+    """A tracker URL fit for a log: what follows /announce/ or /scrape/ (the passkey) becomes ***."""
+    for route in ("/announce/", "/scrape/"):
+        head, sep, _ = url.partition(route)
+        if sep:
+            return f"{head}{route}***"
+    return url
+
+
 def bdecode_dict(raw: bytes) -> dict[bytes, Any]:
     decoded = lt.bdecode(raw)
     if not isinstance(decoded, dict):

@@ -92,7 +92,7 @@ class Seeder:
         `backfill`, so a large cache of those does not delay start-up. Content several repos share
         (one inode) is one torrent, seeded from the first repo that has it.
         """
-        self.swarm.restore()
+        self.swarm.restore(self.trackers)
         count = 0
         self._needs_pieces.clear()
         for repo_dir in sorted(self.cache_dir.glob("models--*")):

@@ -52,6 +52,7 @@ from agent.swarm.ltkit import (
     fsync_file_and_dir,
     infohash_of,
     load_resume,
+    redact_tracker_url,
     settings_pack,
     torrent_info,
 )
@@ -230,8 +231,9 @@ class Swarm:
             rec.handle.connect_peer((host, port))
         return ih
 
-    def restore(self) -> list[str]:
-        """Re-add every torrent in resume_dir whose data file exists, without re-hashing it.
+    def restore(self, trackers: Sequence[str] = ()) -> list[str]:
+        """Re-add every torrent in resume_dir whose data file exists, without re-hashing it, announcing
+        to `trackers` (resume data keeps none: the URL holds the passkey, which may change).
 
         Exception: an unfinished download left by a crash is re-checked (see the module docstring)."""
         restored: list[str] = []
@@ -259,6 +261,7 @@ class Swarm:
             # Only a verified (or seeded) blob ever has its final name: that is completeness.
             complete = current == final_name
             atp.flags &= ~(lt.torrent_flags.paused | lt.torrent_flags.auto_managed)
+            atp.trackers = list(trackers)
             rec = self._add(atp, ih, save_path, final_name, current, complete=complete)
             if not complete and not ours.get(_CLEAN_KEY):
                 self._recheck(rec)
@@ -508,7 +511,10 @@ class Swarm:
         elif isinstance(alert, lt.file_rename_failed_alert | lt.torrent_error_alert | lt.file_error_alert):
             self._fail(rec, alert.message())
         elif isinstance(alert, lt.tracker_error_alert):
-            log.info("tracker error for %s: %s", rec.final_name, alert.message())
+            # Not alert.message(): it holds the announce URL, and with it the tracker's passkey.
+            url = redact_tracker_url(str(alert.tracker_url()))
+            reason = str(alert.failure_reason() or alert.error.message())
+            log.info("tracker error for %s from %s: %s", rec.final_name, url, reason)
         elif isinstance(alert, lt.url_seed_alert):
             self._on_web_seed_error(rec, alert)
 
@@ -575,8 +581,9 @@ class Swarm:
             if rec is None:
                 return
             data = bdecode_dict(lt.write_resume_data_buf(alert.params))
-            # Web seeds are per-lease and may be signed URLs: never persisted.
-            for key in (b"url-list", b"httpseeds"):
+            # Web seeds are per-lease and may be signed URLs, and the announce URL carries the
+            # tracker's passkey: never persisted (restore() hands the current tracker list).
+            for key in (b"url-list", b"httpseeds", b"trackers", b"tracker_tiers"):
                 data.pop(key, None)
             data[_FINAL_NAME_KEY] = rec.final_name.encode()
             # close() pauses the session before its saves, so those describe the files exactly.

@@ -5,6 +5,11 @@ Failures map to two classes so callers make one decision: `TrackerUnavailableErr
 tracker answered and refused: a bug or a misconfiguration worth a clear message). A 404
 on a lookup is not an error but `None`. The bearer token is sent only in the header, never
 in a message or a repr; response bodies are cut short before they reach an error.
+
+Roles (the tracker's): every request goes with the agent-role token (--tracker-token-file),
+except `publish_manifest`, which registers a hub-less model with the publisher-role token
+(--publisher-token-file). The announce passkey travels in `announce_url`, which only
+libtorrent gets: never log it (`agent.swarm.ltkit.redact_tracker_url`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from agent.core.errors import TrackerError, TrackerUnavailableError, snippet
+from agent.core.errors import RefusedError, TrackerError, TrackerUnavailableError, snippet
 from agent.core.settings import DaemonSettings
 
 log = logging.getLogger(__name__)
@@ -67,14 +72,19 @@ class TrackerClient:
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=self._timeout, trust_env=False
         )
+        self._publisher_auth = (
+            {"Authorization": f"Bearer {settings.publisher_token}"} if settings.publisher_token else None
+        )
 
     def __repr__(self) -> str:
         return f"TrackerClient({self.base_url!r})"
 
     @property
     def announce_url(self) -> str:
-        """The BitTorrent announce URL handed to libtorrent."""
-        return f"{self.base_url}/announce"
+        """The BitTorrent announce URL handed to libtorrent: `<base>/announce/<passkey>` (libtorrent
+        derives the scrape URL, `<base>/scrape/<passkey>`, from it). Holds a secret: never log it."""
+        passkey = self._settings.tracker_passkey
+        return f"{self.base_url}/announce/{passkey}" if passkey else f"{self.base_url}/announce"
 
     def close(self) -> None:
         self._http.close()
@@ -82,7 +92,14 @@ class TrackerClient:
     # -- plumbing -------------------------------------------------------------------------
 
     def _request(
-        self, method: str, path: str, *, ok_404: bool = False, timeout: float | None = None, **kw: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        ok_404: bool = False,
+        timeout: float | None = None,
+        token_option: str = "--tracker-token-file",
+        **kw: Any,
     ) -> httpx.Response | None:
         request_timeout = self._timeout
         if timeout is not None:
@@ -103,9 +120,13 @@ class TrackerClient:
             )
         if resp.status_code == 401:
             raise TrackerError(
-                f"tracker {self.base_url} refused the token for {method} {path} (401); "
-                "check --tracker-token-file",
+                f"tracker {self.base_url} refused the token for {method} {path} (401); check {token_option}",
                 401,
+            )
+        if resp.status_code == 403:
+            # The token is right but its role may not do this (e.g. a published repo): say which.
+            raise TrackerError(
+                f"tracker {self.base_url} forbids {method} {path} (403): {snippet(resp.content)}", 403
             )
         if resp.status_code >= 400:
             raise TrackerError(
@@ -202,7 +223,27 @@ class TrackerClient:
     def put_manifest(
         self, repo_id: str, commit: str, revision: str | None, files: list[dict[str, Any]]
     ) -> None:
+        """Register a hub model's manifest (agent role). The tracker refuses it (403) for a repo the
+        publisher has published."""
         self._request("PUT", f"/v1/manifests/{repo_id}/{commit}", json={"revision": revision, "files": files})
+
+    def publish_manifest(
+        self, repo_id: str, commit: str, revision: str | None, files: list[dict[str, Any]]
+    ) -> None:
+        """Register a hub-less model's manifest with the publisher-role token; the tracker then
+        closes the repo to agent-role writes. RefusedError when this node has no publisher token."""
+        if self._publisher_auth is None:
+            raise RefusedError(
+                f"cannot publish {repo_id} to the tracker: publishing needs the tracker's publisher "
+                "token; start the agent with --publisher-token-file"
+            )
+        self._request(
+            "PUT",
+            f"/v1/manifests/{repo_id}/{commit}",
+            json={"revision": revision, "files": files},
+            headers=self._publisher_auth,
+            token_option="--publisher-token-file",
+        )
 
     def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         resp = self._request("GET", f"/v1/manifests/{repo_id}/{commit}", ok_404=True)

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from huggingface_hub import scan_cache_dir
 
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from tests.support.cluster import AgentProcess, TrackerProcess
+from tests.support.cluster import AgentProcess, TrackerProcess, admin_request
 
 MiB = 2**20
 # A fetch wants 64 MiB free beyond its bytes; these sizes leave that room even without eviction, so
@@ -46,8 +45,12 @@ def used_fraction(path: Path) -> float:
 
 
 def fetch(agent: AgentProcess, repo_id: str) -> dict[str, Any]:
-    status: dict[str, Any] = httpx.post(f"{agent.url}/v1/fetch", json={"repo_id": repo_id}, timeout=10).json()
-    status = httpx.get(f"{agent.url}/v1/jobs/{status['job_id']}", params={"wait": 60}, timeout=70).json()
+    status: dict[str, Any] = admin_request(
+        agent.url, "POST", "/v1/fetch", json={"repo_id": repo_id}, timeout=10
+    ).json()
+    status = admin_request(
+        agent.url, "GET", f"/v1/jobs/{status['job_id']}", params={"wait": 60}, timeout=70
+    ).json()
     assert status["phase"] == "Ready", status
     return status
 

@@ -1,10 +1,11 @@
-"""README "Fetch a model": with a node daemon answering at 127.0.0.1:7470, a plain `agent fetch` hands the
-work to it; `--cache-dir`/`--origin` or `--agent off` keep it standalone, as does no daemon answering.
+"""README "Fetch a model": with a node daemon answering on the admin socket of the default state dir, a
+plain `agent fetch` hands the work to it; `--cache-dir`/`--origin` or `--agent off` keep it standalone,
+as does no daemon answering.
 
-The daemon must own the fixed default port, so everything (origin, daemon, CLI) runs in a private
-network namespace: no clash with another test or a developer's own agent. Needs root (CI is root;
-elsewhere the test skips). The namespace has no route out, so a fetch that wrongly went standalone
-to the default endpoint (huggingface.co) fails instead of passing by luck.
+The daemon and the CLI share only the environment a user has ($XDG_STATE_HOME), and everything
+(origin, daemon, CLI) runs in a private network namespace: its default ports clash with nothing,
+and it has no route out, so a fetch that wrongly went standalone to the default endpoint
+(huggingface.co) fails instead of passing by luck. Needs root (CI is root; elsewhere it skips).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import BIN, Origin
+from tests.support.cluster import BIN, Origin, socket_dir
 from tests.support.procs import loop_until, require, require_root, stop_process
 
 ORIGIN_PORT = 18080
-DAEMON = "http://127.0.0.1:7470"  # the CLI's built-in default; nothing in the test tells it
+DAEMON = "http://127.0.0.1:7470"  # the daemon's default network listener (its probes)
 
 
 class Netns:
@@ -40,9 +41,9 @@ class Netns:
     def argv(self, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
 
-    def start(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         with open(self.tmp / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(self.argv(*argv), stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(self.argv(*argv), stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         return proc
 
@@ -51,8 +52,9 @@ class Netns:
             self.argv(*argv), capture_output=True, text=True, timeout=120, env=env or dict(os.environ)
         )
 
-    def get(self, url: str) -> str | None:
-        res = self.run("curl", "-sf", "--max-time", "2", url)
+    def get(self, url: str, unix_socket: Path | None = None) -> str | None:
+        via = ["--unix-socket", str(unix_socket)] if unix_socket else []
+        res = self.run("curl", "-sf", "--max-time", "2", *via, url)
         return res.stdout if res.returncode == 0 else None
 
     def wait_ready(self, name: str, proc: subprocess.Popen[bytes], url: str) -> None:
@@ -99,18 +101,23 @@ def test_agent_fetch_uses_the_local_daemon_when_it_answers_unless_told_otherwise
     served = netns.start("origin", agent, "serve-hub", str(hub), "--port", str(ORIGIN_PORT))
     netns.wait_ready("origin", served, f"{origin_url}/api/models/{origin.repo_id}")
     daemon_cache = tmp_path / "daemon" / "hub"
+    state_home = socket_dir() / f"state-{tmp_path.name[-20:]}"  # short: a socket path has ≤ 107 bytes
+    user = {**os.environ, "XDG_STATE_HOME": str(state_home)}  # the user's environment
+    admin_socket = state_home / "weightswarm" / "admin.sock"
     daemon = netns.start(
         "daemon",
-        *(agent, "serve", "--cache-dir", str(daemon_cache), "--state-dir", str(tmp_path / "state")),
+        *(agent, "serve", "--cache-dir", str(daemon_cache)),
         *("--origin", origin_url, "--bt-listen", "127.0.0.1:0", "--node-name", "local"),
+        env=user,
     )
     netns.wait_ready("daemon", daemon, f"{DAEMON}/readyz")
+    assert netns.get(f"{DAEMON}/v1/jobs") is None  # not on the network
 
     def daemon_jobs() -> int:
-        return len(json.loads(netns.get(f"{DAEMON}/v1/jobs") or "null"))
+        return len(json.loads(netns.get("http://agent/v1/jobs", unix_socket=admin_socket) or "null"))
 
     # 1. No --agent, no --cache-dir/--origin, no HF_ENDPOINT: the daemon fetches into its own cache.
-    snap = snapshot_of(netns.run(agent, "fetch", origin.repo_id, "--quiet"))
+    snap = snapshot_of(netns.run(agent, "fetch", origin.repo_id, "--quiet", env=user))
     assert snap.is_relative_to(daemon_cache), snap
     assert_model(snap, origin)
     assert daemon_jobs() == 1
@@ -124,7 +131,7 @@ def test_agent_fetch_uses_the_local_daemon_when_it_answers_unless_told_otherwise
     assert_model(snap, origin)
 
     # 3. --agent off: standalone into the default cache ($HF_HOME/hub), with HF_ENDPOINT as the origin.
-    env = {**os.environ, "HF_ENDPOINT": origin_url}
+    env = {**user, "HF_ENDPOINT": origin_url}
     default_cache = Path(os.environ["HF_HOME"]) / "hub"
     snap = snapshot_of(netns.run(agent, "fetch", origin.repo_id, "--agent", "off", "--quiet", env=env))
     assert snap.is_relative_to(default_cache), snap

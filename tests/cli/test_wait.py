@@ -14,7 +14,7 @@ from agent.cli.wait import complete_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from agent.kube.requests import ModelRef
-from tests.support.cluster import BIN, REPO, Origin, assert_snapshot_verifies
+from tests.support.cluster import BIN, REPO, Origin, assert_snapshot_verifies, socket_dir
 from tests.support.procs import free_port
 
 EXIT_TIMEOUT = 7
@@ -49,9 +49,11 @@ def filled_cache(tmp_path: Path, origin: Origin) -> Path:
     return cache
 
 
-def test_wait_through_the_agent_requests_and_reports(origin, make_agent) -> None:
-    daemon = make_agent("a", origin, None)
-    res = agent_cli("wait", REPO, "--agent", daemon.api_url, "--timeout", "60")
+def test_wait_through_the_agent_requests_and_reports(origin, make_agent, tmp_path) -> None:
+    # As the chart's init container: over the pods' socket.
+    pods = socket_dir() / f"pods-{tmp_path.name[-24:]}.sock"
+    daemon = make_agent("a", origin, None, daemon={"pods_socket": pods})
+    res = agent_cli("wait", REPO, "--agent", f"unix://{pods}", "--timeout", "60")
     assert res.returncode == 0, res.stderr
     snapshot = res.stdout.strip().splitlines()[-1]
     assert_snapshot_verifies(snapshot, origin)
@@ -62,13 +64,13 @@ def test_wait_through_the_agent_requests_and_reports(origin, make_agent) -> None
     assert f"{REPO}@main ready" in res.stderr and "from the origin" in res.stderr
     assert snapshot not in res.stderr.splitlines()  # the path is stdout's business
 
-    again = agent_cli("wait", f"{REPO}@main", "--agent", daemon.api_url, "--timeout", "30")
+    again = agent_cli("wait", f"{REPO}@main", "--agent", str(pods), "--timeout", "30")
     assert again.returncode == 0 and again.stdout.strip() == snapshot
 
 
 def test_wait_times_out_with_a_clear_line(slow_origin, make_agent) -> None:
     daemon = make_agent("a", slow_origin, None)
-    res = agent_cli("wait", REPO, "--agent", daemon.api_url, "--timeout", "1.5")
+    res = agent_cli("wait", REPO, "--agent", daemon.admin_url, "--timeout", "1.5")
     assert res.returncode == EXIT_TIMEOUT, res.stderr
     assert res.stdout == ""
     last = res.stderr.strip().splitlines()[-1]
@@ -78,7 +80,7 @@ def test_wait_times_out_with_a_clear_line(slow_origin, make_agent) -> None:
 
 def test_wait_for_an_unknown_repo_fails(origin, make_agent) -> None:
     daemon = make_agent("a", origin, None)
-    res = agent_cli("wait", "acme/missing", "--agent", daemon.api_url, "--timeout", "30")
+    res = agent_cli("wait", "acme/missing", "--agent", daemon.admin_url, "--timeout", "30")
     assert res.returncode not in (0, EXIT_TIMEOUT), res.stderr
     assert res.stdout == ""
     last = res.stderr.strip().splitlines()[-1]

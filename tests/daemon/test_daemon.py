@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import httpx
 
 from agent.cache.layout import RepoCache
+from agent.daemon.node import Daemon
+from agent.http.client import http_client
 from tests.support.cluster import (
+    PASSKEY,
+    PUBLISHER_TOKEN,
+    TOKEN,
     assert_snapshot_verifies,
     fetch_all_and_verify,
     fetch_and_wait,
@@ -69,34 +75,35 @@ def test_api_fetch_jobs_models_and_probes(origin, tracker, make_agent):
     url = a.api_url
     assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
     loop_until(lambda: httpx.get(f"{url}/readyz").status_code == 200, timeout=10)
-    # An origin at 1 MiB/s keeps the job running for seconds: the second request certainly finds it.
-    origin.hub.rate_total = 2**20
-    resp = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id})
-    assert resp.status_code == 202
-    job_id = resp.json()["job_id"]
-    # A second identical request joins the running job.
-    again = httpx.post(f"{url}/v1/fetch", json={"repo_id": origin.repo_id})
-    assert again.status_code == 202
-    joined = again.json()
-    assert joined["job_id"] == job_id and joined["phase"] in ("Pending", "Downloading"), joined
-    assert [j["job_id"] for j in httpx.get(f"{url}/v1/jobs").json()] == [job_id]
-    st = loop_until(
-        lambda: (
-            (s := httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 2}, timeout=10).json())["phase"]
-            in ("Ready", "Failed")
-            and s
-        ),
-        timeout=90,
-    )
-    assert st["phase"] == "Ready", st
-    assert st["bytes_done"] == st["bytes_total"] == origin.size
-    models = httpx.get(f"{url}/v1/models").json()
-    assert [m["repo_id"] for m in models] == [origin.repo_id]
-    assert models[0]["refs"]["main"] == st["commit"]
-    assert models[0]["snapshots"][0]["files"] == len(origin.files)
-    assert httpx.get(f"{url}/v1/jobs/nope").status_code == 404
-    bad = httpx.post(f"{url}/v1/fetch", json={"repo_id": "../etc"})
-    assert bad.status_code == 400 and "invalid repo id" in bad.json()["detail"]
+    with http_client(a.admin_url, timeout=10) as admin:
+        # An origin at 1 MiB/s keeps the job running for seconds: the second request certainly finds it.
+        origin.hub.rate_total = 2**20
+        resp = admin.post("/v1/fetch", json={"repo_id": origin.repo_id})
+        assert resp.status_code == 202
+        job_id = resp.json()["job_id"]
+        # A second identical request joins the running job.
+        again = admin.post("/v1/fetch", json={"repo_id": origin.repo_id})
+        assert again.status_code == 202
+        joined = again.json()
+        assert joined["job_id"] == job_id and joined["phase"] in ("Pending", "Downloading"), joined
+        assert [j["job_id"] for j in admin.get("/v1/jobs").json()] == [job_id]
+        st = loop_until(
+            lambda: (
+                (s := admin.get(f"/v1/jobs/{job_id}", params={"wait": 2}).json())["phase"]
+                in ("Ready", "Failed")
+                and s
+            ),
+            timeout=90,
+        )
+        assert st["phase"] == "Ready", st
+        assert st["bytes_done"] == st["bytes_total"] == origin.size
+        models = admin.get("/v1/models").json()
+        assert [m["repo_id"] for m in models] == [origin.repo_id]
+        assert models[0]["refs"]["main"] == st["commit"]
+        assert models[0]["snapshots"][0]["files"] == len(origin.files)
+        assert admin.get("/v1/jobs/nope").status_code == 404
+        bad = admin.post("/v1/fetch", json={"repo_id": "../etc"})
+        assert bad.status_code == 400 and "invalid repo id" in bad.json()["detail"]
 
 
 def test_concurrent_requests_for_one_model_share_a_job(origin, tracker, make_agent):
@@ -136,3 +143,31 @@ def test_a_standalone_fetched_cache_is_hashed_once_then_seeded(tmp_path, origin,
     status_b = fetch_and_wait(make_agent("b", origin, tracker), origin.repo_id)
     assert_snapshot_verifies(status_b["snapshot"], origin)
     assert file_requests(origin.hub) == [] and status_b["bytes_from_origin"] == 0
+
+
+def test_tracker_credentials_reach_no_file_and_no_log_and_a_restart_announces(
+    origin, tracker, make_agent, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    a = make_agent("a", origin, tracker)
+    fetch_and_wait(a, origin.repo_id)
+    wait_until_seeded(tracker, a)
+    a.stop()  # saves resume data: it must not keep the announce URL (it holds the passkey)
+    secrets = [s.encode() for s in (TOKEN, PASSKEY, PUBLISHER_TOKEN)]
+    files = [
+        p for root in (a.settings.state_dir, a.settings.cache_dir) for p in root.rglob("*") if p.is_file()
+    ]
+    assert any(p.suffix == ".resume" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert not any(s in data for s in secrets), path
+    assert not any(s.decode() in caplog.text for s in secrets)
+    # A restart announces to the tracker it is configured with now (resume data names none).
+    tracker.stop()
+    tracker.start()  # a fresh tracker process forgets every peer
+    b = Daemon(a.settings)
+    b.start()
+    try:
+        wait_until_seeded(tracker, b)
+    finally:
+        b.stop()

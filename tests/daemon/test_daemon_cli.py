@@ -11,7 +11,9 @@ import httpx
 from agent.cache.layout import RepoCache
 from tests.support.cluster import (
     BIN,
+    TOKEN,
     AgentProcess,
+    admin_request,
     assert_snapshot_verifies,
     fetch_and_wait,
     file_requests,
@@ -25,6 +27,9 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "agent"), *args], capture_output=True, text=True, timeout=timeout)
 
 
+READ = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def _verified_on_disk(blobs_dir: Path, tracker_url: str) -> tuple[int, int, int]:
     """(bytes of pieces in the `.incomplete` files that match their piece hashes, bytes of complete
     blobs, the largest piece length). Read from the files themselves, not from anyone's
@@ -36,7 +41,8 @@ def _verified_on_disk(blobs_dir: Path, tracker_url: str) -> tuple[int, int, int]
                 complete += path.stat().st_size if "." not in path.name else 0
                 continue
             blob_id = path.name.removesuffix(".incomplete")
-            info = bdecode(httpx.get(f"{tracker_url}/v1/blobs/{blob_id}/metainfo", timeout=10).content)
+            meta = httpx.get(f"{tracker_url}/v1/blobs/{blob_id}/metainfo", headers=READ, timeout=10)
+            info = bdecode(meta.raise_for_status().content)
             piece, hashes = info[b"piece length"], info[b"pieces"]
             largest = max(largest, piece)
             with open(path, "rb") as fh:
@@ -95,7 +101,7 @@ def test_sigkilled_agent_resumes_from_peers_and_keeps_seeding(tmp_path, origin, 
     b = AgentProcess(tmp_path, "b", origin.hub.url, tracker, "--stall-timeout", "60")
     try:
         b.start()
-        httpx.post(f"{b.url}/v1/fetch", json={"repo_id": origin.repo_id}).raise_for_status()
+        admin_request(b.url, "POST", "/v1/fetch", json={"repo_id": origin.repo_id}).raise_for_status()
         blobs = RepoCache(b.cache_dir, b.state_dir, origin.repo_id).blobs_dir
         loop_until(
             lambda: _verified_on_disk(blobs, tracker.url)[0] >= 5 * 2**18, timeout=60, what="B partly done"
@@ -106,12 +112,14 @@ def test_sigkilled_agent_resumes_from_peers_and_keeps_seeding(tmp_path, origin, 
         assert 0 < have < need, "nothing left to resume"
 
         b.start()
-        job = httpx.post(f"{b.url}/v1/fetch", json={"repo_id": origin.repo_id}).json()
+        job = admin_request(b.url, "POST", "/v1/fetch", json={"repo_id": origin.repo_id}).json()
         st = loop_until(
             lambda: (
-                (s := httpx.get(f"{b.url}/v1/jobs/{job['job_id']}", params={"wait": 2}, timeout=10).json())[
-                    "phase"
-                ]
+                (
+                    s := admin_request(
+                        b.url, "GET", f"/v1/jobs/{job['job_id']}", params={"wait": 2}, timeout=10
+                    ).json()
+                )["phase"]
                 in ("Ready", "Failed")
                 and s
             ),

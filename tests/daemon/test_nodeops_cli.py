@@ -85,14 +85,16 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
     try:
         for name in ("a", "b"):
             s = agent_settings(tmp_path, name, no_origin, tracker)
-            s = dataclasses.replace(s, origin=dataclasses.replace(s.origin, max_retries=1))
+            # No origin to ask whether it has the repo id: an air-gapped cluster's setting.
+            daemon = dataclasses.replace(s.daemon, publish_roots=(tmp_path,), publish_unchecked_ids=True)
+            s = dataclasses.replace(s, origin=dataclasses.replace(s.origin, max_retries=1), daemon=daemon)
             d = Daemon(s)
             daemons.append(d)
             d.start()
         a, b = daemons
         runner = CliRunner()
         out = runner.invoke(
-            main, ["publish", str(model_dir), "--repo-id", "local/finetune", "--agent", a.api_url]
+            main, ["publish", str(model_dir), "--repo-id", "local/finetune", "--agent", a.admin_url]
         )
         assert out.exit_code == 0, out.output
         commit = out.output.strip().splitlines()[-1]
@@ -117,13 +119,13 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         blob_id = hashlib.sha256(files[shard]).hexdigest()
         flip_a_byte(b.settings.cache_dir / "models--local--finetune" / "blobs" / blob_id)
         args = ["--cache-dir", str(b.settings.cache_dir), "--state-dir", str(b.settings.state_dir)]
-        fixed = runner.invoke(main, ["verify", "local/finetune", *args, "--agent", b.api_url])
+        fixed = runner.invoke(main, ["verify", "local/finetune", *args, "--agent", b.admin_url])
         assert fixed.exit_code == 0 and "repaired 1 of 1" in fixed.output, fixed.output
         assert (snap / shard).read_bytes() == files[shard]
 
         # `agent rm` through the daemon: it stops seeding the blobs it deletes.
         assert blob_id in b.held_blobs()
-        gone = runner.invoke(main, ["rm", "local/finetune", "--agent", b.api_url])
+        gone = runner.invoke(main, ["rm", "local/finetune", "--agent", b.admin_url])
         assert gone.exit_code == 0, gone.output
         assert blob_id not in b.held_blobs()
         assert "local/finetune" not in scan_cache(b.settings.cache_dir)

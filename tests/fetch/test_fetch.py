@@ -18,6 +18,7 @@ from agent.cli.main import main
 from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
+from tests.support.cluster import model_origin
 from tests.support.fetchkit import (
     REPO,
     MiB,
@@ -188,3 +189,28 @@ def test_fetch_by_commit_writes_no_ref(tmp_path, origin):
     result = fetch_snapshot(settings, REPO, revision=commit, include=["*.json"])
     assert result.commit == commit
     assert list(RepoCache(settings.cache_dir, settings.state_dir, REPO).refs_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["HF_TOKEN_PATH", "HF_HOME"])
+def test_the_token_file_huggingface_hub_reads_is_honoured(tmp_path, monkeypatch, where):
+    # The chart mounts the HF token Secret as a file (HF_TOKEN_PATH); a laptop has `hf auth login`'s.
+    token = "hf_token_from_a_file_0123456789"
+    with model_origin(tmp_path / "gated", "acme/gated", total_bytes=2**16, shards=1, seed=2,
+                      tokens=[token], gated=["acme/gated"]) as o:
+        home = tmp_path / "hf-home"
+        home.mkdir()
+        (home / "token").write_text(token + "\n")
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setenv("HF_HOME", str(home))
+        if where == "HF_TOKEN_PATH":
+            (home / "token").rename(tmp_path / "mounted-token")
+            monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "mounted-token"))
+        args = ["fetch", "acme/gated", "--quiet", "--agent", "off", "--origin", o.hub.url,
+                "--cache-dir", str(tmp_path / "c"), "--state-dir", str(tmp_path / "s")]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        (home / "token").unlink(missing_ok=True)
+        (tmp_path / "mounted-token").unlink(missing_ok=True)
+        shutil.rmtree(tmp_path / "c")
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 4, refused.output  # the same fetch without the file: anonymous

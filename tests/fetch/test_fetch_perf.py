@@ -78,7 +78,8 @@ def test_standalone_fetch_skips_pieces_daemon_source_keeps_them_publish_still_wo
 
     # Publishing the standalone snapshot under the same repo id: the sidecars there have no
     # pieces, so publish must hash them itself and reach the very same torrents.
-    published = publish_directory(lean, result.snapshot_path, REPO)
+    # (A snapshot's entries link into the repo's blobs/: the cache is where they may point.)
+    published = publish_directory(lean, result.snapshot_path, REPO, boundary=lean.cache_dir)
     got = {f["path"]: f["infohash"] for f in published.files if f["path"] in expected}
     assert got == expected
 

@@ -15,7 +15,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from huggingface_hub import scan_cache_dir, snapshot_download
 
@@ -26,7 +25,7 @@ from agent.fetch.engine import fetch_snapshot
 from agent.fetch.publish import publish_directory
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_family
-from tests.support.cluster import BIN, Origin, agent_settings, wait_until_seeded
+from tests.support.cluster import BIN, Origin, admin_request, agent_settings, wait_until_seeded
 from tests.support.procs import loop_until
 
 BASE, TUNED = "acme/base", "acme/tuned"
@@ -149,7 +148,7 @@ def test_three_nodes_fetch_the_fine_tune_while_one_holds_the_base_then_rm_keeps_
         _assert_repo(d.settings.cache_dir, family, TUNED)
     _assert_one_file_per_content(a.settings.cache_dir)
 
-    resp = httpx.delete(f"{a.api_url}/v1/models/{BASE}", timeout=30)
+    resp = admin_request(a.admin_url, "DELETE", f"/v1/models/{BASE}", timeout=30)
     assert resp.status_code == 200, resp.text
     assert family.shard_sha in resp.json()["shared"]
     assert not (a.settings.cache_dir / repo_folder_name(BASE)).exists()

@@ -102,7 +102,8 @@ def test_gated_repo_is_refused_to_a_wrong_token_although_its_blobs_are_cached(ga
     daemon = Daemon(settings)
     daemon.start()
     try:
-        fetch_and_wait(daemon, gated.repo_id)  # the node's own token brings the blobs in
+        job = daemon.request_model(gated.repo_id, "main", lend=True)  # the node's own token brings them in
+        assert job.wait(90) and job.status().phase == "Ready", job.status()
         gated.hub.reset_counters()
         shard = next(p for p in gated.files if p.endswith(".safetensors"))
         url = f"{daemon.api_url}/{gated.repo_id}/resolve/main/{shard}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.cluster import BIN, fetch_and_wait, wait_until_seeded
+from tests.support.cluster import BIN, admin_request, fetch_and_wait, wait_until_seeded
 from tests.support.procs import free_port, loop_until
 
 
@@ -38,7 +38,7 @@ def test_agent_ls_json_gives_revisions_files_sizes_and_seeded_blobs(origin, trac
             }
         ]
 
-    res = agent_cli("ls", "--agent", a.api_url, "--json")
+    res = agent_cli("ls", "--agent", a.admin_url, "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == expected(len(blobs))
 
@@ -61,10 +61,12 @@ def test_forget_stops_seeding_one_blob_and_keeps_its_file(origin, tracker, make_
     assert blob == hashlib.sha256(origin.files[shard["path"]]).hexdigest()
 
     def seeding() -> int:
-        return int(httpx.get(f"{a.api_url}/v1/models", timeout=10).json()[0]["snapshots"][0]["seeding"])
+        return int(
+            admin_request(a.admin_url, "GET", "/v1/models", timeout=10).json()[0]["snapshots"][0]["seeding"]
+        )
 
     before = seeding()
-    resp = httpx.post(f"{a.api_url}/v1/blobs/{blob}/forget", timeout=10)
+    resp = admin_request(a.admin_url, "POST", f"/v1/blobs/{blob}/forget", timeout=10)
     assert resp.status_code == 200 and resp.json() == {"blob_id": blob}
 
     # The swarm hears it: the tracker lists no seeder for that blob (a "stopped" announce, or at

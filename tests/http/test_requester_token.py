@@ -1,28 +1,32 @@
 """The requester's HF token travels with its request to the daemon and is used for that request's
 origin calls (`agent fetch --agent --token`, `agent wait --token`, `POST /v1/fetch` with `X-HF-Token`);
-without one the node's token is lent only where the deployment allows it. Tokens never reach logs,
+without one the node's token is lent only to the node itself (its admin channel, pod annotations),
+never on the pods' socket or the HF endpoint. Tokens never reach logs,
 disk or job statuses, and a refusal says which token was used.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.core.settings import HF_TOKEN_HEADER
 from agent.daemon.node import Daemon
+from agent.http.client import http_client
 from tests.support.cluster import (
     BIN,
     AgentProcess,
     Origin,
+    admin_request,
     agent_settings,
     assert_snapshot_verifies,
     model_origin,
+    socket_dir,
 )
 
 GOOD = "hf_requester_good_token_0123456789"
@@ -73,52 +77,71 @@ def test_agent_fetch_and_wait_pass_the_users_token_to_the_daemon(gated, tracker,
 
         # $HF_TOKEN is the user's token too, as for huggingface_hub.
         env = {"PATH": str(BIN), "HF_TOKEN": GOOD, "HOME": str(tmp_path)}
-        r = subprocess.run([str(BIN / "agent"), "fetch", SECRET, "--agent", agent.url],
-                           capture_output=True, text=True, timeout=120, env=env)
+        r = subprocess.run(
+            [str(BIN / "agent"), "fetch", SECRET, "--agent", agent.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
-        jobs = httpx.get(f"{agent.url}/v1/jobs", timeout=10).text
+        jobs = admin_request(agent.url, "GET", "/v1/jobs", timeout=10).text
     finally:
         agent.stop()
     assert GOOD not in jobs and WRONG not in jobs
     _no_token_anywhere(agent.log, agent.state_dir, agent.cache_dir)
 
 
-def _daemon(tmp_path: Path, origin: Origin, lend: bool) -> Daemon:
-    s = agent_settings(tmp_path, f"node-{lend}", origin.hub.url, None)
+def _daemon(tmp_path: Path, origin: Origin) -> Daemon:
+    s = agent_settings(tmp_path, "node", origin.hub.url, None)
+    pods = socket_dir() / f"pods-{tmp_path.name[-12:]}.sock"
     s = dataclasses.replace(
         s,
         origin=dataclasses.replace(s.origin, token=NODE),
-        daemon=dataclasses.replace(s.daemon, lend_node_token=lend),
+        daemon=dataclasses.replace(s.daemon, pods_socket=pods),
     )
     d = Daemon(s)
     d.start()
     return d
 
 
-@pytest.mark.parametrize("lend", [True, False])
-def test_the_nodes_token_is_lent_only_where_the_deployment_allows_it(gated, tmp_path, lend):
-    daemon = _daemon(tmp_path, gated, lend)
+def _fetch(url: str, token: str | None) -> dict:
+    headers = {HF_TOKEN_HEADER: token} if token else {}
+    with http_client(url, timeout=70) as agent:
+        resp = agent.post("/v1/fetch", json={"repo_id": SECRET}, headers=headers)
+        assert resp.status_code == 202, resp.text
+        done: dict = agent.get(f"/v1/jobs/{resp.json()['job_id']}", params={"wait": 50}).json()
+    assert done["phase"] in ("Ready", "Failed"), done
+    return done
+
+
+def test_the_nodes_token_is_lent_to_the_node_itself_never_to_pods(gated, tmp_path):
+    daemon = _daemon(tmp_path, gated)
     try:
-        job = daemon.request_model(SECRET)
-        assert job.wait(60)
-        st = job.status()
-        if lend:
-            assert st.phase == "Ready", st
-        else:
-            assert st.phase == "Failed" and "no token" in (st.error or ""), st
-            resp = httpx.post(f"{daemon.api_url}/v1/fetch", json={"repo_id": SECRET},
-                              headers={HF_TOKEN_HEADER: GOOD}, timeout=10)
-            assert resp.status_code == 202, resp.text
-            done = httpx.get(f"{daemon.api_url}/v1/jobs/{resp.json()['job_id']}", params={"wait": 50},
-                             timeout=60).json()
-            assert done["phase"] == "Ready", done
-            assert_snapshot_verifies(done["snapshot"], gated)
+        pods = f"unix://{daemon.settings.daemon.pods_socket}"
+        # A pod asking without a token of its own fetches anonymously: refused by the gated origin.
+        anonymous = _fetch(pods, None)
+        assert anonymous["phase"] == "Failed" and "no token" in anonymous["error"], anonymous
+        # With its own token it gets the model.
+        own = _fetch(pods, GOOD)
+        assert own["phase"] == "Ready", own
+        assert_snapshot_verifies(own["snapshot"], gated)
+        daemon.stop()  # drop the cached model: the node's own request must fetch it again
+        shutil.rmtree(daemon.settings.cache_dir)
+        daemon = _daemon(tmp_path, gated)
+        # The node's own channel (its operator, `agent fetch` on the node) and pod annotations borrow it.
+        lent = _fetch(daemon.admin_url, None)
+        assert lent["phase"] == "Ready", lent
+        annotation = daemon.request_model(SECRET, lend=True)
+        assert annotation.wait(30) and annotation.status().phase == "Ready"
+        # request_model's default (the HF endpoint's and the pods' channel) does not lend.
+        assert daemon.request_model(SECRET).key.requester == ""
     finally:
         daemon.stop()
 
 
 def test_requests_with_different_tokens_do_not_join_each_others_job(gated, tmp_path):
-    daemon = _daemon(tmp_path, gated, lend=False)
+    daemon = _daemon(tmp_path, gated)
     try:
         refused = daemon.request_model(SECRET, token=WRONG)
         allowed = daemon.request_model(SECRET, token=GOOD)

@@ -419,7 +419,7 @@ def test_egress_counter_and_stats_route(hub: HubServer):
         stats = client.get("/_weightswarm/stats").json()
         assert stats == {"egress_bytes": 100 + len(info.content), "requests": 3}
         assert hub.egress_bytes == stats["egress_bytes"]
-        assert [(m, rng, s) for m, _, rng, s in hub.requests] == [
+        assert [(r.method, r.range, r.status) for r in hub.requests] == [
             ("GET", "bytes=0-99", 206),
             ("HEAD", None, 200),
             ("GET", None, 200),

@@ -5,13 +5,17 @@ subprocess, so a test can kill and restart it), and real agents (in-process `Dae
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ import httpx
 import pytest
 
 from agent.daemon.node import Daemon, build_serve_settings
+from agent.http.client import http_client
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.support.procs import free_port, loop_until, stop_process
@@ -27,6 +32,8 @@ from tests.support.procs import free_port, loop_until, stop_process
 REPO = "acme/tiny"
 MODEL_BYTES = 3 * 2**20
 TOKEN = "tracker-secret-token-1234"
+PASSKEY = "tracker-announce-passkey-5678"
+PUBLISHER_TOKEN = "tracker-publisher-token-9012"
 BIN = Path(sys.executable).parent
 
 
@@ -62,6 +69,10 @@ class TrackerProcess:
         self.db = tmp / "tracker.db"
         self.token_file = tmp / "tracker.token"
         self.token_file.write_text(TOKEN + "\n")
+        self.passkey_file = tmp / "tracker.passkey"
+        self.passkey_file.write_text(PASSKEY + "\n")
+        self.publisher_token_file = tmp / "tracker.publisher-token"
+        self.publisher_token_file.write_text(PUBLISHER_TOKEN + "\n")
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "tracker.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -78,6 +89,10 @@ class TrackerProcess:
             str(self.db),
             "--token-file",
             str(self.token_file),
+            "--announce-passkey-file",
+            str(self.passkey_file),
+            "--publisher-token-file",
+            str(self.publisher_token_file),
             "--interval",
             "10",
             "--log-level",
@@ -95,8 +110,20 @@ class TrackerProcess:
             stop_process(self.proc, grace=10)
         self.proc = None
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """Headers with the agent-role token: /v1 reads need a token."""
+        return {"Authorization": f"Bearer {TOKEN}"}
+
+    @property
+    def announce_url(self) -> str:
+        """What libtorrent, aria2c or a .torrent file announce to: the passkey in the path."""
+        return f"{self.url}/announce/{PASSKEY}"
+
     def blob(self, blob_id: str) -> dict[str, object]:
-        data: dict[str, object] = httpx.get(f"{self.url}/v1/blobs/{blob_id}", timeout=5).json()
+        resp = httpx.get(f"{self.url}/v1/blobs/{blob_id}", headers=self.auth, timeout=5)
+        resp.raise_for_status()
+        data: dict[str, object] = resp.json()
         return data
 
 
@@ -121,12 +148,24 @@ def tracker(tmp_path: Path) -> Iterator[TrackerProcess]:
         t.stop()
 
 
+@functools.cache
+def socket_dir() -> Path:
+    """A short directory for the agents' unix sockets (a socket path has at most 107 bytes, and
+    pytest's tmp_path can be longer); removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="ws-", dir="/tmp"))
+    path.chmod(0o755)  # the sockets' own modes decide who may connect (tests try as another user)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProcess | None, **swarm: object):
     settings = build_serve_settings(
         cache_dir=tmp / name / "hub",
         state_dir=tmp / name / "state",
         tracker=tracker.url if tracker else None,
         tracker_token_file=tracker.token_file if tracker else None,
+        tracker_passkey_file=tracker.passkey_file if tracker else None,
+        publisher_token_file=tracker.publisher_token_file if tracker else None,
         origin=origin_url,
         token=None,
         bt_listen="127.0.0.1:0",
@@ -164,6 +203,12 @@ def make_agent(tmp_path: Path) -> Iterator:
     yield make
     for d in reversed(started):
         d.stop()
+
+
+def admin_request(url: str, method: str, path: str, timeout: float = 30.0, **kw: Any) -> httpx.Response:
+    """One request on an agent's admin channel (`Daemon.admin_url`, `AgentProcess.url`, a unix socket)."""
+    with http_client(url, timeout) as client:
+        return client.request(method, path, **kw)
 
 
 def fetch_and_wait(daemon: Daemon, repo_id: str, timeout: float = 90.0) -> dict:
@@ -219,9 +264,12 @@ class AgentProcess:
     def __init__(self, tmp: Path, name: str, origin_url: str, tracker: TrackerProcess, *extra: str) -> None:
         self.api_port = free_port()
         self.bt_port = free_port()
-        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        """The network listener: probes, metrics, the HF-compatible endpoint."""
         self.cache_dir = tmp / name / "hub"
         self.state_dir = tmp / name / "state"
+        self.url = f"unix://{self.state_dir / 'admin.sock'}"
+        """The admin channel, its default socket (`--agent` of the CLI; `admin_request` for HTTP calls)."""
         self.log = tmp / f"{name}.log"
         self.argv = [
             str(BIN / "agent"),
@@ -236,6 +284,10 @@ class AgentProcess:
             tracker.url,
             "--tracker-token-file",
             str(tracker.token_file),
+            "--tracker-passkey-file",
+            str(tracker.passkey_file),
+            "--publisher-token-file",
+            str(tracker.publisher_token_file),
             "--origin",
             origin_url,
             "--bt-listen",
@@ -254,7 +306,7 @@ class AgentProcess:
         loop_until(self.ready, timeout=30, what="agent ready")
 
     def ready(self) -> bool:
-        return _ready(self.proc, self.url, self.log, "agent", tail=3000)
+        return _ready(self.proc, self.api_url, self.log, "agent", tail=3000)
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -53,9 +53,9 @@ _ARIA2_ISOLATED = [
 
 def _torrent(tracker: TrackerProcess, blob_id: str, path: Path) -> Path:
     """A .torrent for one blob: the tracker's metainfo (the info dict) plus its announce URL."""
-    resp = httpx.get(f"{tracker.url}/v1/blobs/{blob_id}/metainfo", timeout=10)
+    resp = httpx.get(f"{tracker.url}/v1/blobs/{blob_id}/metainfo", headers=tracker.auth, timeout=10)
     assert resp.status_code == 200, resp.text
-    path.write_bytes(bencode({"announce": f"{tracker.url}/announce", "info": bdecode(resp.content)}))
+    path.write_bytes(bencode({"announce": tracker.announce_url, "info": bdecode(resp.content)}))
     return path
 
 

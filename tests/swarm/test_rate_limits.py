@@ -11,10 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.cluster import AgentProcess, Origin, TrackerProcess, assert_snapshot_verifies, model_origin
+from tests.support.cluster import (
+    AgentProcess,
+    Origin,
+    TrackerProcess,
+    admin_request,
+    assert_snapshot_verifies,
+    model_origin,
+)
 from tests.support.procs import loop_until
 
 REPO = "acme/eight"
@@ -24,9 +30,7 @@ LIMIT = 2 * MiB
 
 @pytest.fixture
 def origin8(tmp_path: Path) -> Iterator[Origin]:
-    with model_origin(
-        tmp_path / "hub", REPO, total_bytes=8 * MiB, shards=2, seed=5
-    ) as o:
+    with model_origin(tmp_path / "hub", REPO, total_bytes=8 * MiB, shards=2, seed=5) as o:
         yield o
 
 
@@ -41,10 +45,12 @@ def agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
 def fetch(agent: AgentProcess, timeout: float = 90) -> tuple[dict[str, Any], float]:
     """POST /v1/fetch and follow the job to its end: (final status, seconds it took)."""
     started = time.monotonic()
-    status = httpx.post(f"{agent.url}/v1/fetch", json={"repo_id": REPO}, timeout=10).json()
+    status = admin_request(agent.url, "POST", "/v1/fetch", json={"repo_id": REPO}, timeout=10).json()
     while status["phase"] not in ("Ready", "Failed"):
         assert time.monotonic() - started < timeout, status
-        status = httpx.get(f"{agent.url}/v1/jobs/{status['job_id']}", params={"wait": 5}, timeout=15).json()
+        status = admin_request(
+            agent.url, "GET", f"/v1/jobs/{status['job_id']}", params={"wait": 5}, timeout=15
+        ).json()
     return status, time.monotonic() - started
 
 

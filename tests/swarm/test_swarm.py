@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import os
@@ -20,9 +21,8 @@ from agent.core.settings import SwarmSettings
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from tests.support.procs import loop_until
-from tests.tracker.test_tracker_fixtures import TOKEN, run_server
+from tests.tracker.test_tracker_fixtures import SETTINGS, run_server
 from tracker.bencode import bencode
-from tracker.settings import TrackerSettings
 
 MiB = 2**20
 PIECE = 256 * 1024
@@ -397,11 +397,11 @@ def _announces(metrics: str) -> float:
 def test_seeder_stays_listed_announcing_at_the_trackers_interval(tmp_path, swarms):
     """libtorrent's 300 s announce floor outlived the tracker's peer TTL; now the tracker sets the pace."""
     interval = 2
-    with run_server(TrackerSettings(token=TOKEN, interval=interval, min_interval=1)) as tracker:
+    with run_server(dataclasses.replace(SETTINGS, interval=interval, min_interval=1)) as tracker:
         ttl = interval * 2.5
         blob = make_blob(256 * 1024, 30)
         seeder = open_swarm(swarms, tmp_path / "s-state")
-        ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [f"{tracker.url}/announce"])
+        ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [tracker.announce_url])
         key = bytes.fromhex(ih)
 
         def seeders() -> int:
@@ -454,8 +454,8 @@ def test_a_downloader_gets_a_blob_at_once_from_a_peer_that_just_finished_it(tmp_
     blobs = [make_blob(4096 + k, 50 + k) for k in range(4)]
     for blob in blobs:
         origin.blobs[blob.blob_id] = blob.data
-    with run_server(TrackerSettings(token=TOKEN, interval=30, min_interval=1)) as tracker:
-        announce = [f"{tracker.url}/announce"]
+    with run_server(dataclasses.replace(SETTINGS, interval=30, min_interval=1)) as tracker:
+        announce = [tracker.announce_url]
         b = open_swarm(swarms, tmp_path / "b-state")
         a = open_swarm(swarms, tmp_path / "a-state")
         b_ihs = [b.download(tmp_path / "b", blob.blob_id, blob.info, trackers=announce) for blob in blobs]

@@ -8,6 +8,7 @@ from pathlib import Path
 from agent.cache.layout import RepoCache
 from tests.support.cluster import (
     AgentProcess,
+    admin_request,
     assert_snapshot_verifies,
     fetch_all_and_verify,
     fetch_and_wait,
@@ -85,13 +86,12 @@ def test_stalled_peers_fall_back_to_the_origin(tmp_path, origin, tracker, make_a
     a = AgentProcess(tmp_path, "a", origin.hub.url, tracker)
     try:
         a.start()
-        import httpx
 
         from tests.support.procs import loop_until
 
-        job = httpx.post(f"{a.url}/v1/fetch", json={"repo_id": origin.repo_id}).json()
+        job = admin_request(a.url, "POST", "/v1/fetch", json={"repo_id": origin.repo_id}).json()
         loop_until(
-            lambda: httpx.get(f"{a.url}/v1/jobs/{job['job_id']}").json()["phase"] == "Ready",
+            lambda: admin_request(a.url, "GET", f"/v1/jobs/{job['job_id']}").json()["phase"] == "Ready",
             timeout=90,
             what="A ready",
         )
@@ -131,7 +131,7 @@ def test_lease_holder_takes_a_seeder_its_own_swarm_found_over_the_origin(
     seed_dir.mkdir()
     (seed_dir / blob_id).write_bytes(origin.files[shard])
     a.stop()  # "stopped": the tracker keeps the metainfo and counts no seeders
-    announce = [f"{tracker.url}/announce"]
+    announce = [tracker.announce_url]
 
     # A slow seeder of the shard, listed on the tracker for now: B's first run finds it there.
     with Swarm(SwarmSettings(upload_rate_limit=100_000), tmp_path / "hidden-state") as hidden:

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import replace
 from urllib.parse import quote_from_bytes
 
 import pytest
 
-from tests.tracker.test_tracker_fixtures import AUTH, TOKEN, Tracker, infohash, make_info, peer_id, run_server
+from tests.tracker.test_tracker_fixtures import (
+    AUTH,
+    SETTINGS,
+    Tracker,
+    infohash,
+    make_info,
+    peer_id,
+    run_server,
+)
 from tracker.bencode import bdecode, bencode
-from tracker.settings import TrackerSettings
 
 IH = quote_from_bytes(infohash(1))
 PID = quote_from_bytes(peer_id(1))
@@ -18,13 +26,13 @@ PID = quote_from_bytes(peer_id(1))
 
 @pytest.fixture(scope="module")
 def tracker() -> Iterator[Tracker]:
-    with run_server(TrackerSettings(token=TOKEN, max_body_bytes=64 * 1024)) as t:
+    with run_server(replace(SETTINGS, max_body_bytes=64 * 1024)) as t:
         yield t
 
 
 def still_serving(t: Tracker) -> None:
     assert t.http.get("/healthz").json() == {"status": "ok"}
-    assert b"interval" in t.http.get(f"/announce?info_hash={IH}&peer_id={PID}&port=1&left=0").content
+    assert b"interval" in t.anon.get(f"{t.announce_url}?info_hash={IH}&peer_id={PID}&port=1&left=0").content
 
 
 @pytest.mark.parametrize(
@@ -49,7 +57,7 @@ def still_serving(t: Tracker) -> None:
     ],
 )
 def test_bad_announce_gets_failure_reason(tracker: Tracker, query: str, reason: bytes) -> None:
-    response = tracker.http.get(f"/announce?{query}")
+    response = tracker.anon.get(f"{tracker.announce_url}?{query}")
     assert response.status_code == 200, "BitTorrent clients expect 200 with a failure reason"
     body = bdecode(response.content)
     assert reason in body[b"failure reason"]
@@ -59,7 +67,9 @@ def test_bad_announce_gets_failure_reason(tracker: Tracker, query: str, reason: 
 def test_non_utf8_bytes_everywhere(tracker: Tracker) -> None:
     raw_pid = quote_from_bytes(bytes(range(236, 256)))
     reply = bdecode(
-        tracker.http.get(f"/announce?info_hash={IH}&peer_id={raw_pid}&port=9&left=3&ip=%ff%fe").content
+        tracker.anon.get(
+            f"{tracker.announce_url}?info_hash={IH}&peer_id={raw_pid}&port=9&left=3&ip=%ff%fe"
+        ).content
     )
     assert b"failure reason" not in reply
     path = tracker.http.get("/v1/blobs/%ff%fe")
@@ -76,14 +86,15 @@ def test_huge_numwant_is_capped(tracker: Tracker) -> None:
 
 
 def test_scrape_limits_and_unknown_hashes(tracker: Tracker) -> None:
-    assert b"needs at least one info_hash" in bdecode(tracker.http.get("/scrape").content)[b"failure reason"]
-    bad = bdecode(tracker.http.get("/scrape?info_hash=%01").content)
+    scrape = tracker.scrape_url
+    assert b"needs at least one info_hash" in bdecode(tracker.anon.get(scrape).content)[b"failure reason"]
+    bad = bdecode(tracker.anon.get(f"{scrape}?info_hash=%01").content)
     assert b"20 bytes" in bad[b"failure reason"]
     many = "&".join(f"info_hash={quote_from_bytes(infohash(i))}" for i in range(300))
-    assert b"at most 256" in bdecode(tracker.http.get(f"/scrape?{many}").content)[b"failure reason"]
+    assert b"at most 256" in bdecode(tracker.anon.get(f"{scrape}?{many}").content)[b"failure reason"]
     zeros = tracker.scrape(infohash(1000))
     assert zeros[b"files"][infohash(1000)] == {b"complete": 0, b"downloaded": 0, b"incomplete": 0}
-    assert tracker.http.post("/announce", content=b"x").status_code == 405
+    assert tracker.anon.post(tracker.announce_url, content=b"x").status_code == 405
     still_serving(tracker)
 
 

@@ -27,15 +27,36 @@ from tracker.settings import TrackerSettings
 
 TOKEN = "test-write-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PASSKEY = "test-announce-passkey-0123"
+PUBLISHER_TOKEN = "test-publisher-token-0123456789"
+PUBLISHER = {"Authorization": f"Bearer {PUBLISHER_TOKEN}"}
+SETTINGS = TrackerSettings(token=TOKEN, announce_passkey=PASSKEY, publisher_token=PUBLISHER_TOKEN)
+"""A tracker as deployed: agent token, publisher token, announce passkey (tests `replace` the rest)."""
 
 
 class Tracker:
-    """A running tracker: its base URL, app (for metrics) and an HTTP client."""
+    """A running tracker: its base URL, app (for metrics) and HTTP clients.
+
+    `http` sends the agent-role token (when the tracker has one), as a node does; `anon` sends
+    none. `announce`/`scrape` go through /announce/<passkey> when the tracker has a passkey.
+    """
 
     def __init__(self, url: str, app: TrackerApp) -> None:
         self.url = url
         self.app = app
-        self.http = httpx.Client(base_url=url, timeout=30)
+        token = app.settings.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url, timeout=30, headers=headers)
+        self.anon = httpx.Client(base_url=url, timeout=30)
+
+    @property
+    def announce_url(self) -> str:
+        passkey = self.app.settings.announce_passkey
+        return f"{self.url}/announce/{passkey}" if passkey else f"{self.url}/announce"
+
+    @property
+    def scrape_url(self) -> str:
+        return self.announce_url.replace("/announce", "/scrape", 1)
 
     def announce(
         self, infohash: bytes, peer_id: bytes, port: int, left: int = 100, **extra: str | int
@@ -44,13 +65,13 @@ class Tracker:
         query += f"&uploaded=0&downloaded=0&left={left}"
         for key, value in extra.items():
             query += f"&{key}={value}"
-        response = self.http.get(f"/announce?{query}")
+        response = self.anon.get(f"{self.announce_url}?{query}")
         assert response.status_code == 200, response.text
         return dict(bdecode(response.content))
 
     def scrape(self, *infohashes: bytes) -> dict:
         query = "&".join(f"info_hash={quote_from_bytes(ih)}" for ih in infohashes)
-        return dict(bdecode(self.http.get(f"/scrape?{query}").content))
+        return dict(bdecode(self.anon.get(f"{self.scrape_url}?{query}").content))
 
 
 @contextlib.contextmanager
@@ -68,7 +89,7 @@ def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
         loop_until(lambda: server.started or not thread.is_alive(), timeout=30, what="tracker start")
         assert server.started, "tracker server did not start"
         tracker = Tracker(f"http://127.0.0.1:{port}", app)
-        with tracker.http:
+        with tracker.http, tracker.anon:
             yield tracker
     finally:
         server.should_exit = True
@@ -137,12 +158,11 @@ def flush_redis(url: str) -> None:
 @pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def store_settings(request: pytest.FixtureRequest, tmp_path: Path) -> TrackerSettings:
     """Settings for each store, so one suite runs against both."""
-    base = TrackerSettings(token=TOKEN)
     if request.param == "sqlite":
-        return replace(base, db_path=tmp_path / "tracker.db")
+        return replace(SETTINGS, db_path=tmp_path / "tracker.db")
     url = request.getfixturevalue("redis_url")
     flush_redis(url)
-    return replace(base, redis_url=url)
+    return replace(SETTINGS, redis_url=url)
 
 
 def make_info(data: bytes, piece_length: int = 16 * 1024, name: str | None = None) -> tuple[str, bytes]:

@@ -10,7 +10,10 @@ import pytest
 from tests.support.procs import loop_until
 from tests.tracker.test_tracker_fixtures import (
     AUTH,
+    PUBLISHER,
+    SETTINGS,
     compact_ports,
+    flush_redis,
     infohash,
     make_info,
     peer_id,
@@ -45,7 +48,7 @@ def test_announce_hands_out_others_seeders_first(store_settings: TrackerSettings
 
 
 def test_dictionary_form_ipv6_and_ip_param(store_settings: TrackerSettings) -> None:
-    with run_server(store_settings) as t:
+    with run_server(replace(store_settings, trust_announce_ip=True)) as t:
         ih = infohash(2)
         t.announce(ih, peer_id(1), 6001, left=0, ip="10.1.2.3")
         t.announce(ih, peer_id(2), 6002, left=0, ip="fd00::7")
@@ -216,10 +219,8 @@ def test_wait_returns_when_a_seeder_appears(store_settings: TrackerSettings) -> 
 
 @pytest.mark.redis
 def test_two_replicas_share_one_redis(redis_url: str) -> None:
-    from tests.tracker.test_tracker_fixtures import TOKEN, flush_redis
-
     flush_redis(redis_url)
-    settings = TrackerSettings(token=TOKEN, redis_url=redis_url)
+    settings = replace(SETTINGS, redis_url=redis_url)
     with run_server(settings) as a, run_server(settings) as b:
         ih = infohash(7)
         a.announce(ih, peer_id(1), 8001, left=0)
@@ -232,12 +233,16 @@ def test_two_replicas_share_one_redis(redis_url: str) -> None:
         blob_id, info = make_info(b"z" * 30_000)
         a.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
         assert b.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
+        published = {"revision": "main", "files": []}
+        assert (
+            a.http.put(f"/v1/manifests/o/p/{'8' * 40}", json=published, headers=PUBLISHER).status_code == 201
+        )
+        shadow = b.http.put(f"/v1/manifests/o/p/{'9' * 40}", json=published, headers=AUTH)
+        assert shadow.status_code == 403, "the other replica knows the repo is published"
 
 
 def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> None:
-    from tests.tracker.test_tracker_fixtures import TOKEN
-
-    settings = TrackerSettings(token=TOKEN, db_path=tmp_path / "t.db")
+    settings = replace(SETTINGS, db_path=tmp_path / "t.db")
     blob_id, info = make_info(b"q" * 17_000)
     with run_server(settings) as t:
         t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
@@ -245,9 +250,15 @@ def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> No
             f"/v1/manifests/o/m/{'3' * 40}", json={"revision": "v1", "files": []}, headers=AUTH
         ).raise_for_status()
         assert t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n1"}, headers=AUTH).json()["granted"]
+        t.http.put(
+            f"/v1/manifests/o/pub/{'a' * 40}", json={"files": []}, headers=PUBLISHER
+        ).raise_for_status()
     with run_server(settings) as t:
         assert t.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
         assert t.http.get("/v1/resolve/o/m/v1").json() == {"commit": "3" * 40}
+        assert t.http.get(f"/v1/manifests/o/pub/{'a' * 40}").json()["published"] is True
+        refused = t.http.put(f"/v1/manifests/o/pub/{'b' * 40}", json={"files": []}, headers=AUTH)
+        assert refused.status_code == 403, "a restart does not reopen a published repo"
         assert not t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n2"}, headers=AUTH).json()[
             "granted"
         ]
@@ -256,9 +267,7 @@ def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> No
 
 @pytest.mark.parametrize("event", ["started", "completed", "stopped", "update"])
 def test_metrics_count_announces_by_event(event: str, tmp_path) -> None:
-    from tests.tracker.test_tracker_fixtures import TOKEN
-
-    with run_server(TrackerSettings(token=TOKEN)) as t:
+    with run_server(SETTINGS) as t:
         extra = {} if event == "update" else {"event": event}
         t.announce(infohash(9), peer_id(1), 1234, left=0, **extra)
         t.announce(infohash(9), b"short", 1234)  # refused: counted as error
@@ -272,10 +281,10 @@ def test_metrics_count_announces_by_event(event: str, tmp_path) -> None:
 
 @pytest.mark.redis
 def test_redis_outage_is_a_failure_reason_not_a_crash(tmp_path) -> None:
-    from tests.tracker.test_tracker_fixtures import TOKEN, redis_server
+    from tests.tracker.test_tracker_fixtures import redis_server
 
     with redis_server(tmp_path) as url:
-        server = run_server(TrackerSettings(token=TOKEN, redis_url=url))
+        server = run_server(replace(SETTINGS, redis_url=url))
         t = server.__enter__()
     try:  # redis-server is stopped now; the tracker keeps answering
         reply = t.announce(infohash(11), peer_id(1), 9001)

@@ -73,12 +73,74 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end }}
 
-{{/* The Secret (name, key) holding the agent<->tracker token. */}}
+{{/*
+The Secrets (name, key) of the tracker's credentials: the agent-role token, the announce passkey
+and the publisher-role token. Each is a file in the pods, never an env var or an argument.
+*/}}
 {{- define "weightswarm.trackerToken.secretName" -}}
 {{ .Values.trackerToken.existingSecret | default (printf "%s-tracker-token" (include "weightswarm.fullname" .)) }}
 {{- end }}
 {{- define "weightswarm.trackerToken.secretKey" -}}
 {{ ternary .Values.trackerToken.existingSecretKey "token" (ne .Values.trackerToken.existingSecret "") }}
+{{- end }}
+{{- define "weightswarm.announcePasskey.secretName" -}}
+{{ .Values.announcePasskey.existingSecret | default (printf "%s-announce-passkey" (include "weightswarm.fullname" .)) }}
+{{- end }}
+{{- define "weightswarm.announcePasskey.secretKey" -}}
+{{ ternary .Values.announcePasskey.existingSecretKey "passkey" (ne .Values.announcePasskey.existingSecret "") }}
+{{- end }}
+{{- define "weightswarm.publisherToken.secretName" -}}
+{{ .Values.publisherToken.existingSecret | default (printf "%s-publisher-token" (include "weightswarm.fullname" .)) }}
+{{- end }}
+{{- define "weightswarm.publisherToken.secretKey" -}}
+{{ ternary .Values.publisherToken.existingSecretKey "token" (ne .Values.publisherToken.existingSecret "") }}
+{{- end }}
+
+{{/*
+A generated credential's value: `value` if given, else the one an earlier install stored in the
+Secret (so upgrades do not cut agents off the tracker), else a new random one. Offline rendering
+(helm template) has no cluster: lookup is empty and a new one is made each time.
+Call with (dict "ctx" $ "name" SECRET "key" KEY "value" VALUE).
+*/}}
+{{- define "weightswarm.credential" -}}
+{{- $value := .value }}
+{{- if not $value }}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .name }}
+{{- if and $existing $existing.data (index $existing.data .key) }}
+{{- $value = index $existing.data .key | b64dec }}
+{{- else }}
+{{- $value = randAlphaNum 48 }}
+{{- end }}
+{{- end }}
+{{- $value }}
+{{- end }}
+
+{{/*
+The projected volume of tracker credentials, as files under weightswarm.secretDir. Call with
+(dict "ctx" $ "publisher" BOOL): the publisher token only where it is used.
+*/}}
+{{- define "weightswarm.credentialsVolume" -}}
+- name: credentials
+  projected:
+    defaultMode: 0440
+    sources:
+      - secret:
+          name: {{ include "weightswarm.trackerToken.secretName" .ctx }}
+          items:
+            - key: {{ include "weightswarm.trackerToken.secretKey" .ctx }}
+              path: tracker-token
+      - secret:
+          name: {{ include "weightswarm.announcePasskey.secretName" .ctx }}
+          items:
+            - key: {{ include "weightswarm.announcePasskey.secretKey" .ctx }}
+              path: announce-passkey
+      {{- if .publisher }}
+      - secret:
+          name: {{ include "weightswarm.publisherToken.secretName" .ctx }}
+          items:
+            - key: {{ include "weightswarm.publisherToken.secretKey" .ctx }}
+              path: publisher-token
+      {{- end }}
 {{- end }}
 
 {{/* The Secret (name, key) holding the HF token; empty name: no token. */}}
@@ -111,22 +173,46 @@ http://{{ include "weightswarm.tracker.fullname" . }}.{{ .Release.Namespace }}.s
 {{- end }}
 
 {{/*
-Where the agent API binds. On the pod network the pod's own namespace is private, so all
-interfaces is safe and lets the kubelet probe it. On the host network we bind the node IP
-only, so the API is not exposed on every interface of the node.
+Where the agent's network listener binds (health, metrics, the HF endpoint; nothing that acts
+on the node): the pod's IP only, from the downward API (status.podIP), which is the node's IP
+with agent.hostNetwork. Not 0.0.0.0: on the host network that would expose it on every
+interface of the node, and on the pod network loopback needs nothing from it (the node's CLI
+uses the admin socket). The agent splits HOST:PORT at the last colon, so an IPv6 pod IP works.
 */}}
 {{- define "weightswarm.agent.apiListen" -}}
-{{- if .Values.agent.hostNetwork -}}
 $(POD_IP):{{ .Values.agent.api.port }}
-{{- else -}}
-0.0.0.0:{{ .Values.agent.api.port }}
-{{- end -}}
 {{- end }}
 
-{{/* Container paths of the hostPath volumes; the host side is agent.hostPathRoot. */}}
+{{/*
+Container paths of the hostPath volumes; the host side is agent.hostPathRoot. The admin socket
+(mode 0600, every route) lives in the state dir, which only the agent mounts; the pods' socket
+(mode 0666) in run/, which workload pods mount at the same path.
+*/}}
 {{- define "weightswarm.agent.hubDir" -}}/var/lib/weightswarm/hub{{- end }}
 {{- define "weightswarm.agent.stateDir" -}}/var/lib/weightswarm/state{{- end }}
-{{- define "weightswarm.tokenDir" -}}/etc/weightswarm/tracker-token{{- end }}
+{{- define "weightswarm.agent.runDir" -}}/run/weightswarm{{- end }}
+{{- define "weightswarm.agent.adminSocket" -}}{{ include "weightswarm.agent.stateDir" . }}/admin.sock{{- end }}
+{{- define "weightswarm.agent.podsSocket" -}}{{ include "weightswarm.agent.runDir" . }}/pods.sock{{- end }}
+{{- define "weightswarm.secretDir" -}}/etc/weightswarm/credentials{{- end }}
+
+{{/* Host path of one agent hostPath volume: call with (list $ "hub"). */}}
+{{- define "weightswarm.agent.hostPath" -}}
+{{ printf "%s/%s" (trimSuffix "/" (index . 0).Values.agent.hostPathRoot) (index . 1) }}
+{{- end }}
+
+{{/* Agents publish (and so hold the publisher token) only where publish roots are set. */}}
+{{- define "weightswarm.agent.publishes" -}}
+{{- if and .Values.agent.publishRoots (include "weightswarm.agent.trackerUrl" .) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the chart creates the ValidatingAdmissionPolicy (see admissionPolicy.enabled). */}}
+{{- define "weightswarm.admissionPolicy.create" -}}
+{{- $mode := toString .Values.admissionPolicy.enabled }}
+{{- if eq $mode "auto" }}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}true{{ end }}
+{{- else if eq $mode "true" }}true
+{{- end }}
+{{- end }}
 
 {{/* Checks that no schema can express with a readable message. */}}
 {{- define "weightswarm.validate" -}}
@@ -136,7 +222,27 @@ $(POD_IP):{{ .Values.agent.api.port }}
 {{- if and .Values.tracker.enabled (eq .Values.tracker.store.type "redis") (not .Values.tracker.store.redis.url) (not .Values.tracker.store.redis.existingSecret) }}
 {{- fail "tracker.store.type=redis needs tracker.store.redis.url or tracker.store.redis.existingSecret" }}
 {{- end }}
-{{- if and .Values.networkPolicy.enabled .Values.agent.hostNetwork }}
-{{- fail "networkPolicy.enabled=true cannot select agents with agent.hostNetwork=true (they use node IPs); disable one of them" }}
+{{- if and .Values.networkPolicy.enabled .Values.agent.hostNetwork .Values.tracker.enabled (not .Values.networkPolicy.tracker.extraFrom) }}
+{{- fail "agent.hostNetwork=true with networkPolicy.enabled=true: agents reach the tracker from node addresses, which no pod selector matches; list them in networkPolicy.tracker.extraFrom (e.g. [{ipBlock: {cidr: <node CIDR>}}]) or set networkPolicy.enabled=false" }}
+{{- end }}
+{{- if and .Values.agent.publishRoots (not (include "weightswarm.agent.trackerUrl" .)) }}
+{{- fail "agent.publishRoots needs a tracker (tracker.enabled=true or agent.trackerUrl): publishing registers manifests there" }}
+{{- end }}
+{{- if and .Values.agent.publishRoots (not .Values.publisherToken.enabled) }}
+{{- fail "agent.publishRoots needs publisherToken.enabled=true: the tracker registers manifests only with the publisher-role token" }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not .Values.agent.metricsOnNetwork) }}
+{{- fail "serviceMonitor.enabled=true needs agent.metricsOnNetwork=true: with it off the agents serve /metrics on their admin socket only" }}
+{{- end }}
+{{- if and .Values.agent.trackerUrl (not .Values.tracker.enabled) }}
+{{- if not (or .Values.trackerToken.value .Values.trackerToken.existingSecret) }}
+{{- fail "agent.trackerUrl with tracker.enabled=false needs the external tracker's agent-role token: set trackerToken.existingSecret (or trackerToken.value)" }}
+{{- end }}
+{{- if not (or .Values.announcePasskey.value .Values.announcePasskey.existingSecret) }}
+{{- fail "agent.trackerUrl with tracker.enabled=false needs the external tracker's announce passkey: set announcePasskey.existingSecret (or announcePasskey.value)" }}
+{{- end }}
+{{- if and .Values.agent.publishRoots (not (or .Values.publisherToken.value .Values.publisherToken.existingSecret)) }}
+{{- fail "agent.publishRoots with an external tracker needs its publisher token: set publisherToken.existingSecret (or publisherToken.value)" }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,140 @@
+"""The daemon's listening sockets and the uvicorn servers on them.
+
+One server per channel (docs/security.md): the admin unix socket (mode 0600), the pods' unix
+socket (mode 0666, reachable by whoever can mount its directory) and the network listener.
+The daemon binds each socket itself, so a unix socket has its final mode before anyone can
+connect (bound under a random name, chmod-ed, then renamed into place) and a TCP port is known
+as soon as the daemon is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from agent.core.errors import ConfigError
+from agent.core.sockets import SocketPath
+
+log = logging.getLogger(__name__)
+
+_BACKLOG = 128
+
+
+def split_hostport(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def tcp_listener(listen: str, what: str) -> socket.socket:
+    host, port = split_hostport(listen, what)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {what} {listen}: {exc.strerror}") from None
+    sock.listen(_BACKLOG)
+    return sock
+
+
+def unix_listener(path: Path, mode: int, what: str) -> socket.socket:
+    """A listening unix socket at `path` with permissions `mode` from the first moment it is visible."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the directory of {what} {path}: {exc.strerror}") from None
+    _clear_stale(path, what)
+    staging = path.with_name(f".{secrets.token_hex(6)}")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with SocketPath(staging) as where:
+            sock.bind(where.address)
+        os.chmod(staging, mode)
+        sock.listen(_BACKLOG)
+        os.replace(staging, path)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            staging.unlink()
+        raise ConfigError(f"cannot listen on {what} {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _clear_stale(path: Path, what: str) -> None:
+    """Remove a socket file left by a dead agent; refuse when a live one answers or it is not a socket."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{what} {path} exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with SocketPath(path) as where:
+            probe.connect(where.address)
+    except OSError as exc:
+        if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise ConfigError(f"cannot tell whether {what} {path} is in use: {exc.strerror}") from None
+        path.unlink(missing_ok=True)
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"another agent serves on {what} {path}; stop it first")
+
+
+class ApiServer:
+    """uvicorn on one bound socket, in a thread, so the daemon owns the process's signals and its
+    shutdown order."""
+
+    def __init__(self, app: Any, sock: socket.socket, where: str) -> None:
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.where = where
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name=f"api {where}", daemon=True)
+        self._failed: BaseException | None = None
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        except BaseException as exc:  # uvicorn exits the thread with SystemExit on a fatal error
+            self._failed = exc
+
+    @property
+    def port(self) -> int:
+        """The TCP port (a network listener)."""
+        return int(self._sock.getsockname()[1])
+
+    def start(self, timeout: float) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ConfigError(f"cannot serve the agent API on {self.where}: {self._failed!r}")
+            time.sleep(0.02)
+
+    def stop(self, timeout: float) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("API server on %s did not stop within %.0fs", self.where, timeout)
+        self._sock.close()
+        if self._sock.family == socket.AF_UNIX:
+            with contextlib.suppress(OSError):
+                os.unlink(self.where)
