@@ -218,7 +218,7 @@ class Stack:
         return int(json.loads(body).get("seeders") or 0) if body else 0
 
     # -- agents --------------------------------------------------------------------------
-    def start_agents(self, nodes: Iterable[str]) -> None:
+    def start_agents(self, nodes: Iterable[str], extra: Sequence[str] = ()) -> None:
         nodes = list(nodes)
         for node in nodes:
             d = self.node_dir(node)
@@ -243,6 +243,7 @@ class Stack:
                 API.removeprefix("http://"),
                 "--node-name",
                 node,
+                *extra,
             ]
             self.agents[node] = self.c.spawn(node, argv, self.env, self.log(f"agent-{node}"))
         for node in nodes:

@@ -21,6 +21,8 @@ Systems (in one run):
               it keeps seeding until every node is done. aria2c always has the .torrent,
               so for it (and for naive) cold-known is the same as cold: run once, shown once.
   weightswarm one `agent serve` per node, `agent fetch --agent` on every node at once
+  weightswarm_open  the same with `agent serve --no-peer-gate`: what authenticating peers costs
+              (agent.swarm.gate), side by side in throughput and CPU
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -56,7 +58,7 @@ from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode
 
-SYSTEMS = ("naive", "aria2c", "weightswarm")
+SYSTEMS = ("naive", "aria2c", "weightswarm", "weightswarm_open")
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -270,7 +272,11 @@ class Bench:
         s.wipe(self.nodes)
 
     # -- weightswarm -----------------------------------------------------------------------
-    def weightswarm(self) -> None:
+    def weightswarm_open(self) -> None:
+        self.weightswarm(gate=False)
+
+    def weightswarm(self, gate: bool = True) -> None:
+        name = "weightswarm" if gate else "weightswarm_open"
         s = self.stack
         s.wipe(self.nodes)
         db = s.workdir / "weightswarm-tracker.db"
@@ -285,10 +291,10 @@ class Bench:
             elif scenario == "warm":
                 s.wipe(receivers)
             # The tracker restarts with its DB: metainfo survives, live peers are announced anew.
-            s.log_prefix = f"weightswarm-{scenario}-"
+            s.log_prefix = f"{name}-{scenario}-"
             s.start_tracker(db)
             try:
-                s.start_agents(self.nodes)
+                s.start_agents(self.nodes, () if gate else ("--no-peer-gate",))
                 if scenario == "warm":
                     blobs = [f.blob_id for f in self.model.files]
                     deadline = time.monotonic() + 120
@@ -304,7 +310,7 @@ class Bench:
                     "fetch",
                     rss_pids=s.agent_pids,
                 )
-                self.record("weightswarm", scenario, receivers, res, s.egress() - e0)
+                self.record(name, scenario, receivers, res, s.egress() - e0)
                 if res.failures and scenario == "cold":
                     raise RuntimeError("cold did not complete; warm needs n0's copy from it")
             finally:
@@ -352,7 +358,12 @@ def plot(rows: list[Row], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"naive": "tab:blue", "aria2c": "tab:orange", "weightswarm": "tab:green"}
+    colors = {
+        "naive": "tab:blue",
+        "aria2c": "tab:orange",
+        "weightswarm": "tab:green",
+        "weightswarm_open": "tab:olive",
+    }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))
     for ax, scen in zip(axes, SCENARIOS, strict=True):

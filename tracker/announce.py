@@ -176,15 +176,16 @@ def announce_response(req: AnnounceRequest, result: AnnounceResult, settings: Tr
 
 
 async def announce(
-    raw_query: bytes, client_host: str | None, store: Store, settings: TrackerSettings
+    raw_query: bytes, client_host: str | None, store: Store, settings: TrackerSettings, agent: bool = True
 ) -> tuple[bytes, str]:
-    """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request)."""
+    """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request).
+    `agent`: it carried the agents' passkey (not the interop one), so its address is an agent's."""
     try:
         req = parse_announce(parse_query(raw_query), client_host, settings)
     except AnnounceError as exc:
         return failure(str(exc)), "error"
     seeder = req.left == 0 or (req.left is None and req.event == "completed")
-    result = await store.announce(req.infohash, req.peer, seeder, req.event, req.numwant)
+    result = await store.announce(req.infohash, req.peer, seeder, req.event, req.numwant, agent)
     return announce_response(req, result, settings), req.event or "update"
 
 

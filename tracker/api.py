@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
@@ -25,11 +26,17 @@ from tracker.errors import (
     TrackerError,
     ValidationError,
 )
-from tracker.manifest import check_commit, check_repo, check_revision, validate_manifest
+from tracker.manifest import (
+    check_commit,
+    check_repo,
+    check_revision,
+    check_signature,
+    validate_manifest,
+)
 from tracker.metainfo import check_blob_id, validate_info
 from tracker.metrics import Metrics
 from tracker.settings import TrackerSettings
-from tracker.store import LeaseState, Store, SwarmCounts
+from tracker.store import LeaseHolder, LeaseState, Store, SwarmCounts
 
 BITTORRENT = "application/x-bittorrent"
 NODE_ID = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$"
@@ -40,11 +47,33 @@ class LeaseRequest(BaseModel):
     ttl: float = Field(
         default=60, gt=0, le=3600, description="Seconds until the lease lapses without heartbeats."
     )
+    stale_after: float | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="Also take over the lease of a holder whose reported bytes have not changed for "
+        "this many seconds (counted from its grant if it never reported): a holder that stalls while "
+        "its heartbeats keep the lease alive.",
+    )
 
 
 class HeartbeatRequest(BaseModel):
     node_id: str = Field(pattern=NODE_ID)
     ttl: float = Field(default=60, gt=0, le=3600)
+    progress: int | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes of the blob the holder has now. While it stays the same the holder is idle, "
+        "and after `stale_after` another node may take the lease over. Omitted: counts as progress.",
+    )
+
+
+class MetainfoReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    infohash: str = Field(pattern=r"^[0-9a-f]{40}$", description="The info dict found wrong.")
+    reason: str = Field(min_length=1, max_length=500, description="What the reporting node saw.")
+    node_id: str | None = Field(default=None, pattern=NODE_ID, description="The reporting node.")
 
 
 class ManifestFile(BaseModel):
@@ -61,6 +90,11 @@ class ManifestRequest(BaseModel):
 
     revision: str | None = None
     files: list[ManifestFile]
+    signature: str | None = Field(
+        default=None,
+        description="The publisher's Ed25519 signature (base64) of the manifest: required from the "
+        "publisher role, refused from the agent role (agent.core.signing.manifest_payload).",
+    )
 
 
 def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> FastAPI:
@@ -194,9 +228,12 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
             "infohash": infohash,
             "seeders": counts.complete,
             "leechers": counts.incomplete,
-            "lease": {"holder": holders[0].node_id, "expires_in": holders[0].expires_in} if holders else None,
+            "lease": holder_json(holders[0]) if holders else None,
             "holders": [h.node_id for h in holders],
         }
+
+    def holder_json(h: LeaseHolder) -> dict[str, Any]:
+        return {"holder": h.node_id, "expires_in": h.expires_in, "progress": h.progress, "idle": h.idle}
 
     @app.put(
         "/v1/blobs/{blob_id}/metainfo",
@@ -212,12 +249,20 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         infohash: Annotated[str | None, Query(description="If given, must equal sha1 of the body.")] = None,
     ) -> JSONResponse:
         """Publish a blob's bencoded info dict (canonical bencode, `name` = blob id, consistent piece
-        table). Re-publishing the same bytes is a no-op (200); a different dict for the blob is 409."""
+        table). Re-publishing the same bytes is a no-op (200); a different dict for the blob is 409,
+        and so is a dict reported wrong (`/report`) less than `quarantine_hold` seconds ago."""
         expected = infohash or request.headers.get("x-infohash")
         body = await request.body()
         ih = validate_info(blob_id, body, expected)
         created = await store.put_metainfo(blob_id, ih, body)
         return JSONResponse({"infohash": ih}, status_code=201 if created else 200)
+
+    @app.get("/v1/peers", tags=["blobs"], dependencies=agent_only)
+    async def peers() -> dict[str, list[str]]:
+        """The addresses of every peer that announced lately, any swarm. An announce needs the
+        passkey, so these are the cluster's agents: each agent admits BitTorrent connections from
+        these only (agent.swarm.gate). Agent role: where the agents are is theirs to know."""
+        return {"addresses": sorted(str(ipaddress.ip_address(ip)) for ip in await store.peer_addresses())}
 
     @app.get("/v1/blobs/{blob_id}/metainfo", tags=["blobs"], dependencies=read, response_class=Response)
     async def get_metainfo(blob_id: str) -> Response:
@@ -226,6 +271,42 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         if meta is None:
             raise HTTPException(404, f"no metainfo for blob {blob_id}")
         return Response(meta[1], media_type=BITTORRENT, headers={"x-infohash": meta[0]})
+
+    @app.post("/v1/blobs/{blob_id}/metainfo/report", tags=["blobs"], dependencies=agent_only)
+    async def report_metainfo(blob_id: str, body: MetainfoReport, request: Request) -> dict[str, Any]:
+        """Report the blob's info dict wrong: a node's bytes that match every one of its piece hashes
+        failed the blob's own hash (sha256 / git sha1), or bytes verified end to end do not match its
+        pieces. If `infohash` is still the blob's dict it is removed and kept as a quarantine record
+        (`quarantined`: true), so the next node to hold verified bytes publishes the right one; the
+        same dict is refused for `quarantine_hold` seconds. A stale report removes nothing. The
+        tracker cannot check a report: see docs/security.md for what that allows."""
+        client = request.client
+        removed = await store.quarantine_metainfo(
+            check_blob_id(blob_id), body.infohash, body.reason, body.node_id, client.host if client else None
+        )
+        if removed:
+            metrics.metainfo_quarantined.inc()
+        current = await store.get_metainfo(blob_id)
+        return {"quarantined": removed, "infohash": body.infohash, "current": current[0] if current else None}
+
+    @app.get("/v1/blobs/{blob_id}/metainfo/quarantine", tags=["blobs"], dependencies=read)
+    async def quarantine(blob_id: str) -> dict[str, Any]:
+        """The blob's info dicts reported wrong, oldest first: infohash, reason, the reporting node's
+        self-declared id and its address, and when (unix time)."""
+        records = await store.quarantined(check_blob_id(blob_id))
+        return {
+            "blob_id": blob_id,
+            "quarantined": [
+                {
+                    "infohash": r.infohash,
+                    "reason": r.reason,
+                    "reporter": r.reporter,
+                    "address": r.address,
+                    "at": r.at,
+                }
+                for r in records
+            ],
+        }
 
     @app.get("/v1/blobs/{blob_id}", tags=["blobs"], dependencies=read)
     async def get_blob(blob_id: str) -> dict[str, Any]:
@@ -253,6 +334,7 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     # -- leases --------------------------------------------------------------------------
     def lease_json(state: LeaseState, node_id: str) -> dict[str, Any]:
         metrics.lease_expiries.inc(state.expired)
+        metrics.lease_takeovers.inc(state.taken_over)
         return {
             "granted": state.granted,
             "holder": state.holders[0].node_id if state.holders else None,
@@ -260,24 +342,28 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
             if state.granted
             else (state.holders[0].expires_in if state.holders else 0),
             "holders": [h.node_id for h in state.holders],
+            "leases": [holder_json(h) for h in state.holders],
         }
 
     @app.post("/v1/leases/{blob_id}", tags=["leases"], dependencies=agent_only)
     async def acquire(blob_id: str, body: LeaseRequest) -> dict[str, Any]:
         """Ask for the origin lease on a blob. Granted to at most `max_lease_holders` nodes; the same
-        node asking again renews it. Others get granted=false and who holds it."""
+        node asking again renews it. Others get granted=false and who holds it (`leases`: each
+        holder's reported bytes and idle seconds), unless `stale_after` lets them take over the lease
+        of a holder that made no progress for that long."""
         ttl = min(body.ttl, settings.max_lease_ttl)
         state = await store.acquire_lease(
-            check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders
+            check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders, body.stale_after
         )
         (metrics.lease_grants if state.granted else metrics.lease_denials).inc()
         return lease_json(state, body.node_id)
 
     @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=agent_only)
     async def heartbeat(blob_id: str, body: HeartbeatRequest) -> dict[str, Any]:
-        """Keep a held lease alive. 404 if nobody holds it any more, 409 if others hold it now."""
+        """Keep a held lease alive, reporting the bytes the holder has (`progress`). 404 if nobody
+        holds it any more, 409 if others hold it now (e.g. took it over from an idle holder)."""
         state = await store.renew_lease(
-            check_blob_id(blob_id), body.node_id, min(body.ttl, settings.max_lease_ttl)
+            check_blob_id(blob_id), body.node_id, min(body.ttl, settings.max_lease_ttl), body.progress
         )
         if not state.granted:
             metrics.lease_expiries.inc(state.expired)
@@ -298,30 +384,50 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         tags=["manifests"],
         dependencies=manifest_writers,
         status_code=201,
+        responses={
+            200: {"description": "The same files were registered already (they stay)"},
+            409: {"description": "repo@commit already has a manifest with other files"},
+        },
     )
     async def put_manifest(
         org: str, name: str, commit: str, body: ManifestRequest, request: Request
-    ) -> dict[str, Any]:
-        """Register repo_id@commit → files (safe relative paths, sizes >= 0, hex blob ids).
-        `revision`, if given, then resolves to this commit (the latest write wins).
+    ) -> JSONResponse:
+        """Register repo_id@commit → files (safe relative paths, sizes >= 0, hex blob ids), once: a
+        commit's files never change. The same files (path, size, blob id) again: 200, the stored
+        files stay (a publisher write still moves its ref and stores its signature); other files:
+        409, nothing changes.
 
-        The publisher role (hub-less models) marks the repo published; from then on the agent
-        role's writes for that repo are refused (403), so no node can overwrite or shadow it."""
+        Only the publisher role (hub-less models) moves refs: its `revision`, if given, then
+        resolves to this commit (the latest publisher write wins, also for a commit registered
+        before). Its manifests must carry the publisher's `signature` (400 without), which every
+        agent verifies. It marks the repo published; from then on the agent role's writes for that
+        repo are refused (403), so no node can overwrite or shadow it. The agent role (hub models,
+        registered after a fetch) never moves a ref: its `revision` is ignored, the answer's
+        `revision` is null."""
         repo_id, commit = check_repo(org, name), check_commit(commit)
-        revision, files = validate_manifest(body.model_dump(), settings.max_manifest_files)
+        fields = body.model_dump(exclude={"signature"})
+        revision, files = validate_manifest(fields, settings.max_manifest_files)
         publisher = request.state.role is Role.PUBLISHER
-        await store.put_manifest(repo_id, commit, {"files": files}, revision, publisher=publisher)
-        return {
-            "repo_id": repo_id,
-            "commit": commit,
-            "revision": revision,
-            "files": len(files),
-            "published": publisher,
-        }
+        signature = check_signature(body.signature, publisher)
+        ref = revision if publisher else None
+        created = await store.put_manifest(
+            repo_id, commit, {"files": files, "signature": signature}, ref, publisher=publisher
+        )
+        return JSONResponse(
+            {
+                "repo_id": repo_id,
+                "commit": commit,
+                "revision": ref,
+                "files": len(files),
+                "published": publisher,
+            },
+            status_code=201 if created else 200,
+        )
 
     @app.get("/v1/manifests/{org}/{name}/{commit}", tags=["manifests"], dependencies=read)
     async def get_manifest(org: str, name: str, commit: str) -> dict[str, Any]:
-        """The manifest of repo_id@commit (404 if unknown)."""
+        """The manifest of repo_id@commit (404 if unknown): `files`, `published` (the publisher role
+        wrote it) and `signature` (the publisher's, which agents verify; null for agent-written)."""
         repo_id, commit = check_repo(org, name), check_commit(commit)
         manifest = await store.get_manifest(repo_id, commit)
         if manifest is None:
@@ -330,7 +436,8 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
 
     @app.get("/v1/resolve/{org}/{name}/{revision:path}", tags=["manifests"], dependencies=read)
     async def resolve(org: str, name: str, revision: str) -> dict[str, str]:
-        """The commit that repo_id@revision points at (the latest published with that revision)."""
+        """The commit that repo_id@revision points at: refs are the publisher's alone (hub-less
+        models), so a hub model's revision is 404 here (the origin resolves those)."""
         repo_id, revision = check_repo(org, name), check_revision(revision)
         commit = await store.resolve(repo_id, revision)
         if commit is None:
@@ -339,8 +446,9 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
 
     @app.get("/v1/models", tags=["manifests"], dependencies=read)
     async def models() -> dict[str, Any]:
-        """Every published model with its revisions, files and swarm health per commit
-        (seeders/leechers per blob; complete_copies = fewest seeders over its blobs)."""
+        """Every registered model with its revisions (the publisher's refs; a hub model has none),
+        files and swarm health per commit (seeders/leechers per blob; complete_copies = fewest
+        seeders over its blobs)."""
         entries = await store.list_models()
         hashes = {
             bytes.fromhex(f["infohash"])

@@ -19,7 +19,7 @@ from typing import Any
 
 from tracker import announce as bt
 from tracker.api import create_api
-from tracker.auth import passkey_ok
+from tracker.auth import interop_passkey_ok, passkey_ok
 from tracker.metrics import Metrics
 from tracker.settings import TrackerSettings
 from tracker.store import Store
@@ -60,7 +60,8 @@ class TrackerApp:
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, b"method not allowed\n", _BT_HEADERS)
             return
-        if settings.announce_passkey is not None and not passkey_ok(settings, path_passkey, raw_query):
+        agent = settings.announce_passkey is None or passkey_ok(settings, path_passkey, raw_query)
+        if not agent and not interop_passkey_ok(settings, path_passkey, raw_query):
             await _respond(send, 200, bt.failure(bt.PASSKEY_REFUSED), _BT_HEADERS)
             self.metrics.refusals["passkey"].inc()
             if route == "announce":
@@ -74,7 +75,7 @@ class TrackerApp:
         host = client[0] if client else None
         try:
             if route == "announce":
-                body, label = await bt.announce(raw_query, host, self.store, settings)
+                body, label = await bt.announce(raw_query, host, self.store, settings, agent=agent)
                 self.metrics.announces[label].inc()
             else:
                 body = await bt.scrape(raw_query, self.store, settings)

@@ -83,6 +83,14 @@ def role_of(given: bytes | None, settings: TrackerSettings) -> Role | None:
     return found
 
 
+def interop_passkey_ok(settings: TrackerSettings, path_passkey: str, raw_query: bytes) -> bool:
+    """Whether an announce/scrape carries the interop passkey (a stock client's; never an agent's)."""
+    if settings.interop_passkey is None:
+        return False
+    given = path_passkey.encode("utf-8", "surrogateescape") if path_passkey else query_passkey(raw_query)
+    return matches(given, settings.interop_passkey)
+
+
 def passkey_ok(settings: TrackerSettings, path_passkey: str, raw_query: bytes) -> bool:
     """Whether an announce/scrape carries the announce passkey (in the path, else `?passkey=`).
 

@@ -63,6 +63,13 @@ _path = click.Path(dir_okay=False, path_type=Path)
     "read too; without a token /v1 reads get 401).",
 )
 @env_option(
+    "--interop-passkey-file",
+    type=_path,
+    default=None,
+    help="File holding a passkey for stock BitTorrent clients: answered, but never counted among "
+    "the agents (they get bytes only of public models, from agents run with --interop-public).",
+)
+@env_option(
     "--announce-passkey-file",
     type=_path,
     default=None,
@@ -113,6 +120,7 @@ def serve(
     publisher_token_file: Path | None,
     read_token_file: Path | None,
     announce_passkey_file: Path | None,
+    interop_passkey_file: Path | None,
     insecure_no_token: bool,
     trust_announce_ip: bool,
     interval: int,
@@ -139,6 +147,9 @@ def serve(
             read_secret_file(announce_passkey_file, "--announce-passkey-file")
             if announce_passkey_file
             else None
+        ),
+        interop_passkey=(
+            read_secret_file(interop_passkey_file, "--interop-passkey-file") if interop_passkey_file else None
         ),
         insecure_no_token=insecure_no_token,
         trust_announce_ip=trust_announce_ip,

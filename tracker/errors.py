@@ -42,3 +42,27 @@ class PublishedRepoError(TrackerError):
             "may write its manifests and refs"
         )
         self.repo_id = repo_id
+
+
+class ManifestConflictError(ConflictError):
+    """A second manifest of one repo@commit with other files: a commit's manifest never changes."""
+
+    def __init__(self, repo_id: str, commit: str) -> None:
+        super().__init__(
+            f"{repo_id}@{commit} already has a manifest with other files: a commit's manifest never "
+            "changes (publish the new files, which get a new commit)"
+        )
+        self.repo_id = repo_id
+        self.commit = commit
+
+
+class QuarantinedMetainfoError(ConflictError):
+    """A re-publish of an info dict that a node reported wrong for this blob (while its hold lasts)."""
+
+    def __init__(self, blob_id: str, infohash: str) -> None:
+        super().__init__(
+            f"the info dict {infohash} of blob {blob_id} was reported wrong and is quarantined: publish "
+            "one computed from bytes verified end to end"
+        )
+        self.blob_id = blob_id
+        self.infohash = infohash

@@ -6,6 +6,8 @@ snapshot directory is refused here, before it reaches a single node.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
 
@@ -15,6 +17,10 @@ from tracker.metainfo import BLOB_ID, INFOHASH
 REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 MAX_PATH = 1024
+MAX_SIZE = 2**53 - 1
+"""Sizes stay exact as JSON numbers everywhere (the Redis store compares manifests in Lua)."""
+SIGNATURE = re.compile(r"^[A-Za-z0-9+/]{86}==$")
+"""An Ed25519 signature (64 bytes) in base64."""
 
 
 def check_repo(org: str, name: str) -> str:
@@ -80,8 +86,8 @@ def validate_manifest(body: Any, max_files: int) -> tuple[str | None, list[dict[
             raise ValidationError(f"duplicate file path {path[:100]!r}")
         seen.add(path)
         size = entry.get("size")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValidationError(f"size of {path[:100]!r} must be an integer >= 0")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_SIZE:
+            raise ValidationError(f"size of {path[:100]!r} must be an integer from 0 to 2^53-1")
         blob_id = entry.get("blob_id")
         if not isinstance(blob_id, str) or not BLOB_ID.match(blob_id):
             raise ValidationError(f"blob_id of {path[:100]!r} must be 40 or 64 lowercase hex characters")
@@ -90,3 +96,38 @@ def validate_manifest(body: Any, max_files: int) -> tuple[str | None, list[dict[
             raise ValidationError(f"infohash of {path[:100]!r} must be 40 lowercase hex characters or null")
         out.append({"path": path, "size": size, "blob_id": blob_id, "infohash": infohash})
     return revision, out
+
+
+def check_signature(signature: object, publisher: bool) -> str | None:
+    """The manifest's publisher signature (base64 Ed25519, 64 bytes), required from the publisher role
+    and refused from the agent role. The tracker does not verify it (it holds no publisher key);
+    every agent does before planning from the manifest (agent.core.signing)."""
+    if not publisher:
+        if signature is not None:
+            raise ValidationError(
+                "only the publisher role signs manifests; an agent-role manifest has no signature"
+            )
+        return None
+    if signature is None:
+        raise ValidationError(
+            "a publisher-role manifest must carry its Ed25519 signature ('signature', base64): publish with "
+            "`agent publish` on an agent given --publisher-signing-key-file"
+        )
+    if not isinstance(signature, str) or not SIGNATURE.match(signature):
+        raise ValidationError("signature must be a base64 Ed25519 signature (88 characters)")
+    try:
+        base64.b64decode(signature, validate=True)
+    except binascii.Error:
+        raise ValidationError("signature must be a base64 Ed25519 signature (88 characters)") from None
+    return signature
+
+
+def same_files(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two manifests of one repo@commit name the same files: the same (path, size, blob id)
+    set. Infohashes are not compared: a blob's metainfo is fixed by its own PUT (a second info dict
+    is 409), and a node that seeds only some blobs yet leaves the others null."""
+
+    def key(files: list[dict[str, Any]]) -> list[tuple[str, int, str]]:
+        return sorted((str(f["path"]), int(f["size"]), str(f["blob_id"])) for f in files)
+
+    return key(a) == key(b)

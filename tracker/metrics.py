@@ -39,6 +39,14 @@ class Metrics:
         self.lease_expiries = Counter(
             "tracker_lease_expiries", "Leases found expired (holder stopped heartbeating)", registry=r
         )
+        self.lease_takeovers = Counter(
+            "tracker_lease_takeovers",
+            "Leases taken over from a holder whose reported bytes did not change for `stale_after`",
+            registry=r,
+        )
+        self.metainfo_quarantined = Counter(
+            "tracker_metainfo_quarantined", "Info dicts removed after a node reported them wrong", registry=r
+        )
         latency = Histogram(
             "tracker_request_seconds",
             "Request latency by route",

@@ -39,9 +39,11 @@ class PeerTable:
         self.ttl = ttl
         self._swarms: dict[bytes, _Swarm] = {}
         self._next_global_sweep = time.monotonic() + ttl
+        self._addresses: dict[bytes, float] = {}
+        """packed ip -> expires at: every address that announced anything lately."""
 
     def announce(
-        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
         now = time.monotonic()
         if now >= self._next_global_sweep:
@@ -65,6 +67,8 @@ class PeerTable:
         if event == "completed":
             swarm.downloaded += 1
         mine[peer_id] = (ip, port, now + self.ttl)
+        if agent:
+            self._addresses[ip] = now + self.ttl
         peers: list[PeerAddr] = []
         if numwant > 0:
             # Seeders need only leechers; leechers get seeders first, then other leechers.
@@ -89,6 +93,12 @@ class PeerTable:
         seeders = sum(len(s.seeders) for s in self._swarms.values())
         leechers = sum(len(s.leechers) for s in self._swarms.values())
         return StoreStats(torrents=len(self._swarms), peers=seeders + leechers, seeders=seeders)
+
+    def addresses(self) -> list[bytes]:
+        now = time.monotonic()
+        for ip in [ip for ip, expires in self._addresses.items() if expires <= now]:
+            del self._addresses[ip]
+        return list(self._addresses)
 
     def sweep(self, now: float) -> None:
         for infohash in list(self._swarms):

@@ -52,6 +52,12 @@ class TrackerSettings:
     without it anyone who reaches the tracker can join (and map) every swarm. URL-safe characters
     only, since it travels in the announce URL. Never logged (repr=False)."""
 
+    interop_passkey: str | None = field(default=None, repr=False)
+    """A second passkey for stock BitTorrent clients (--interop-passkey-file): their announces are
+    answered, but their addresses are not the agents' (`GET /v1/peers`), so agents exchange bytes
+    with them only for blobs of models the origin reports public, and only where the agents run
+    with --interop-public. None: no stock client can announce. Never logged (repr=False)."""
+
     insecure_no_token: bool = False
     """Start without the agent token and the announce passkey; whatever has no secret configured
     is then open to anyone (writes, reads, announce). Development only: a tracker that accepts
@@ -88,6 +94,11 @@ class TrackerSettings:
 
     max_lease_ttl: int = 600
     """Longest lease TTL a node may ask for, seconds; heartbeats keep it alive."""
+
+    quarantine_hold: float = 3600.0
+    """Seconds after a node reported a blob's info dict wrong (`/v1/blobs/<id>/metainfo/report`) during
+    which that same dict cannot be published again (a buggy node re-registering it, a naive poisoner);
+    any other dict can. Bounded, because a report cannot be checked here (docs/security.md)."""
 
     max_body_bytes: int = 4 * MiB
     """Largest request body (metainfo, manifest). 4 MiB holds the piece hashes of a ~50 GB blob
@@ -129,6 +140,8 @@ class TrackerSettings:
                 "no announce passkey: pass --announce-passkey-file FILE (or "
                 "WEIGHTSWARM_ANNOUNCE_PASSKEY_FILE), or --insecure-no-token to accept anyone's announces"
             )
+        if self.interop_passkey is not None and not _URL_SAFE.match(self.interop_passkey):
+            raise ConfigError("--interop-passkey-file: only letters, digits and - . _ ~ (it is in a URL)")
         if self.announce_passkey is not None and not _URL_SAFE.match(self.announce_passkey):
             raise ConfigError(
                 "--announce-passkey-file: the passkey travels in the announce URL path, so it may hold "
@@ -140,6 +153,7 @@ class TrackerSettings:
             ("--publisher-token-file", self.publisher_token),
             ("--read-token-file", self.read_token),
             ("--announce-passkey-file", self.announce_passkey),
+            ("--interop-passkey-file", self.interop_passkey),
         ):
             if secret is None:
                 continue

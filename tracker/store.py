@@ -38,6 +38,10 @@ class AnnounceResult:
 class LeaseHolder:
     node_id: str
     expires_in: float
+    progress: int | None = None
+    """Bytes of the blob the holder reported with its last heartbeat (0 when granted; None: unknown)."""
+    idle: float | None = None
+    """Seconds since the holder's reported bytes last changed, or since the grant (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,26 @@ class LeaseState:
     holders: list[LeaseHolder]
     expired: int = 0
     """Leases found expired (and dropped) while handling this request, for the metrics."""
+    taken_over: int = 0
+    """Leases of holders idle past `stale_after` that this request took over, for the metrics."""
 
     def expires_in(self, node_id: str) -> float:
         return next((h.expires_in for h in self.holders if h.node_id == node_id), 0.0)
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """An info dict a node reported wrong for a blob, removed from the blob and kept here."""
+
+    infohash: str
+    info: bytes
+    reason: str
+    reporter: str | None
+    """The node id the report named (self-declared: any agent-role holder can name any)."""
+    address: str | None
+    """The address the report came from."""
+    at: float
+    """Unix time of the report."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +98,10 @@ class Store(abc.ABC):
     # -- swarm (live peers) --------------------------------------------------------------
     @abc.abstractmethod
     async def announce(
-        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
-        """Record (or, for event=stopped, remove) the peer; return counts and up to numwant peers."""
+        """Record (or, for event=stopped, remove) the peer; return counts and up to numwant peers.
+        `agent`: the announce carried the agents' passkey, so its address joins `peer_addresses`."""
 
     @abc.abstractmethod
     async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:
@@ -89,23 +111,50 @@ class Store(abc.ABC):
     async def stats(self) -> StoreStats:
         """Totals for the metrics."""
 
+    @abc.abstractmethod
+    async def peer_addresses(self) -> list[bytes]:
+        """Packed IPs (4 or 16 bytes) of every peer that announced in any swarm within the peer TTL:
+        the agents, since an announce needs the passkey. Agents admit only these (agent.swarm.gate)."""
+
     # -- metainfo ------------------------------------------------------------------------
     @abc.abstractmethod
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
-        """Store the info dict; True if new, False if the same bytes were there; ConflictError if other."""
+        """Store the info dict; True if new, False if the same bytes were there; ConflictError if other;
+        QuarantinedMetainfoError if this dict was reported wrong within `quarantine_hold`."""
 
     @abc.abstractmethod
     async def get_metainfo(self, blob_id: str) -> tuple[str, bytes] | None:
         """(infohash hex, bencoded info dict) or None."""
 
-    # -- leases --------------------------------------------------------------------------
     @abc.abstractmethod
-    async def acquire_lease(self, blob_id: str, node_id: str, ttl: float, max_holders: int) -> LeaseState:
-        """Grant (or renew, if already held by node_id) a lease unless max_holders others hold it."""
+    async def quarantine_metainfo(
+        self, blob_id: str, infohash: str, reason: str, reporter: str | None, address: str | None
+    ) -> bool:
+        """Remove the blob's info dict if its infohash is `infohash` (a stale report removes nothing),
+        keeping it as a QuarantineRecord; `put_metainfo` then refuses that dict (QuarantinedMetainfoError)
+        for `quarantine_hold` seconds. True if removed. Check and removal are one atomic step."""
 
     @abc.abstractmethod
-    async def renew_lease(self, blob_id: str, node_id: str, ttl: float) -> LeaseState:
-        """Extend node_id's lease; granted=False if it no longer holds one."""
+    async def quarantined(self, blob_id: str) -> list[QuarantineRecord]:
+        """The blob's quarantined info dicts, oldest first."""
+
+    # -- leases --------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def acquire_lease(
+        self, blob_id: str, node_id: str, ttl: float, max_holders: int, stale_after: float | None = None
+    ) -> LeaseState:
+        """Grant (or renew, if already held by node_id) a lease unless max_holders others hold it.
+
+        stale_after: also take over the lease of a holder whose reported progress has not changed
+        for that many seconds (counted from its grant when it never reported any). A new holder
+        starts at progress 0, its idle clock at the grant."""
+
+    @abc.abstractmethod
+    async def renew_lease(
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+    ) -> LeaseState:
+        """Extend node_id's lease; granted=False if it no longer holds one. `progress`: the bytes it
+        has now; a change (or None: a holder that does not report bytes) restarts its idle clock."""
 
     @abc.abstractmethod
     async def release_lease(self, blob_id: str, node_id: str) -> bool:
@@ -125,19 +174,26 @@ class Store(abc.ABC):
         revision: str | None,
         *,
         publisher: bool = False,
-    ) -> None:
-        """Store repo_id@commit; if revision is given, point repo_id@revision at commit (latest wins).
+    ) -> bool:
+        """Store repo_id@commit once: True if it is new, False if the same files (path, size, blob id;
+        `manifest.same_files`) were there already; ManifestConflictError, nothing changed, if other
+        files were (a commit's manifest never changes).
 
-        publisher=True (the publisher role): the manifest is recorded as published and the repo is
-        marked published. publisher=False on a published repo: PublishedRepoError, nothing stored.
-        The check and the write are one atomic step (replicas share the store)."""
+        publisher=True (the publisher role): the manifest (and its `signature`) is recorded as
+        published, the repo is marked published, and a given revision points at commit (the latest
+        publisher write wins; also when the files were there already, and then the stored manifest
+        takes the new signature). publisher=False (the agent role): never a ref, `revision` is
+        ignored; on a published repo PublishedRepoError, nothing stored.
+        The checks and the write are one atomic step (replicas share the store)."""
 
     @abc.abstractmethod
     async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
-        """The stored manifest (`files`, and `published`: whether the publisher role wrote it)."""
+        """The stored manifest (`files`; `published`: whether the publisher role wrote it; `signature`:
+        the publisher's, None for an agent-role manifest)."""
 
     @abc.abstractmethod
-    async def resolve(self, repo_id: str, revision: str) -> str | None: ...
+    async def resolve(self, repo_id: str, revision: str) -> str | None:
+        """The commit the publisher pointed repo_id@revision at; None for any other repo."""
 
     @abc.abstractmethod
     async def list_models(self) -> list[ModelEntry]: ...

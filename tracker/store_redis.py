@@ -6,7 +6,8 @@ swarm vanishes by itself. An announce is one Lua script (one round trip, atomic)
 Leases are `max_holders` slot keys taken with SET NX PX: a holder that dies simply lets
 its key expire. Manifests and metainfo are plain keys without expiry (durable as far as
 the Redis persistence configuration makes them); a manifest write is one Lua script, so the
-check against the set of published repos and the write are atomic across replicas.
+check against the set of published repos, the comparison with a stored manifest of the same
+commit (a commit's files never change) and the write are atomic across replicas.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from tracker.errors import ConfigError, ConflictError, PublishedRepoError, StoreUnavailableError
+from tracker.errors import (
+    ConfigError,
+    ConflictError,
+    ManifestConflictError,
+    PublishedRepoError,
+    QuarantinedMetainfoError,
+    StoreUnavailableError,
+)
 from tracker.settings import TrackerSettings
 from tracker.store import (
     AnnounceResult,
@@ -27,13 +35,14 @@ from tracker.store import (
     LeaseState,
     ModelEntry,
     PeerAddr,
+    QuarantineRecord,
     Store,
     StoreStats,
     SwarmCounts,
 )
 
 _ANNOUNCE = """
-local s, l, a, d, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local s, l, a, d, t, ips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local numwant, now, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 for _, key in ipairs({s, l}) do
@@ -57,6 +66,7 @@ redis.call('HSET', a, pid, addr)
 if event == 'completed' then redis.call('INCR', d) end
 for _, key in ipairs({s, l, a, d}) do redis.call('PEXPIRE', key, ttl) end
 redis.call('ZADD', t, now + ttl, ih)
+if ARGV[9] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
 local out, n = {}, 0
 if numwant > 0 then
   local sources = {s, l}
@@ -80,44 +90,114 @@ return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
 """
 
 _LEASE_ACQUIRE = """
-local node, ttl = ARGV[1], ARGV[2]
-local function holders(granted)
-  local out = {granted}
-  for _, k in ipairs(KEYS) do
-    local v = redis.call('GET', k)
-    if v then out[#out + 1] = v; out[#out + 1] = redis.call('PTTL', k) end
+-- KEYS[1]: the blob's progress hash (holder -> '<bytes>:<ms when they last changed>'); the rest: slots.
+local prog, node, ttl, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now, stale, progress = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local function keep()
+  if redis.call('PTTL', prog) < ttl then redis.call('PEXPIRE', prog, ttl) end
+end
+local function holders(granted, taken)
+  local out = {granted, taken}
+  for i = 2, #KEYS do
+    local v = redis.call('GET', KEYS[i])
+    if v then
+      out[#out + 1] = v
+      out[#out + 1] = redis.call('PTTL', KEYS[i])
+      out[#out + 1] = redis.call('HGET', prog, v) or ''
+    end
   end
   return out
 end
-for _, k in ipairs(KEYS) do
-  if redis.call('GET', k) == node then redis.call('PEXPIRE', k, ttl); return holders(1) end
+local function started()
+  redis.call('HSET', prog, node, '0:' .. now)
+  keep()
 end
-if ARGV[3] == 'renew' then return holders(0) end
-for _, k in ipairs(KEYS) do
-  if redis.call('SET', k, node, 'NX', 'PX', ttl) then return holders(1) end
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) == node then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    if mode == 'renew' then
+      local old = redis.call('HGET', prog, node)
+      local had = old and string.match(old, '^(.-):')
+      if progress == '' or had ~= progress then
+        redis.call('HSET', prog, node, (progress ~= '' and progress or had or '') .. ':' .. now)
+      end
+      keep()
+    end
+    return holders(1, 0)
+  end
 end
-return holders(0)
+if mode == 'renew' then return holders(0, 0) end
+for i = 2, #KEYS do
+  if redis.call('SET', KEYS[i], node, 'NX', 'PX', ttl) then started(); return holders(1, 0) end
+end
+if stale > 0 then
+  for i = 2, #KEYS do
+    local v = redis.call('GET', KEYS[i])
+    local rec = v and redis.call('HGET', prog, v)
+    local at = rec and tonumber(string.match(rec, ':(%d+)$'))
+    if at and now - at >= stale then
+      redis.call('SET', KEYS[i], node, 'PX', ttl)
+      redis.call('HDEL', prog, v)
+      started()
+      return holders(1, 1)
+    end
+  end
+end
+return holders(0, 0)
 """
 
 _LEASE_RELEASE = """
-for _, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k); return 1 end
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    return 1
+  end
 end
 return 0
+"""
+
+_PUT_METAINFO = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+return -2
+"""
+
+_QUARANTINE = """
+local info = redis.call('GET', KEYS[1])
+if not info or redis.sha1hex(info) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('LTRIM', KEYS[3], -100, -1)
+return 1
 """
 
 _PUT_MANIFEST = """
 local man, repos, commits, refs, published = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local repo, commit, body, revision, now, role = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-if role == 'publisher' then
-  redis.call('SADD', published, repo)
-elseif redis.call('SISMEMBER', published, repo) == 1 then
-  return 0
+local publisher = role == 'publisher'
+if not publisher and redis.call('SISMEMBER', published, repo) == 1 then return -1 end
+local function same(a, b)
+  if #a ~= #b then return false end
+  local by_path = {}
+  for _, f in ipairs(a) do by_path[f.path] = f end
+  for _, f in ipairs(b) do
+    local o = by_path[f.path]
+    if o == nil or o.size ~= f.size or o.blob_id ~= f.blob_id then return false end
+  end
+  return true
 end
+local old = redis.call('GET', man)
+if old and not same(cjson.decode(old).files, cjson.decode(body).files) then return -2 end
+if old and not publisher then return 0 end
+if publisher then redis.call('SADD', published, repo) end
 redis.call('SET', man, body)
 redis.call('SADD', repos, repo)
-redis.call('ZADD', commits, now, commit)
-if ARGV[7] == '1' then redis.call('HSET', refs, revision, commit) end
+if not old then redis.call('ZADD', commits, now, commit) end
+if publisher and ARGV[7] == '1' then redis.call('HSET', refs, revision, commit) end
+if old then return 0 end
 return 1
 """
 
@@ -148,13 +228,16 @@ class RedisStore(Store):
         self._lease = self._r.register_script(_LEASE_ACQUIRE)
         self._release = self._r.register_script(_LEASE_RELEASE)
         self._put_manifest = self._r.register_script(_PUT_MANIFEST)
+        self._put_meta = self._r.register_script(_PUT_METAINFO)
+        self._quarantine = self._r.register_script(_QUARANTINE)
+        self._hold_ms = max(1, int(settings.quarantine_hold * 1000))
 
     def _k(self, kind: bytes, key: bytes | str) -> bytes:
         return self._p + kind + b":" + (key.encode() if isinstance(key, str) else key)
 
     # -- swarm ---------------------------------------------------------------------------
     async def announce(
-        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
         peer_id, ip, port = peer
         keys = [
@@ -163,6 +246,7 @@ class RedisStore(Store):
             self._k(b"a", infohash),
             self._k(b"d", infohash),
             self._p + b"torrents",
+            self._p + b"addresses",
         ]
         args = [
             peer_id,
@@ -173,6 +257,7 @@ class RedisStore(Store):
             _now_ms(),
             self._ttl_ms,
             infohash,
+            b"1" if agent else b"0",
         ]
         complete, incomplete, flat = await self._announce(keys=keys, args=args)
         peers: list[PeerAddr] = []
@@ -203,36 +288,107 @@ class RedisStore(Store):
         seeders = sum(c.complete for c in counts.values())
         return StoreStats(len(torrents), seeders + sum(c.incomplete for c in counts.values()), seeders)
 
+    async def peer_addresses(self) -> list[bytes]:
+        key = self._p + b"addresses"
+        await self._r.zremrangebyscore(key, "-inf", _now_ms())
+        return [_b(a) for a in await self._r.zrange(key, 0, -1)]
+
     # -- metainfo ------------------------------------------------------------------------
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
-        key = self._k(b"meta", blob_id)
-        if await self._r.set(key, info, nx=True):
-            return True
-        if await self._r.get(key) == info:
-            return False
-        raise ConflictError(f"blob {blob_id} already has a different info dict")
+        # One script: the quarantine check and the write are atomic with a report on another replica.
+        keys = [self._k(b"meta", blob_id), self._k(b"quar", f"{blob_id}:{infohash}")]
+        outcome = int(await self._put_meta(keys=keys, args=[info]))
+        if outcome == -1:
+            raise QuarantinedMetainfoError(blob_id, infohash)
+        if outcome == -2:
+            raise ConflictError(f"blob {blob_id} already has a different info dict")
+        return outcome == 1
 
     async def get_metainfo(self, blob_id: str) -> tuple[str, bytes] | None:
         info = await self._r.get(self._k(b"meta", blob_id))
         return (hashlib.sha1(_b(info)).hexdigest(), _b(info)) if info is not None else None
 
+    async def quarantine_metainfo(
+        self, blob_id: str, infohash: str, reason: str, reporter: str | None, address: str | None
+    ) -> bool:
+        current = await self.get_metainfo(blob_id)
+        if current is None or current[0] != infohash:
+            return False
+        record = {
+            "infohash": infohash,
+            "info": current[1].hex(),
+            "reason": reason,
+            "reporter": reporter,
+            "address": address,
+            "at": time.time(),
+        }
+        keys = [
+            self._k(b"meta", blob_id),
+            self._k(b"quar", f"{blob_id}:{infohash}"),
+            self._k(b"qlog", blob_id),
+        ]
+        # The script removes the dict only if it is still the reported one (sha1 = infohash).
+        args: list[str | int] = [infohash, json.dumps(record), self._hold_ms]
+        return bool(int(await self._quarantine(keys=keys, args=args)))
+
+    async def quarantined(self, blob_id: str) -> list[QuarantineRecord]:
+        out = []
+        for raw in await self._r.lrange(self._k(b"qlog", blob_id), 0, -1):
+            r = json.loads(_b(raw))
+            info = bytes.fromhex(r["info"])
+            out.append(
+                QuarantineRecord(r["infohash"], info, r["reason"], r["reporter"], r["address"], r["at"])
+            )
+        return out
+
     # -- leases --------------------------------------------------------------------------
     def _slots(self, blob_id: str, n: int) -> list[bytes]:
-        return [self._k(b"lease", f"{blob_id}:{i}") for i in range(n)]
+        """The blob's lease progress hash, then its `n` lease slots (the scripts' KEYS)."""
+        return [self._k(b"lprog", blob_id)] + [self._k(b"lease", f"{blob_id}:{i}") for i in range(n)]
 
-    async def _lease_call(self, blob_id: str, node_id: str, ttl: float, slots: int, mode: str) -> LeaseState:
-        raw = await self._lease(keys=self._slots(blob_id, slots), args=[node_id, int(ttl * 1000), mode])
-        holders = [
-            LeaseHolder(bytes(raw[i]).decode(), round(max(int(raw[i + 1]), 0) / 1000, 3))
-            for i in range(1, len(raw), 2)
+    async def _lease_call(
+        self,
+        blob_id: str,
+        node_id: str,
+        ttl: float,
+        slots: int,
+        mode: str,
+        stale_after: float | None = None,
+        progress: int | None = None,
+    ) -> LeaseState:
+        now = _now_ms()
+        args: list[str | int] = [
+            node_id,
+            int(ttl * 1000),
+            mode,
+            now,
+            int(stale_after * 1000) if stale_after else 0,
+            "" if progress is None else str(progress),
         ]
-        return LeaseState(bool(int(raw[0])), sorted(holders, key=lambda h: h.expires_in))
+        raw = await self._lease(keys=self._slots(blob_id, slots), args=args)
+        holders = []
+        for i in range(2, len(raw), 3):
+            done, _, at = _b(raw[i + 2]).decode().partition(":")
+            holders.append(
+                LeaseHolder(
+                    _b(raw[i]).decode(),
+                    round(max(int(raw[i + 1]), 0) / 1000, 3),
+                    int(done) if done else None,
+                    round(max(now - int(at), 0) / 1000, 3) if at else None,
+                )
+            )
+        holders.sort(key=lambda h: h.expires_in)
+        return LeaseState(bool(int(raw[0])), holders, taken_over=int(raw[1]))
 
-    async def acquire_lease(self, blob_id: str, node_id: str, ttl: float, max_holders: int) -> LeaseState:
-        return await self._lease_call(blob_id, node_id, ttl, max_holders, "acquire")
+    async def acquire_lease(
+        self, blob_id: str, node_id: str, ttl: float, max_holders: int, stale_after: float | None = None
+    ) -> LeaseState:
+        return await self._lease_call(blob_id, node_id, ttl, max_holders, "acquire", stale_after=stale_after)
 
-    async def renew_lease(self, blob_id: str, node_id: str, ttl: float) -> LeaseState:
-        return await self._lease_call(blob_id, node_id, ttl, _MAX_SLOTS, "renew")
+    async def renew_lease(
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+    ) -> LeaseState:
+        return await self._lease_call(blob_id, node_id, ttl, _MAX_SLOTS, "renew", progress=progress)
 
     async def release_lease(self, blob_id: str, node_id: str) -> bool:
         return bool(await self._release(keys=self._slots(blob_id, _MAX_SLOTS), args=[node_id]))
@@ -250,8 +406,8 @@ class RedisStore(Store):
         revision: str | None,
         *,
         publisher: bool = False,
-    ) -> None:
-        # One script: the published check and the write are atomic across replicas.
+    ) -> bool:
+        # One script: the published check, the comparison and the write are atomic across replicas.
         keys = [
             self._k(b"man", f"{repo_id}@{commit}"),
             self._p + b"repos",
@@ -268,16 +424,24 @@ class RedisStore(Store):
             "publisher" if publisher else "agent",
             "1" if revision is not None else "0",
         ]
-        if not int(await self._put_manifest(keys=keys, args=args)):
+        outcome = int(await self._put_manifest(keys=keys, args=args))
+        if outcome == -1:
             raise PublishedRepoError(repo_id)
+        if outcome == -2:
+            raise ManifestConflictError(repo_id, commit)
+        return outcome == 1
 
     async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         body = await self._r.get(self._k(b"man", f"{repo_id}@{commit}"))
         return _manifest(body) if body is not None else None
 
     async def resolve(self, repo_id: str, revision: str) -> str | None:
-        commit = await self._r.hget(self._k(b"refs", repo_id), revision)
-        return _b(commit).decode() if commit is not None else None
+        # Only the publisher moves refs; the check also hides refs agents wrote before that rule.
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.sismember(self._p + b"published", repo_id)
+            pipe.hget(self._k(b"refs", repo_id), revision)
+            published, commit = await pipe.execute()
+        return _b(commit).decode() if published and commit is not None else None
 
     async def list_models(self) -> list[ModelEntry]:
         out = []
@@ -289,7 +453,7 @@ class RedisStore(Store):
             out.append(
                 ModelEntry(
                     repo,
-                    {_b(k).decode(): _b(v).decode() for k, v in refs.items()},
+                    {_b(k).decode(): _b(v).decode() for k, v in refs.items()} if repo in published else {},
                     {c: _manifest(b) for c, b in zip(commits, bodies, strict=True) if b is not None},
                     published=repo in published,
                 )
@@ -313,9 +477,11 @@ def _b(value: Any) -> bytes:
 
 
 def _manifest(body: Any) -> dict[str, Any]:
-    """A stored manifest; keys written before roles existed lack `published` (they were not)."""
+    """A stored manifest; keys written before roles (or signatures) existed lack `published` (they
+    were not) and `signature`."""
     manifest = dict(json.loads(_b(body)))
     manifest.setdefault("published", False)
+    manifest.setdefault("signature", None)
     return manifest
 
 

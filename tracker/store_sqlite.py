@@ -13,7 +13,14 @@ import sqlite3
 import time
 from typing import Any
 
-from tracker.errors import ConflictError, PublishedRepoError, StoreUnavailableError
+from tracker.errors import (
+    ConflictError,
+    ManifestConflictError,
+    PublishedRepoError,
+    QuarantinedMetainfoError,
+    StoreUnavailableError,
+)
+from tracker.manifest import same_files
 from tracker.peers import PeerTable
 from tracker.settings import TrackerSettings
 from tracker.store import (
@@ -22,6 +29,7 @@ from tracker.store import (
     LeaseState,
     ModelEntry,
     PeerAddr,
+    QuarantineRecord,
     Store,
     StoreStats,
     SwarmCounts,
@@ -40,7 +48,14 @@ CREATE TABLE IF NOT EXISTS refs (
     repo_id TEXT NOT NULL, revision TEXT NOT NULL, commit_id TEXT NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (repo_id, revision));
 CREATE TABLE IF NOT EXISTS published (repo_id TEXT PRIMARY KEY, since REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS metainfo_quarantine (
+    blob_id TEXT NOT NULL, infohash TEXT NOT NULL, info BLOB NOT NULL, reason TEXT NOT NULL,
+    reporter TEXT, address TEXT, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS metainfo_quarantine_blob ON metainfo_quarantine(blob_id, infohash);
 """
+_LEASE_PROGRESS = (("progress", "INTEGER"), ("progressed", "REAL"))
+"""Columns added to `leases` after its first release (ALTER TABLE for older files): the holder's
+reported bytes and when they last changed (NULL in rows granted before: never taken over)."""
 
 
 class SqliteStore(Store):
@@ -55,21 +70,29 @@ class SqliteStore(Store):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            columns = {str(row[1]) for row in self._db.execute("PRAGMA table_info(leases)")}
+            for name, kind in _LEASE_PROGRESS:
+                if name not in columns:
+                    self._db.execute(f"ALTER TABLE leases ADD COLUMN {name} {kind}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open SQLite store {path}: {exc}") from None
         self._peers = PeerTable(settings.peer_ttl)
+        self._quarantine_hold = settings.quarantine_hold
 
     # -- swarm ---------------------------------------------------------------------------
     async def announce(
-        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
-        return self._peers.announce(infohash, peer, seeder, event, numwant)
+        return self._peers.announce(infohash, peer, seeder, event, numwant, agent)
 
     async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:
         return {ih: self._peers.counts(ih) for ih in infohashes}
 
     async def stats(self) -> StoreStats:
         return self._peers.stats()
+
+    async def peer_addresses(self) -> list[bytes]:
+        return self._peers.addresses()
 
     # -- metainfo ------------------------------------------------------------------------
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
@@ -79,6 +102,12 @@ class SqliteStore(Store):
                 if bytes(row[0]) == info:
                     return False
                 raise ConflictError(f"blob {blob_id} already has a different info dict")
+            held = self._db.execute(
+                "SELECT 1 FROM metainfo_quarantine WHERE blob_id = ? AND infohash = ? AND created > ?",
+                (blob_id, infohash, time.time() - self._quarantine_hold),
+            ).fetchone()
+            if held:
+                raise QuarantinedMetainfoError(blob_id, infohash)
             self._db.execute(
                 "INSERT INTO metainfo (blob_id, infohash, info, created) VALUES (?, ?, ?, ?)",
                 (blob_id, infohash, info, time.time()),
@@ -89,6 +118,34 @@ class SqliteStore(Store):
         row = self._db.execute("SELECT infohash, info FROM metainfo WHERE blob_id = ?", (blob_id,)).fetchone()
         return (str(row[0]), bytes(row[1])) if row else None
 
+    async def quarantine_metainfo(
+        self, blob_id: str, infohash: str, reason: str, reporter: str | None, address: str | None
+    ) -> bool:
+        with self._db:
+            row = self._db.execute(
+                "SELECT info FROM metainfo WHERE blob_id = ? AND infohash = ?", (blob_id, infohash)
+            ).fetchone()
+            if row is None:
+                return False
+            self._db.execute(
+                "INSERT INTO metainfo_quarantine"
+                " (blob_id, infohash, info, reason, reporter, address, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (blob_id, infohash, row[0], reason, reporter, address, time.time()),
+            )
+            self._db.execute("DELETE FROM metainfo WHERE blob_id = ?", (blob_id,))
+        return True
+
+    async def quarantined(self, blob_id: str) -> list[QuarantineRecord]:
+        rows = self._db.execute(
+            "SELECT infohash, info, reason, reporter, address, created FROM metainfo_quarantine"
+            " WHERE blob_id = ? ORDER BY created",
+            (blob_id,),
+        ).fetchall()
+        return [
+            QuarantineRecord(str(ih), bytes(info), str(why), who, addr, at)
+            for ih, info, why, who, addr, at in rows
+        ]
+
     # -- leases --------------------------------------------------------------------------
     def _expire(self, blob_id: str, now: float) -> int:
         return self._db.execute(
@@ -97,32 +154,63 @@ class SqliteStore(Store):
 
     def _holders(self, blob_id: str, now: float) -> list[LeaseHolder]:
         rows = self._db.execute(
-            "SELECT node_id, expires FROM leases WHERE blob_id = ? AND expires > ? ORDER BY expires",
+            "SELECT node_id, expires, progress, progressed FROM leases WHERE blob_id = ? AND expires > ?"
+            " ORDER BY expires",
             (blob_id, now),
         ).fetchall()
-        return [LeaseHolder(str(node), round(exp - now, 3)) for node, exp in rows]
+        return [
+            LeaseHolder(
+                str(node),
+                round(exp - now, 3),
+                None if done is None else int(done),
+                None if at is None else round(max(now - at, 0.0), 3),
+            )
+            for node, exp, done, at in rows
+        ]
 
-    async def acquire_lease(self, blob_id: str, node_id: str, ttl: float, max_holders: int) -> LeaseState:
+    async def acquire_lease(
+        self, blob_id: str, node_id: str, ttl: float, max_holders: int, stale_after: float | None = None
+    ) -> LeaseState:
         now = time.time()
+        taken = 0
         with self._db:
             expired = self._expire(blob_id, now)
             holders = self._holders(blob_id, now)
-            granted = any(h.node_id == node_id for h in holders) or len(holders) < max_holders
-            if granted:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO leases (blob_id, node_id, expires) VALUES (?, ?, ?)",
-                    (blob_id, node_id, now + ttl),
-                )
+            mine = any(h.node_id == node_id for h in holders)
+            if not mine and len(holders) >= max_holders and stale_after is not None:
+                taken = self._db.execute(
+                    "DELETE FROM leases WHERE blob_id = ? AND progressed IS NOT NULL AND progressed <= ?",
+                    (blob_id, now - stale_after),
+                ).rowcount
                 holders = self._holders(blob_id, now)
-        return LeaseState(granted, holders, expired)
+            granted = mine or len(holders) < max_holders
+            if mine:
+                self._db.execute(
+                    "UPDATE leases SET expires = ? WHERE blob_id = ? AND node_id = ?",
+                    (now + ttl, blob_id, node_id),
+                )
+            elif granted:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO leases (blob_id, node_id, expires, progress, progressed)"
+                    " VALUES (?, ?, ?, 0, ?)",
+                    (blob_id, node_id, now + ttl, now),
+                )
+            if granted:
+                holders = self._holders(blob_id, now)
+        return LeaseState(granted, holders, expired, taken)
 
-    async def renew_lease(self, blob_id: str, node_id: str, ttl: float) -> LeaseState:
+    async def renew_lease(
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+    ) -> LeaseState:
         now = time.time()
         with self._db:
             expired = self._expire(blob_id, now)
             renewed = self._db.execute(
-                "UPDATE leases SET expires = ? WHERE blob_id = ? AND node_id = ?",
-                (now + ttl, blob_id, node_id),
+                "UPDATE leases SET expires = ?1,"
+                " progressed = CASE WHEN ?2 IS NULL OR progress IS NULL OR progress != ?2 THEN ?3"
+                " ELSE progressed END,"
+                " progress = COALESCE(?2, progress) WHERE blob_id = ?4 AND node_id = ?5",
+                (now + ttl, progress, now, blob_id, node_id),
             ).rowcount
             holders = self._holders(blob_id, now)
         return LeaseState(renewed > 0, holders, expired)
@@ -148,26 +236,42 @@ class SqliteStore(Store):
         revision: str | None,
         *,
         publisher: bool = False,
-    ) -> None:
+    ) -> bool:
         now = time.time()
         body = json.dumps({**manifest, "published": publisher}, sort_keys=True)
-        # One transaction, no await inside: the published check and the write cannot interleave.
+        # No await inside: the published check, the comparison with what is stored and the write
+        # cannot interleave. Every check comes before the first write (the connection autocommits).
         with self._db:
+            if (
+                not publisher
+                and self._db.execute("SELECT 1 FROM published WHERE repo_id = ?", (repo_id,)).fetchone()
+            ):
+                raise PublishedRepoError(repo_id)
+            row = self._db.execute(
+                "SELECT body FROM manifests WHERE repo_id = ? AND commit_id = ?", (repo_id, commit)
+            ).fetchone()
+            if row is not None and not same_files(_manifest(row[0])["files"], manifest["files"]):
+                raise ManifestConflictError(repo_id, commit)
             if publisher:
                 self._db.execute(
                     "INSERT OR IGNORE INTO published (repo_id, since) VALUES (?, ?)", (repo_id, now)
                 )
-            elif self._db.execute("SELECT 1 FROM published WHERE repo_id = ?", (repo_id,)).fetchone():
-                raise PublishedRepoError(repo_id)
-            self._db.execute(
-                "INSERT OR REPLACE INTO manifests (repo_id, commit_id, body, created) VALUES (?, ?, ?, ?)",
-                (repo_id, commit, body, now),
-            )
-            if revision is not None:
+            if row is None:
+                self._db.execute(
+                    "INSERT INTO manifests (repo_id, commit_id, body, created) VALUES (?, ?, ?, ?)",
+                    (repo_id, commit, body, now),
+                )
+            elif publisher:  # the same files, (re)signed by the publisher
+                self._db.execute(
+                    "UPDATE manifests SET body = ? WHERE repo_id = ? AND commit_id = ?",
+                    (body, repo_id, commit),
+                )
+            if publisher and revision is not None:
                 self._db.execute(
                     "INSERT OR REPLACE INTO refs (repo_id, revision, commit_id, updated) VALUES (?, ?, ?, ?)",
                     (repo_id, revision, commit, now),
                 )
+        return row is None
 
     async def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         row = self._db.execute(
@@ -176,8 +280,11 @@ class SqliteStore(Store):
         return _manifest(row[0]) if row else None
 
     async def resolve(self, repo_id: str, revision: str) -> str | None:
+        # Only the publisher moves refs; the join also hides refs agents wrote before that rule.
         row = self._db.execute(
-            "SELECT commit_id FROM refs WHERE repo_id = ? AND revision = ?", (repo_id, revision)
+            "SELECT r.commit_id FROM refs r JOIN published p ON p.repo_id = r.repo_id"
+            " WHERE r.repo_id = ? AND r.revision = ?",
+            (repo_id, revision),
         ).fetchone()
         return str(row[0]) if row else None
 
@@ -190,7 +297,7 @@ class SqliteStore(Store):
             entry = models.setdefault(repo_id, ModelEntry(repo_id, {}, published=repo_id in published))
             entry.manifests[commit] = _manifest(body)
         for repo_id, revision, commit in self._db.execute("SELECT repo_id, revision, commit_id FROM refs"):
-            if repo_id in models:
+            if repo_id in models and repo_id in published:
                 models[repo_id].revisions[revision] = commit
         return list(models.values())
 
@@ -206,7 +313,9 @@ class SqliteStore(Store):
 
 
 def _manifest(body: str) -> dict[str, Any]:
-    """A stored manifest; rows written before roles existed lack `published` (they were not)."""
+    """A stored manifest; rows written before roles (or signatures) existed lack `published` (they
+    were not) and `signature`."""
     manifest = dict(json.loads(body))
     manifest.setdefault("published", False)
+    manifest.setdefault("signature", None)
     return manifest

@@ -18,6 +18,8 @@ The agent's state lives in `state_dir`, never inside the hub cache (`StateDir` o
     <state_dir>/partials/<blob id>.json   resume record of a partial blob (see agent.origin.ranges)
     <state_dir>/resume/<infohash>.resume  libtorrent's resume data (agent.swarm.session)
     <state_dir>/usage.json                last use per blob id (agent.cache.eviction)
+    <state_dir>/entitlements.json         repos this node proved it may read (agent.fetch.entitlement)
+    <state_dir>/entitlements.key          the key of the token HMACs in it (mode 0600)
 
 Every file others may read appears through `os.replace` of a fully written temp file.
 """
@@ -134,6 +136,14 @@ class StateDir:
     @property
     def usage(self) -> Path:
         return self.root / "usage.json"
+
+    @property
+    def entitlements(self) -> Path:
+        return self.root / "entitlements.json"
+
+    @property
+    def entitlement_key(self) -> Path:
+        return self.root / "entitlements.key"
 
     def sidecar(self, blob_id: str) -> Path:
         return self.digests / f"{check_blob_id(blob_id)}.json"

@@ -167,6 +167,14 @@ def make_test_model_command(
             help="Directory `agent publish` may read (repeatable) [default: none, publishing is off].")
 @env_option("--publish-unchecked-ids", is_flag=True, default=False,
             help="Publish a repo id even when the origin cannot be asked whether it has it (air-gapped).")
+@env_option("--publisher-public-key-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="The publisher's Ed25519 public key (PEM): hub-less models must be signed by it.")
+@env_option("--publisher-signing-key-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="The publisher's Ed25519 private key (PEM), to sign what `agent publish` registers.")
+@env_option("--interop-public", is_flag=True, default=False,
+            help="Let stock BitTorrent clients exchange bytes of models the origin reports public.")
+@env_option("--peer-gate/--no-peer-gate", default=True, show_default=True,
+            help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

@@ -1,5 +1,6 @@
-"""The node-operations commands of the `agent` CLI: `rm`, `verify`, `publish` (registered on the group
-by agent.cli.main), plus helpers for `serve` (cache limits, pins) and `ls` (a daemon, else the cache).
+"""The node-operations commands of the `agent` CLI: `rm`, `verify`, `publish`, `keygen` (registered on
+the group by agent.cli.main), plus helpers for `serve` (cache limits, pins) and `ls` (a daemon, else
+the cache).
 
 Each works with a running daemon when one answers (so it can stop seeding what it deletes, seed
 what it publishes) and directly on the cache otherwise.
@@ -95,6 +96,7 @@ def register(main: click.Group) -> None:
     main.add_command(rm_command)
     main.add_command(verify_command)
     main.add_command(publish_command)
+    main.add_command(keygen_command)
 
 
 _CACHE_OPTS = (
@@ -225,6 +227,14 @@ def _refetcher(settings: Settings, client: Any) -> Any:
     type=click.Path(path_type=Path, dir_okay=False),
     help="File with the tracker's publisher-role token, for the manifest (standalone mode).",
 )
+@env_option(
+    "--signing-key-file",
+    "--publisher-signing-key-file",
+    "signing_key_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The publisher's Ed25519 private key (PEM, `agent keygen`): signs the manifest (standalone "
+    "mode with --tracker; agents refuse unsigned hub-less models).",
+)
 @env_option("--origin", metavar="URL",
             help="Hub that must not have REPO_ID [default: $HF_ENDPOINT or https://huggingface.co].")
 @env_option("--publish-unchecked-ids", is_flag=True, default=False,
@@ -240,6 +250,7 @@ def publish_command(
     tracker: str | None,
     tracker_token_file: Path | None,
     publisher_token_file: Path | None,
+    signing_key_file: Path | None,
     origin: str | None,
     publish_unchecked_ids: bool,
 ) -> None:
@@ -249,7 +260,7 @@ def publish_command(
     tracker and seeds. Standalone: the same into --cache-dir and --tracker; an `agent serve` on that
     cache seeds it when it starts. Never under a repo id the origin has.
     """
-    from agent.fetch.publish import check_repo_id_unowned, publish_directory
+    from agent.fetch.publish import check_can_register, check_repo_id_unowned, publish_directory
 
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or tracker))
     if client is not None:
@@ -271,6 +282,7 @@ def publish_command(
         tracker=tracker,
         tracker_token_file=tracker_token_file,
         publisher_token_file=publisher_token_file,
+        publisher_signing_key_file=signing_key_file,
         publish_unchecked_ids=publish_unchecked_ids,
         origin=origin,
         token=None,
@@ -278,6 +290,8 @@ def publish_command(
         api_listen="127.0.0.1:0",
         node_name=os.uname()[1],
     )
+    if settings.daemon.tracker_url:
+        check_can_register(settings)
     check_repo_id_unowned(settings, repo_id)
     tc = None
     if settings.daemon.tracker_url:
@@ -294,3 +308,32 @@ def publish_command(
         err=True,
     )
     click.echo(result.commit)
+
+
+@click.command("keygen")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@handle_errors
+def keygen_command(directory: Path) -> None:
+    """Make the publisher's Ed25519 key pair in DIRECTORY: `publisher.key` (private, mode 0600; for
+    the agents that publish, --publisher-signing-key-file) and `publisher.pub` (for every agent,
+    --publisher-public-key-file). Prints the public key's path last. Never overwrites a key."""
+    from agent.core.signing import generate_keypair
+
+    private_path, public_path = directory / "publisher.key", directory / "publisher.pub"
+    for path in (private_path, public_path):
+        if path.exists() or path.is_symlink():
+            raise ConfigError(f"{path} exists; remove it first (a new pair invalidates every signature)")
+    directory.mkdir(parents=True, exist_ok=True)
+    private, public = generate_keypair()
+    # O_EXCL | O_NOFOLLOW: never through a link, never over a file that appeared meanwhile; the key is
+    # 0600 from its first byte on.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
+        fd = os.open(path, flags, mode)
+        with open(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(path, mode)  # the umask may have narrowed the public key's
+    click.echo(f"wrote {private_path} (private: only publishing agents get it)", err=True)
+    click.echo(str(public_path))

@@ -151,6 +151,12 @@ class DaemonSettings:
     lease_ttl: float = 30.0
     """Origin lease time-to-live, seconds; renewed every ttl/3 while the holder downloads."""
 
+    lease_stall_min: float = 15.0
+    """Least seconds a lease holder's reported bytes may stay the same before a waiting node takes its
+    lease over. The bound is two heartbeat periods (2/3 lease_ttl: 20 s by default), but not less than
+    this: the origin engine's bytes show in 1 MiB reads per connection, and a holder at 70 KB/s per
+    connection must still count as progressing (taking its lease over adds an origin download)."""
+
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
@@ -187,6 +193,14 @@ class DaemonSettings:
     publish_unchecked_ids: bool = False
     """Publish even when the origin cannot say whether it knows the repo id (an air-gapped cluster;
     --publish-unchecked-ids). Off: a repo id the origin knows, or one it cannot be asked about, is refused."""
+
+    publisher_public_key: bytes | None = field(default=None, repr=False)
+    """PEM of the publisher's Ed25519 public key (--publisher-public-key-file): a hub-less model's
+    manifest is planned from only when its signature verifies. None: hub-less models are refused."""
+
+    publisher_signing_key: bytes | None = field(default=None, repr=False)
+    """PEM of the publisher's Ed25519 private key (--publisher-signing-key-file): `agent publish`
+    signs the manifests it registers. Never logged (repr=False)."""
 
     max_jobs: int = 64
     """Fetch jobs running at once, all channels together; more get 429 (disk and links are finite)."""
@@ -313,6 +327,18 @@ class SwarmSettings:
 
     alert_queue_size: int = 10000
     """Alerts buffered between alert-loop turns before libtorrent drops them."""
+
+    peer_gate: bool = True
+    """Admit only the cluster's agents as peers (agent.swarm.gate). False (`agent serve --no-peer-gate`)
+    admits anyone who reaches the port: for measuring what the gate costs, never for a cluster."""
+
+    peer_gate_refresh: float = 2.0
+    """Seconds between refreshes of the agents admitted by the peer gate (agent.swarm.gate); a
+    refused connection refreshes at once, so a node that just joined waits well under this."""
+
+    interop_public: bool = False
+    """Let stock BitTorrent clients (no cluster credential) exchange bytes of models the origin
+    reports public (--interop-public). Off: only authenticated agents get or give any byte."""
 
     ssrf_mitigation: bool = False
     """libtorrent's SSRF guard; off. libtorrent 2.x then refuses every web seed URL with a query string

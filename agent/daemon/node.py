@@ -23,15 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cache.eviction import repo_id_of
-from agent.cache.layout import StateDir, check_repo_id
+from agent.cache.eviction import repo_id_of, scan_repo
+from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.settings import Settings, default_admin_socket
+from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix_listener
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
+from agent.swarm.gate import PeerGate
 from agent.swarm.policy import SwarmFetcher
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
@@ -133,6 +135,9 @@ class Daemon:
             self.ops = NodeOps(s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model)
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held)
+            public = self._public_torrents if s.swarm.interop_public else None
+            self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)
+            """Admits BitTorrent peers: the cluster's agents only (agent.swarm.gate)."""
             self.podsync = self._pod_sync() if s.kube.enabled else None
             """The pod watcher and status reporter (agent.kube.podsync) with `--kube`."""
             node = NodeApi(self.request_model, self.jobs, self.list_models, self.problems)
@@ -166,9 +171,12 @@ class Daemon:
     def start(self) -> None:
         s = self.settings
         started = time.monotonic()
+        self.gate.refresh()  # before any torrent: who may connect
         restored = self.seeder.restore()
         log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
         self._supervisor.spawn("backfill-pieces", self.seeder.backfill)
+        if s.swarm.peer_gate:
+            self._supervisor.spawn("peer-gate", self.gate.run)
         tracker = self.tracker
         if tracker is not None:
             self._supervisor.spawn("tracker-probe", lambda stop: self._probe_tracker(tracker, stop))
@@ -286,6 +294,16 @@ class Daemon:
         finally:
             self.ops.job_finished(job)
 
+    def _public_torrents(self) -> set[str]:
+        """Infohashes of the held blobs of models the origin last reported public (--interop-public)."""
+        held = self.seeder.held()
+        out: set[str] = set()
+        for repo_id in self._fetch.entitlements.public_repos():
+            repo = scan_repo(RepoCache(self.settings.cache_dir, self.settings.state_dir, repo_id).root)
+            for snap in repo.snapshots.values() if repo is not None else ():
+                out.update(held[b] for b in snap.files.values() if b in held)
+        return out
+
     # -- views ----------------------------------------------------------------------------
 
     def problems(self) -> list[str]:
@@ -341,6 +359,15 @@ def read_secret(path: Path | None, option: str) -> str | None:
     return secret
 
 
+def _key_bytes(path: Path | None, option: str, load: Callable[[bytes], object]) -> bytes | None:
+    """A PEM key file's bytes, checked now: a bad key fails at start, not at the first fetch."""
+    secret = read_secret(path, option)
+    if secret is None:
+        return None
+    load(secret.encode())
+    return secret.encode()
+
+
 def build_serve_settings(
     *,
     cache_dir: Path | None,
@@ -359,6 +386,10 @@ def build_serve_settings(
     metrics_on_network: bool = True,
     publish_roots: Sequence[Path] = (),
     publish_unchecked_ids: bool = False,
+    publisher_public_key_file: Path | None = None,
+    publisher_signing_key_file: Path | None = None,
+    interop_public: bool = False,
+    peer_gate: bool = True,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -374,7 +405,9 @@ def build_serve_settings(
     if tracker and not tracker.startswith(("http://", "https://")):
         raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
-    swarm = dataclasses.replace(settings.swarm, listen=bt_listen)
+    swarm = dataclasses.replace(
+        settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate
+    )
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:
@@ -396,6 +429,12 @@ def build_serve_settings(
         metrics_on_network=metrics_on_network,
         publish_roots=tuple(Path(r).resolve() for r in publish_roots),
         publish_unchecked_ids=publish_unchecked_ids,
+        publisher_public_key=_key_bytes(
+            publisher_public_key_file, "--publisher-public-key-file", load_public_key
+        ),
+        publisher_signing_key=_key_bytes(
+            publisher_signing_key_file, "--publisher-signing-key-file", load_private_key
+        ),
     )
     if lease_ttl is not None:
         daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)

@@ -37,6 +37,7 @@ from agent.core.settings import Settings
 from agent.fetch.jobs import Job, JobTable, RequestModel
 from agent.fetch.publish import (
     PublishResult,
+    check_can_register,
     check_publish_source,
     check_repo_id_unowned,
     publish_directory,
@@ -171,7 +172,7 @@ class NodeOps:
         s = self.settings
         source, root = check_publish_source(s, directory)
         check_repo_id(repo_id)
-        if self._tracker is not None and not s.daemon.publisher_token:
-            raise RefusedError("this agent cannot publish: start it with --publisher-token-file")
+        if self._tracker is not None:
+            check_can_register(s)  # the publisher token and signing key, before anything is copied
         check_repo_id_unowned(s, repo_id)
         return publish_directory(s, source, repo_id, revision, self._tracker, self._seeder.seed, root)

@@ -1,7 +1,8 @@
 """One daemon fetch job: plan at the origin, blobs through the swarm, snapshot in the hub cache.
 
-The origin fetch engine (agent.fetch.engine) does the planning, the disk-space check, the snapshot
-links, the index checks and `refs/`; the swarm source (agent.swarm.policy) decides per blob
+Planning (agent.fetch.planning) asks the origin first, and the tracker's manifest only where that
+widens no access; the origin fetch engine (agent.fetch.engine) does the disk-space check, the
+snapshot links, the index checks and `refs/`; the swarm source (agent.swarm.policy) decides per blob
 where the bytes come from and installs each blob itself (libtorrent finishes a blob in place
 under its final name, so there is no temp file for the engine to move).
 """
@@ -13,12 +14,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.cache.layout import RepoCache
+from agent.cache.layout import RepoCache, StateDir
 from agent.core.errors import AuthError, NotFoundError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine
+from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import Job, JobFile
 from agent.fetch.planning import plan_fetch
 from agent.fetch.swarm_source import SwarmSource
@@ -41,6 +43,11 @@ class FetchContext:
     """Makes room for a plan's missing blobs under the cache limit, or raises `CacheFullError`."""
     held_blobs: Callable[[], dict[str, str]]
     """blob id -> infohash of what the node seeds (for the manifest it publishes)."""
+    entitlements: Entitlements = dataclasses.field(init=False)
+    """What the origin allowed this node's requests (agent.fetch.entitlement), from `--state-dir`."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entitlements", Entitlements(StateDir(self.settings.state_dir)))
 
 
 class JobProgress(Progress):
@@ -87,7 +94,7 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
     client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
         _run(ctx, job, client)
-    except (AuthError, NotFoundError) as exc:
+    except (AuthError, NotFoundError, NotEntitledError) as exc:
         raise type(exc)(f"{exc} [the agent fetched with {which}]") from None
     finally:
         client.close()
@@ -97,7 +104,16 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
     settings = ctx.settings
     f = settings.fetch
     key = job.key
-    plan = plan_fetch(client, ctx.tracker, key.repo_id, key.revision, key.include, key.exclude)
+    plan = plan_fetch(
+        client,
+        ctx.tracker,
+        key.repo_id,
+        key.revision,
+        key.include,
+        key.exclude,
+        entitlements=ctx.entitlements,
+        publisher_key=settings.daemon.publisher_public_key,
+    )
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
@@ -122,9 +138,11 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
 
 def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
     """Tell the tracker what this commit holds (its model list and swarm health use it); not when
-    the plan came from its manifest (a published model's is the publisher's alone to write)."""
+    the plan came from its manifest (a published model's is the publisher's alone to write), and
+    not after a fetch that --include/--exclude narrowed: a commit's manifest is written once, so a
+    partial one would stand for the whole commit forever."""
     tracker = ctx.tracker
-    if tracker is None or plan.from_tracker:
+    if tracker is None or plan.from_tracker or {e.path for e in plan.files} != plan.all_paths:
         return
     held = ctx.held_blobs()
     files = [

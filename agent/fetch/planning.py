@@ -1,55 +1,38 @@
-"""Planning a daemon fetch when the origin cannot: from the tracker's manifest (`/v1/resolve` +
-`/v1/manifests`). This is how a model published with `agent publish` (no hub at all) reaches other
-nodes, and how a node fetches a model the cluster already has while the origin is down.
+"""Planning a daemon fetch: at the origin, which decides who may read what; the tracker's manifest
+only where that widens no access (docs/security.md, "P2P never widens access").
 
-The origin stays first: it is the authority on what `main` means for a Hub repo. The tracker is
-asked only when the origin does not know the repo (404/401), refuses, or cannot be reached.
+- The origin plans it: for a repo it does not report public, the request's token must also get a
+  file's HEAD answered (a gated repo's listing is public, its files are not). The answer is recorded
+  (agent.fetch.entitlement) for when the origin cannot be asked.
+- The origin refuses the token (401/403, `AuthError`): the fetch fails with that refusal. Peers hold
+  the same bytes, but the origin said no, so no peer is asked.
+- The origin does not have the repo (404, `NotFoundError`; a private repo the token cannot see looks
+  the same): only a published manifest (a hub-less model, `agent publish`) whose publisher signature
+  verifies. An agent-written manifest of a repo the origin says it lacks is refused.
+- The origin cannot be asked (unreachable, 5xx, 429 after the retries): a published, verified
+  manifest, or an agent-written one of a repo this node recorded the origin's yes for: reported
+  public (anyone), or this request's token accepted, within `ENTITLEMENT_TTL`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from agent.cache.layout import safe_relpath
+from agent.cache.layout import check_blob_id, is_commit, safe_relpath
 from agent.core.errors import AuthError, NotFoundError, OriginError, RateLimitedError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
+from agent.core.signing import verified_published_manifest
 from agent.fetch.engine import filter_files, plan_from_origin
+from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.client import OriginClient, RemoteFile
 from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
 
-_FALLBACK = (NotFoundError, AuthError, OriginError, RateLimitedError)
-
-
-def plan_from_tracker(
-    tracker: TrackerClient,
-    repo_id: str,
-    revision: str,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-) -> FetchPlan | None:
-    """The plan from the tracker's manifest of repo@revision, or None when the tracker has none."""
-    commit = revision if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision) else None
-    if commit is None:
-        commit = tracker.resolve(repo_id, revision)
-        if commit is None:
-            return None
-    manifest = tracker.get_manifest(repo_id, commit)
-    if manifest is None:
-        return None
-    listing = []
-    for f in manifest.get("files", []):
-        path, blob_id = str(f["path"]), str(f["blob_id"]).lower()
-        safe_relpath(path)
-        # A 64-hex id is a sha256 (an LFS oid, or `agent publish`), a 40-hex one a git blob sha1.
-        listing.append(RemoteFile(path, int(f["size"]), blob_id, len(blob_id) == 64))
-    chosen = filter_files(listing, include, exclude)
-    if not chosen:
-        raise NotFoundError(f"{repo_id}@{revision}: no file of the tracker's manifest matches the filters")
-    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs) for f in chosen)
-    return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing), from_tracker=True)
+_UNREACHABLE = (OriginError, RateLimitedError)
+"""The origin could not answer; not a decision about the repo or the token."""
 
 
 def plan_fetch(
@@ -59,25 +42,160 @@ def plan_fetch(
     revision: str,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    *,
+    entitlements: Entitlements,
+    publisher_key: bytes | None,
 ) -> FetchPlan:
-    """The origin's plan; failing that (unknown repo, refused, unreachable), the tracker's manifest."""
+    """The plan for a request running with `client`'s token (module docstring: which source, when).
+
+    `publisher_key`: the publisher's Ed25519 public key (PEM) that hub-less manifests must verify
+    with; None refuses them."""
+    token = client.settings.token
     try:
-        return plan_from_origin(client, repo_id, revision, include, exclude)
-    except _FALLBACK as exc:
+        plan = plan_from_origin(client, repo_id, revision, include, exclude)
+        public = client.reported_public(repo_id)
+        if not public:
+            _check_file_access(client, plan)
+    except AuthError:
+        entitlements.forget(repo_id, token)
+        raise
+    except NotFoundError as exc:
         if tracker is None:
             raise
-        try:
-            plan = plan_from_tracker(tracker, repo_id, revision, include, exclude)
-        except TrackerError as tracker_exc:
-            log.info("tracker has no plan for %s@%s either: %s", repo_id, revision, tracker_exc)
-            raise exc from None
-        if plan is None:
+        return _published_plan(tracker, repo_id, revision, include, exclude, publisher_key, exc)
+    except _UNREACHABLE as exc:
+        if tracker is None:
             raise
-        log.info(
-            "%s@%s: the origin cannot plan it (%s); using the tracker's manifest of %s",
+        return _plan_without_origin(
+            tracker, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc
+        )
+    entitlements.record(repo_id, revision, plan.commit, public, token)
+    return plan
+
+
+def _check_file_access(client: OriginClient, plan: FetchPlan) -> None:
+    """The origin serves this token a file of the plan (HEAD, no body, redirects not followed), or
+    raises its refusal. The smallest file: any would do, as the Hub gates a repo's files together."""
+    entry = min(plan.files, key=lambda e: (e.size, e.path))
+    client.file_metadata(plan.repo_id, plan.commit, entry.path)
+
+
+def _published_plan(
+    tracker: TrackerClient,
+    repo_id: str,
+    revision: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    publisher_key: bytes | None,
+    origin_exc: NotFoundError,
+) -> FetchPlan:
+    """The origin has no such repo: a hub-less model's published, signature-verified manifest, or the
+    origin's answer."""
+    found = _tracker_manifest(tracker, repo_id, revision, None, origin_exc)
+    if found is None:
+        raise origin_exc
+    commit, manifest = found
+    if manifest.get("published") is not True:
+        log.warning(
+            "%s@%s: the tracker has an agent-written manifest, but the origin does not serve the repo "
+            "to this request (%s); refused",
             repo_id,
             revision,
-            exc,
-            plan.commit[:12],
+            origin_exc,
         )
-        return plan
+        raise origin_exc
+    files = verified_published_manifest(manifest, publisher_key, repo_id, commit)
+    log.info("%s@%s: a published model (signature verified), commit %s", repo_id, revision, commit[:12])
+    return _plan_from_files(repo_id, revision, commit, files, include, exclude)
+
+
+def _plan_without_origin(
+    tracker: TrackerClient,
+    repo_id: str,
+    revision: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    entitlements: Entitlements,
+    token: str | None,
+    publisher_key: bytes | None,
+    origin_exc: OriginError | RateLimitedError,
+) -> FetchPlan:
+    """The origin cannot be asked: a published, verified manifest, or the manifest of a repo this
+    node recorded the origin's yes for (to anyone, or to this token)."""
+    recorded = entitlements.commit_for(repo_id, revision)
+    found = _tracker_manifest(tracker, repo_id, revision, recorded, origin_exc)
+    if found is None:
+        raise origin_exc
+    commit, manifest = found
+    if manifest.get("published") is True:
+        files = verified_published_manifest(manifest, publisher_key, repo_id, commit)
+        why = "a published model, signature verified"
+    else:
+        grant = entitlements.allows(repo_id, token)
+        if grant is None:
+            days = ENTITLEMENT_TTL / 86400
+            raise NotEntitledError(
+                f"{repo_id}@{revision}: the origin cannot be asked ({origin_exc}), and it has not "
+                f"accepted this token for the repo on this node in the last {days:g} days (nor reported "
+                f"it public); peers are not asked for what the origin did not allow: retry once it answers"
+            )
+        files = [f for f in manifest.get("files", []) if isinstance(f, dict)]
+        why = "the origin reported it public" if grant == "public" else "the origin accepted this token"
+    log.info(
+        "%s@%s: the origin cannot be asked (%s); planning commit %s from the tracker's manifest (%s)",
+        repo_id,
+        revision,
+        origin_exc,
+        commit[:12],
+        why,
+    )
+    return _plan_from_files(repo_id, revision, commit, files, include, exclude)
+
+
+def _tracker_manifest(
+    tracker: TrackerClient,
+    repo_id: str,
+    revision: str,
+    recorded_commit: str | None,
+    origin_exc: Exception,
+) -> tuple[str, dict[str, Any]] | None:
+    """(commit, manifest) of repo@revision at the tracker, or None (the tracker has none or fails).
+
+    A revision that is not a commit resolves at the tracker, else to `recorded_commit` (what the origin
+    last resolved it to for this node)."""
+    try:
+        commit = revision if is_commit(revision) else tracker.resolve(repo_id, revision) or recorded_commit
+        manifest = tracker.get_manifest(repo_id, commit) if commit else None
+    except TrackerError as exc:
+        log.info("%s@%s: the tracker cannot plan it either (%s); origin: %s", repo_id, revision, exc,
+                 origin_exc)
+        return None
+    if commit is None or manifest is None or not is_commit(commit):
+        return None
+    return commit, manifest
+
+
+def _plan_from_files(
+    repo_id: str,
+    revision: str,
+    commit: str,
+    files: Sequence[Mapping[str, Any]],
+    include: Sequence[str],
+    exclude: Sequence[str],
+) -> FetchPlan:
+    listing = []
+    for f in files:
+        try:
+            path, blob_id, size = str(f["path"]), str(f["blob_id"]).lower(), int(f["size"])
+        except (KeyError, TypeError, ValueError):
+            raise TrackerError(f"{repo_id}@{commit[:12]}: malformed file in the tracker's manifest") from None
+        safe_relpath(path)
+        check_blob_id(blob_id)
+        # A 64-hex id is a sha256 (an LFS oid, or `agent publish`), a 40-hex one a git blob sha1.
+        listing.append(RemoteFile(path, size, blob_id, len(blob_id) == 64))
+    chosen = filter_files(listing, include, exclude)
+    if not chosen:
+        raise NotFoundError(f"{repo_id}@{revision}: no file of the tracker's manifest matches the filters")
+    entries = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs) for f in chosen)
+    every_path = frozenset(f.path for f in listing)
+    return FetchPlan(repo_id, revision, commit, entries, every_path, from_tracker=True)

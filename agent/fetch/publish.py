@@ -4,8 +4,10 @@ Each file is copied once into `blobs/` while one pass computes its blob id (sha2
 the xxh3 sidecar and the BitTorrent piece hashes; the snapshot gets relative symlinks and
 `refs/<revision>`, exactly as a fetched model. The commit id is deterministic: the sha1 of the
 sorted (path, blob id) list, so publishing the same files twice gives the same commit on every
-node. The tracker gets each blob's metainfo (agent role) and the manifest (publisher role); the
-daemon seeds. A daemon publishes only from its `--publish-root`s and never under a repo id the
+node. The tracker gets each blob's metainfo (agent role) and the manifest (publisher role), signed
+with the publisher's Ed25519 key (agent.core.signing), which every agent verifies before planning
+from it; a commit's manifest never changes, and only the publisher moves `revision`. The daemon
+seeds. A daemon publishes only from its `--publish-root`s and never under a repo id the
 origin has (`check_publish_source`, `check_repo_id_unowned`). Other nodes then `agent fetch ID`
 (or use the pod annotation) and the daemon's fetch path plans from the tracker's manifest when
 the origin does not know the repo (agent.fetch.planning).
@@ -38,6 +40,7 @@ from agent.core.errors import (
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.settings import Settings
+from agent.core.signing import load_private_key, manifest_payload, sign_manifest
 from agent.origin.client import OriginClient
 from agent.swarm.tracker_client import TrackerClient
 
@@ -91,6 +94,20 @@ def check_publish_source(settings: Settings, directory: Path) -> tuple[Path, Pat
             return real, root
     allowed = ", ".join(str(r) for r in roots)
     raise RefusedError(f"{directory} is outside the agent's --publish-root ({allowed})")
+
+
+def check_can_register(settings: Settings) -> None:
+    """Refuse, before a byte is copied, a publish this agent could not register with its tracker:
+    the manifest needs the tracker's publisher-role token and the publisher's signing key."""
+    daemon = settings.daemon
+    if not daemon.publisher_token:
+        raise RefusedError("this agent cannot publish: start it with --publisher-token-file")
+    if not daemon.publisher_signing_key:
+        raise RefusedError(
+            "this agent cannot publish: every agent checks a published manifest's signature, and this "
+            "one has no key to sign it; pass --publisher-signing-key-file (`agent keygen DIR` makes a pair)"
+        )
+    load_private_key(daemon.publisher_signing_key)  # an unusable key is a ConfigError now, not after copying
 
 
 def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
@@ -180,9 +197,13 @@ def publish_directory(
     seed: SeedBlob | None = None,
     boundary: Path | None = None,
 ) -> PublishResult:
-    """`boundary`: where the folder's symlinks may point (`local_files`)."""
+    """`boundary`: where the folder's symlinks may point (`local_files`). With a `tracker`, the
+    manifest is signed with `settings.daemon.publisher_signing_key` and registered with the
+    publisher-role token (both checked before anything is copied)."""
     check_repo_id(repo_id)
     safe_relpath(revision)
+    if tracker is not None:
+        check_can_register(settings)
     directory = directory.expanduser().resolve()
     files = local_files(directory, boundary)
     cache = RepoCache(settings.cache_dir, settings.state_dir, repo_id)
@@ -223,10 +244,13 @@ def publish_directory(
         )
     published = False
     if tracker is not None:
+        key = settings.daemon.publisher_signing_key
+        assert key is not None  # check_can_register
+        signature = sign_manifest(key, manifest_payload(repo_id, commit, manifest))
         try:
             for blob_id, info in infos.items():
                 tracker.put_metainfo(blob_id, info)
-            tracker.publish_manifest(repo_id, commit, revision, manifest)
+            tracker.publish_manifest(repo_id, commit, revision, manifest, signature=signature)
             published = True
         except TrackerError as exc:
             log.warning("%s@%s is in the local cache but not on the tracker: %s", repo_id, commit[:12], exc)

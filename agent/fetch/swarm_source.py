@@ -87,7 +87,10 @@ class SwarmSource:
         def web_seed_url() -> str:
             return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
 
-        outcome = self.fetcher.obtain(cache, entry, from_origin, web_seed_url, on_progress)
+        # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report it.
+        outcome = self.fetcher.obtain(
+            cache, entry, from_origin, web_seed_url, on_progress, present=lambda: progress.done
+        )
         on_progress(entry.size)
         with self._lock:
             self.sources[entry.path] = outcome.source

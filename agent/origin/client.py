@@ -100,6 +100,7 @@ class OriginClient:
             retries=False,
             timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
         )
+        self._public: dict[str, bool] = {}
 
     def __repr__(self) -> str:
         return f"OriginClient({self.endpoint!r})"
@@ -215,7 +216,15 @@ class OriginClient:
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or len(sha) != 40:
             raise OriginError(f"{repo_id}@{revision}: origin did not return a commit sha")
+        assert isinstance(data, dict)
+        self._public[repo_id] = data.get("private") is False and data.get("gated") is False
         return sha.lower()
+
+    def reported_public(self, repo_id: str) -> bool:
+        """Whether this client's last `resolve` of `repo_id` was told the repo is public: `private` and
+        `gated` both explicitly false (a missing or null field, or a gating mode, is not public; see
+        docs/security.md). False when it was not resolved here."""
+        return self._public.get(repo_id, False)
 
     def list_files(self, repo_id: str, commit: str) -> list[RemoteFile]:
         """Every file at `commit` (recursive tree listing, following `Link: rel="next"` pages)."""

@@ -29,7 +29,12 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
     )
     return {
         "listen_interfaces": s.listen,
-        "outgoing_interfaces": "",
+        # Connect from the address we listen on: the one the tracker saw announce, which is all
+        # that other agents' peer gates admit (agent.swarm.gate). Any address: the OS picks.
+        "outgoing_interfaces": _outgoing(s.listen),
+        # The peer gate's IP filter is for peers; the tracker is the one the agent was given (and
+        # where the gate learns who the agents are, so filtering it would lock everyone out).
+        "apply_ip_filter_to_trackers": False,
         "enable_dht": s.enable_dht,
         "enable_lsd": s.enable_lsd,
         "enable_upnp": s.enable_upnp,
@@ -104,6 +109,11 @@ def torrent_info(info: bytes, what: str) -> Any:
 
 def infohash_of(ti: Any) -> str:
     return str(ti.info_hashes().v1)
+
+
+def _outgoing(listen: str) -> str:
+    host = listen.rpartition(":")[0].strip("[]")
+    return "" if host in ("", "0.0.0.0", "::") else host
 
 
 def redact_tracker_url(url: str) -> str:

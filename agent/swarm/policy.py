@@ -14,20 +14,32 @@
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
        (a lease holder whose web seed stalls as long, or fails and then brings nothing for
        3 x `swarm.web_seed_retry` seconds, uses the origin engine: same origin, own retries and errors)
+    7. the metainfo is wrong (poisoned)                     -> the lease path as if it were unknown (4)
+    8. the lease holder makes no progress                   -> take its lease over (then 3 or 4)
+
+Wrong metainfo (issue 12): bytes that match every piece hash yet fail the blob id prove the published
+metainfo wrong; pieces that keep failing make it suspect. Either way the node stops using it and takes
+the lease path as if it were unknown (agent.swarm.trust: reports, bans, the check before re-publishing).
+
+Stalled lease holders. A holder's heartbeats report the bytes it has; a node asking for the lease
+passes `stale_after` (`_holder_stall`: two heartbeat periods, at least `daemon.lease_stall_min`), and
+the tracker hands it the lease of a holder whose bytes did not move for that long. So a waiter re-asks
+as soon as the holder could count as stalled, and does not wait a lease TTL (30 s by default; the
+bound is 20 s), let alone `max_wait_seconds`, on a holder whose heartbeats keep a dead download alive.
 
 A blob finished by libtorrent is verified once end to end (sha256 / git sha1 against the blob id,
 which is what the origin promised) in the same pass that writes its xxh3 sidecar, before any
 snapshot link points at it. Why, when libtorrent has already checked every piece's SHA-1: those piece
 hashes are only as good as the metainfo, and any holder of the tracker token can publish the
 metainfo of a blob id. The publisher computed it from bytes it had verified (the origin engine
-hashes sha256 and pieces in one stream; `agent publish` hashes its own files), and `_check_info`
+hashes sha256 and pieces in one stream; `agent publish` hashes its own files), and `check_info`
 pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
-then every node would install the same wrong "verified" weights in silence. The re-read turns that
-into a loud IntegrityError. Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for xxh3), once per blob
-per node. (Hashing in piece order while the download runs would hide it, but pieces arrive in rarest-
-first order, and sequential downloading would make every node want the same pieces at once.) The
-piece SHA-1s are not recomputed here (the metainfo has them): they were the larger part of this
-pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
+then every node would install the same wrong "verified" weights in silence. The re-read catches that
+(and the node recovers: "Wrong metainfo" above). Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for
+xxh3), once per blob per node. (Hashing in piece order while the download runs would hide it, but
+pieces arrive in rarest-first order, and sequential downloading would make every node want the same
+pieces at once.) The piece SHA-1s are not recomputed here (the metainfo has them): they were the
+larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ from agent.core.settings import Settings
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import Lease, TrackerClient
+from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
 from tracker.bencode import bdecode
 
 log = logging.getLogger(__name__)
@@ -68,6 +81,8 @@ _ANNOUNCE_WAIT = 5.0
 """Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
 _SPREAD_MIN_BYTES = 16 * 2**20
 """Blobs from this size on have their origin leases spread over nodes; small files are not worth a wait."""
+_SUSPECT_WAIT = 5.0
+"""Least seconds of failing pieces, none passing, before the metainfo is suspect (see `_suspect_wait`)."""
 _WEB_SEED_TRIES = 3
 """A web seed that failed and then brought nothing for this many of libtorrent's retry periods is given
 up: a refused (SSRF, 403) or unreachable URL, or one libtorrent dropped (404), then costs ~15 s, not a
@@ -92,6 +107,8 @@ Progress = Callable[[int], None]
 
 class _Stalled(Exception):
     pass
+
+
 
 
 class SwarmFetcher:
@@ -119,6 +136,25 @@ class SwarmFetcher:
         """Blobs whose origin lease this node holds or is asking for (see `_acquire_lease`)."""
         self._blob_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._trust = MetainfoTrust(swarm, tracker, node_id)
+        self._present: dict[str, Callable[[], int]] = {}
+        """blob id -> bytes of it present now, for lease heartbeats (set while it is obtained)."""
+
+    @property
+    def _holder_stall(self) -> float:
+        """Seconds a lease holder's reported bytes may stay the same before another node takes its lease
+        over: two heartbeat periods (heartbeats every ttl/3), less than one lease TTL, but at least
+        `daemon.lease_stall_min` (progress shows in whole reads)."""
+        d = self.settings.daemon
+        return max(1.0, 2 * d.lease_ttl / 3, d.lease_stall_min)
+
+    @property
+    def _suspect_wait(self) -> float:
+        """Seconds of failing pieces, none passing, after which the metainfo is suspect. A corrupt peer
+        among good ones fails a piece now and then, but others keep passing; a wrong metainfo with
+        honest bytes fails them all."""
+        stall = self.settings.swarm.stall_timeout
+        return min(stall, max(_SUSPECT_WAIT, stall / 4))
 
     @property
     def trackers(self) -> list[str]:
@@ -138,20 +174,43 @@ class SwarmFetcher:
         origin_download: OriginDownload,
         web_seed_url: WebSeedUrl,
         progress: Progress,
+        present: Callable[[], int] | None = None,
     ) -> BlobOutcome:
+        """`present`: the bytes of this blob present now, whichever engine writes them (lease
+        heartbeats report it); by default the last value passed to `progress`."""
         with self._lock_for(blob.blob_id):
-            if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
-                self._seed_from_cache(cache, blob)
-                return BlobOutcome("cache")
-            if self.tracker is None:
-                return self._from_origin(cache, blob, origin_download, publish=False)
+            last = [0]
+
+            def tracked(done: int) -> None:
+                last[0] = done
+                progress(done)
+
+            with self._locks_guard:
+                self._present[blob.blob_id] = present or (lambda: last[0])
             try:
-                return self._via_tracker(cache, blob, origin_download, web_seed_url, progress)
-            except TrackerUnavailableError as exc:
-                log.warning("%s; fetching %s from the origin", exc, blob.path)
-                return self._from_origin(
-                    cache, blob, origin_download, publish=False, info=self._known_info(blob)
-                )
+                return self._obtain(cache, blob, origin_download, web_seed_url, tracked)
+            finally:
+                with self._locks_guard:
+                    self._present.pop(blob.blob_id, None)
+
+    def _obtain(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        origin_download: OriginDownload,
+        web_seed_url: WebSeedUrl,
+        progress: Progress,
+    ) -> BlobOutcome:
+        if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
+            self._seed_from_cache(cache, blob)
+            return BlobOutcome("cache")
+        if self.tracker is None:
+            return self._from_origin(cache, blob, origin_download, publish=False)
+        try:
+            return self._via_tracker(cache, blob, origin_download, web_seed_url, progress)
+        except TrackerUnavailableError as exc:
+            log.warning("%s; fetching %s from the origin", exc, blob.path)
+            return self._from_origin(cache, blob, origin_download, publish=False, info=self._known_info(blob))
 
     def _via_tracker(
         self,
@@ -164,26 +223,25 @@ class SwarmFetcher:
         assert self.tracker is not None
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
         peers_stalled = False
+        waiting_on: str | None = None
         while True:
-            info = self.tracker.get_metainfo(blob.blob_id)
+            if self._trust.bad_count(blob) >= MAX_BAD_METAINFO:
+                log.warning("%s: wrong metainfo published again and again; using the origin", blob.path)
+                return self._from_origin(cache, blob, origin_download, publish=True)
+            info = self._trust.usable(blob, self.tracker.get_metainfo(blob.blob_id))
             state = self.tracker.blob_state(blob.blob_id)
-            if info is not None:
-                self._check_info(blob, info)
             if info is not None and state.seeders > 0 and not peers_stalled:
-                try:
-                    return self._from_swarm(cache, blob, info, None, progress)
-                except _Stalled:
-                    log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
-                    peers_stalled = True
-                    continue
+                outcome = self._swarm_or_none(cache, blob, info, progress)
+                if outcome is not None:
+                    return outcome
+                peers_stalled = True
+                continue
             lease = self._acquire_lease(blob)
             if lease.granted and info is None:
                 # Asking can take seconds (`lease_spread`), and the previous holder may have published
                 # the metainfo and released the lease meanwhile: a grant then is no reason to pull the
                 # blob from the origin a second time (seen in the 8-node benchmark: egress 1.25-1.47 S).
-                info = self.tracker.get_metainfo(blob.blob_id)
-                if info is not None:
-                    self._check_info(blob, info)
+                info = self._trust.usable(blob, self.tracker.get_metainfo(blob.blob_id))
             if (
                 lease.granted
                 and info is not None
@@ -193,27 +251,47 @@ class SwarmFetcher:
                 # The tracker's count was a snapshot: a seeder announced (or restarted) since.
                 log.info("%s: a seeder appeared; giving the origin lease back", blob.path)
                 self._release(blob.blob_id)
-                try:
-                    return self._from_swarm(cache, blob, info, None, progress)
-                except _Stalled:
-                    peers_stalled = True
-                    continue
+                outcome = self._swarm_or_none(cache, blob, info, progress)
+                if outcome is not None:
+                    return outcome
+                peers_stalled = True
+                continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
             if info is not None and not peers_stalled:
-                # The holder is filling the swarm from the origin: take pieces from it as they arrive.
-                try:
-                    return self._from_swarm(cache, blob, info, None, progress)
-                except _Stalled:
-                    peers_stalled = True
-                    continue
+                # The holder is filling the swarm from the origin: take pieces from it as they arrive,
+                # and ask the tracker again if none come for as long as a holder may stall.
+                outcome = self._swarm_or_none(cache, blob, info, progress, stall=self._holder_stall)
+                if outcome is not None:
+                    return outcome
+                peers_stalled = True
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 log.warning("waited too long for %s from node %s; using the origin", blob.path, lease.holder)
                 return self._from_origin(cache, blob, origin_download, publish=True, info=info)
-            log.info("%s: node %s holds the origin lease; waiting for it", blob.path, lease.holder)
-            self.tracker.wait_blob(blob.blob_id, min(self.settings.daemon.wait_poll_seconds, left))
+            if lease.holder != waiting_on:
+                waiting_on = lease.holder
+                log.info("%s: node %s holds the origin lease; waiting for it", blob.path, lease.holder)
+            wait = min(self.settings.daemon.wait_poll_seconds, left)
+            if lease.holder_idle is not None:
+                # Ask again (with stale_after) as soon as the holder could count as stalled.
+                wait = min(wait, max(0.2, self._holder_stall - lease.holder_idle + 0.2))
+            self.tracker.wait_blob(blob.blob_id, wait)
             peers_stalled = False
+
+    def _swarm_or_none(
+        self, cache: RepoCache, blob: FileEntry, info: bytes, progress: Progress, stall: float | None = None
+    ) -> BlobOutcome | None:
+        """The blob from its swarm; None when the peers stalled or the metainfo proved wrong or suspect
+        (then the caller takes the lease path)."""
+        try:
+            return self._from_swarm(cache, blob, info, None, progress, stall=stall)
+        except _Stalled:
+            log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
+        except BadMetainfo as exc:
+            self._trust.distrust(blob, exc)
+        return None
 
     def _as_lease_holder(
         self,
@@ -236,6 +314,9 @@ class SwarmFetcher:
             try:
                 seed = WebSeed(web_seed_url())
                 return self._from_swarm(cache, blob, info, seed, progress)
+            except BadMetainfo as exc:
+                self._trust.distrust(blob, exc)
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
             except (SwarmError, _Stalled) as exc:
                 log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
                 return self._from_origin(cache, blob, origin_download, publish=True, info=info)
@@ -260,7 +341,9 @@ class SwarmFetcher:
         try:
             if holding and blob.size >= _SPREAD_MIN_BYTES:
                 time.sleep(self.settings.swarm.lease_spread)
-            lease = self.tracker.acquire_lease(blob.blob_id, self.node_id, self.settings.daemon.lease_ttl)
+            lease = self.tracker.acquire_lease(
+                blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self._holder_stall
+            )
         except BaseException:
             self._forget_lease(blob.blob_id)
             raise
@@ -302,10 +385,17 @@ class SwarmFetcher:
                 pass
 
     def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
+        """Renew the lease every ttl/3 with the bytes present: while they stay the same for
+        `_holder_stall`, another node may take the lease over."""
         assert self.tracker is not None
-        while not stop.wait(self.settings.daemon.lease_ttl / 3):
+        ttl = self.settings.daemon.lease_ttl
+        while not stop.wait(ttl / 3):
+            with self._locks_guard:
+                present = self._present.get(blob_id)
             try:
-                if not self.tracker.heartbeat(blob_id, self.node_id):
+                if not self.tracker.heartbeat(
+                    blob_id, self.node_id, ttl=ttl, progress=present() if present else None
+                ):
                     log.warning("lost the origin lease on %s; finishing the download anyway", blob_id)
                     return
             except TrackerError as exc:
@@ -321,12 +411,13 @@ class SwarmFetcher:
         publish: bool,
         info: bytes | None = None,
     ) -> BlobOutcome:
-        self._drop_torrent(blob.blob_id, info)
+        self._drop_torrent(blob.blob_id, info if info is not None else self._known_info(blob))
         origin_download()
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
         info = digest.encoded_info(blob.blob_id)
+        self._trust.trust_again(blob, infohash(info))
         self._seed(cache, blob, info, publish=publish)
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
@@ -355,11 +446,16 @@ class SwarmFetcher:
         info: bytes,
         web_seed: WebSeed | None,
         progress: Progress,
+        stall: float | None = None,
     ) -> BlobOutcome:
+        """`stall`: seconds without progress before _Stalled (default `swarm.stall_timeout`). Raises
+        BadMetainfo when the metainfo proves wrong (the finished bytes fail the blob id) or suspect
+        (pieces keep failing their hashes, none passing, for `_suspect_wait`)."""
         ih = self._start_download(cache, blob, info, web_seed)
-        stall = self.settings.swarm.stall_timeout
+        stall = stall or self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
         errors_at_progress = 0
+        pieces, failures_at_piece, failing_since = -1, 0, 0.0
         while True:
             try:
                 st = self.swarm.wait(ih, _TICK)
@@ -372,9 +468,24 @@ class SwarmFetcher:
             if st.state == "seeding":
                 break
             now = time.monotonic()
+            if st.pieces != pieces:
+                if pieces >= 0:  # a piece passed since the last look (a failure before the first counts)
+                    failures_at_piece, failing_since = st.hash_failures, 0.0
+                pieces = st.pieces
+            if st.hash_failures > failures_at_piece and not failing_since:
+                failing_since = now
             if st.done != last_done:
                 last_done, last_change, errors_at_progress = st.done, now, st.web_seed_errors
-            elif now - last_change > stall:
+            if failing_since and now - max(failing_since, last_change) > self._suspect_wait:
+                # Pieces failed, none passed since, and no byte arrives: libtorrent banned every peer that
+                # sent them. Bytes still arriving (a good peer filling in for a corrupt one) wait on.
+                raise BadMetainfo(
+                    f"{st.hash_failures - failures_at_piece} pieces of {blob.path} failed their hash check, "
+                    f"none passed since, and nothing arrived for {now - last_change:.0f}s",
+                    ih,
+                    proven=False,
+                )
+            if now - last_change > stall:
                 raise _Stalled(
                     f"no progress for {now - last_change:.0f}s: {st.state}, {st.done}/{st.total} bytes, "
                     f"{st.num_peers} peers ({st.num_seeds} seeds)"
@@ -414,35 +525,27 @@ class SwarmFetcher:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _check_info(self, blob: FileEntry, info: bytes) -> None:
-        try:
-            d = bdecode(info)
-        except ValueError:
-            raise IntegrityError(f"the tracker's metainfo for {blob.path} is not valid bencode") from None
-        if (
-            not isinstance(d, dict)
-            or d.get(b"name") != blob.blob_id.encode()
-            or d.get(b"length") != blob.size
-        ):
-            raise IntegrityError(
-                f"the tracker's metainfo for {blob.path} does not describe blob "
-                f"{blob.blob_id} of {blob.size} bytes"
-            )
-
     def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
-        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks."""
+        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks.
+        BadMetainfo (proven, naming the seeds that sent the bytes) when the content id differs."""
         hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_READ_BLOCK):
                 hasher.update(chunk)
         got = hasher.finish()
         if got.content_id != blob.blob_id or got.size != blob.size:
+            try:
+                seeds = self.swarm.status(ih).seed_sources
+            except WeightswarmError:
+                seeds = frozenset()
             self.swarm.remove(ih, delete_files=True)
             path.unlink(missing_ok=True)
-            raise IntegrityError(
-                f"{blob.path}: the swarm's bytes hash to {got.content_id[:16]}…, "
-                f"expected {blob.blob_id[:16]}…; "
-                "discarded (the published metainfo is wrong)"
+            raise BadMetainfo(
+                f"{blob.path}: bytes matching every piece hash of metainfo {ih} hash to "
+                f"{got.content_id[:16]}…, not to the blob id {blob.blob_id[:16]}…; discarded",
+                ih,
+                proven=True,
+                seeds=seeds,
             )
         st = path.stat()
         d = bdecode(info)
@@ -462,14 +565,7 @@ class SwarmFetcher:
             deadline = time.monotonic() + _ANNOUNCE_WAIT
             while self.swarm.status(ih).swarm_seeders < 0 and time.monotonic() < deadline:
                 time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
-            try:
-                self.tracker.put_metainfo(blob.blob_id, info)
-            except TrackerError as exc:
-                log.warning(
-                    "could not publish metainfo of %s (will retry when the tracker is back): %s",
-                    blob.path,
-                    exc,
-                )
+            self._trust.publish(cache.blob_path(blob.blob_id), blob, info)
 
     def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
         digest = seedable_digest(cache, blob.blob_id)

@@ -34,9 +34,10 @@ are guarded by one lock, and waiters sleep on its condition.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -61,6 +62,10 @@ from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed
 log = logging.getLogger(__name__)
 
 RESUME_SUFFIX = ".resume"
+_BLOCKED = 1
+"""`ip_filter` access flag: blocked (libtorrent's ip_filter::blocked)."""
+_BY_IP_FILTER = 0
+"""`peer_blocked_alert.reason` when the IP filter refused the peer."""
 INCOMPLETE_SUFFIX = ".incomplete"
 _FINAL_NAME_KEY = b"weightswarm-final-name"
 _CLEAN_KEY = b"weightswarm-clean"
@@ -69,6 +74,15 @@ _POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer by
 _CLOSE_TIMEOUT = 10.0
 _MAX_LOOP_RESTARTS = 20
 _SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie")
+
+
+def _resolve(host: str) -> frozenset[str]:
+    """The addresses `host` resolves to now (none when it does not resolve)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return frozenset()
+    return frozenset(str(info[4][0]) for info in infos)
 
 
 class Swarm:
@@ -100,8 +114,100 @@ class Swarm:
         classes.add_rule("0.0.0.0", "255.255.255.255", everyone)
         classes.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", everyone)
         self._ses.set_peer_class_filter(classes)
+        self._banned: dict[str, float] = {}
+        """Addresses refused whatever the gate admits (`ban`) -> when the ban ends (monotonic)."""
+        self._admitted: frozenset[str] = frozenset()
+        self._web_hosts: dict[str, frozenset[str]] = {}
+        """Web seed host names -> their addresses, admitted while a download uses them."""
+        self.blocked = threading.Event()
+        """Set when the IP filter refused someone: the peer gate looks again at once (a new agent)."""
+        self._apply_ip_filter()
         self._thread = threading.Thread(target=self._supervise, name="swarm-alerts", daemon=True)
         self._thread.start()
+
+    # -- who may connect (agent.swarm.gate) ---------------------------------------------------
+
+    def admit(self, addresses: Iterable[str]) -> None:
+        """Exchange bytes with these addresses only (the cluster's agents), plus the hosts of the web
+        seeds in use. Every torrent applies the filter, both ways: an outsider that knows an
+        infohash connects to nothing and is refused when it connects."""
+        admitted = frozenset(addresses)
+        if admitted != self._admitted:
+            joined = admitted - self._admitted
+            self._admitted = admitted
+            self._apply_ip_filter()
+            if joined:
+                # libtorrent dropped these peers from its lists while they were filtered: downloads
+                # ask the tracker again now rather than at their next interval.
+                with self._lock:
+                    pending = [r for r in self._torrents.values() if not r.complete]
+                for rec in pending:
+                    rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+
+    def open_to_all(self, infohashes: set[str]) -> None:
+        """Exempt these torrents from the IP filter (stock clients may exchange their bytes: only for
+        blobs of models the origin reports public, with --interop-public); close every other."""
+        with self._lock:
+            records = list(self._torrents.values())
+        for rec in records:
+            want_open = rec.infohash in infohashes
+            if want_open != rec.open_to_all:
+                if want_open:
+                    rec.handle.unset_flags(lt.torrent_flags.apply_ip_filter)
+                else:
+                    rec.handle.set_flags(lt.torrent_flags.apply_ip_filter)
+                rec.open_to_all = want_open
+
+    def resolve_web_seed_hosts(self) -> None:
+        """Look up the web seeds' hosts again (a CDN's addresses change); admit what they resolve to."""
+        changed = False
+        for host in list(self._web_hosts):
+            addresses = _resolve(host)
+            if addresses - self._web_hosts.get(host, frozenset()):
+                self._web_hosts[host] = self._web_hosts.get(host, frozenset()) | addresses
+                changed = True
+        if changed:
+            self._apply_ip_filter()
+
+    def _apply_ip_filter(self) -> None:
+        f = lt.ip_filter()
+        if not self.settings.peer_gate:
+            self._add_bans(f)
+            self._ses.set_ip_filter(f)  # everyone but banned peers (--no-peer-gate)
+            return
+        f.add_rule("0.0.0.0", "255.255.255.255", _BLOCKED)
+        f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", _BLOCKED)
+        for address in self._admitted.union(*self._web_hosts.values()):
+            f.add_rule(address, address, 0)
+        self._add_bans(f)
+        self._ses.set_ip_filter(f)
+
+    def _add_bans(self, f: Any) -> None:
+        """Block the banned addresses in filter `f`: added last, a ban outranks admission."""
+        with self._lock:
+            banned = list(self._banned)
+        for address in banned:
+            f.add_rule(address, address, _BLOCKED)
+
+    def ban(self, address: str, seconds: float) -> None:
+        """Refuse `address` (one IP) every connection, both ways and in every torrent, for `seconds`,
+        even if the peer gate admits it: a peer that fed us a blob whose bytes failed its own hash.
+
+        Bad pieces are libtorrent's own business: a peer whose data fails a piece hash is banned from
+        that torrent (smart_ban, one of the session's default plugins, finds which peer sent the bad
+        block when several did). A ban here is for what libtorrent cannot see: pieces that match a
+        wrong metainfo."""
+        with self._lock:
+            new = address not in self._banned
+            self._banned[address] = max(self._banned.get(address, 0.0), time.monotonic() + seconds)
+        if new:
+            log.warning("banned peer %s for %.0f s: it served a blob that failed its hash", address, seconds)
+            self._apply_ip_filter()
+
+    def banned(self) -> list[str]:
+        """Addresses banned now (`ban`)."""
+        with self._lock:
+            return sorted(self._banned)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -194,6 +300,10 @@ class Swarm:
         dest_dir = Path(dest_dir)
         ti = torrent_info(info, blob_id)
         for ws in web_seeds:
+            host = urlsplit(ws.url).hostname
+            if host and host not in self._web_hosts:
+                self._web_hosts[host] = _resolve(host)
+                self._apply_ip_filter()
             if "@" in urlsplit(ws.url).netloc or any(k.lower() in _SECRET_HEADERS for k in ws.headers):
                 # libtorrent would forward it to the redirect target (see the module docstring).
                 raise SwarmError(
@@ -349,6 +459,8 @@ class Swarm:
                 swarm_seeders=int(st.num_complete),
                 web_seed_errors=rec.web_seed_errors,
                 web_seed_error=rec.web_seed_error,
+                pieces=int(st.num_pieces),
+                seed_sources=frozenset(rec.seed_sources),
             )
 
     def _state(self, rec: TorrentRecord, st: Any) -> str:
@@ -440,6 +552,12 @@ class Swarm:
         with self._lock:
             recs = list(self._torrents.values())
         now = time.monotonic()
+        with self._lock:
+            ended = [address for address, until in self._banned.items() if until <= now]
+            for address in ended:
+                del self._banned[address]
+        if ended:
+            self._apply_ip_filter()
         for rec in recs:
             if now - rec.last_resume_save > self.settings.resume_interval:
                 rec.last_resume_save = now
@@ -447,6 +565,7 @@ class Swarm:
             if rec.complete:
                 continue
             self._sample_sources(rec)
+            self._note_seeds(rec)
             if self.status(rec.infohash).state == "finishing":  # also refreshes last_progress
                 # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
                 self._on_finished(rec)
@@ -475,6 +594,24 @@ class Swarm:
                 rec.peer_bytes += got - seen if got >= seen else got
                 rec.peer_seen[key] = got
 
+    def _note_seeds(self, rec: TorrentRecord, now: bool = False) -> None:
+        """Add the addresses of seeds that sent this torrent payload to `rec.seed_sources`; at most
+        every _POLL_PEERS seconds (the first verified piece included) unless `now`."""
+        at = time.monotonic()
+        if rec.complete or (not now and at - rec.last_seed_sample < _POLL_PEERS):
+            return
+        rec.last_seed_sample = at
+        seeds = {
+            str(p.ip[0])
+            for p in rec.handle.get_peer_info()
+            if p.connection_type == lt.peer_info.standard_bittorrent
+            and p.flags & lt.peer_info.seed
+            and p.total_download > 0
+        }
+        if seeds:
+            with self._lock:
+                rec.seed_sources |= seeds
+
     def _record_for(self, alert: Any) -> TorrentRecord | None:
         handle = getattr(alert, "handle", None)
         if handle is None or not handle.is_valid():
@@ -490,13 +627,19 @@ class Swarm:
         if isinstance(alert, lt.save_resume_data_failed_alert):
             self._save_done(self._record_for(alert))
             return
+        if isinstance(alert, lt.peer_blocked_alert) and alert.reason == _BY_IP_FILTER:
+            log.debug("refused a connection from/to %s: not an agent of this cluster", alert.ip[0])
+            self.blocked.set()
+            return
         rec = self._record_for(alert)
         if rec is None:
             return
         if isinstance(alert, lt.piece_finished_alert):
             self._sample_sources(rec)
+            self._note_seeds(rec)
         elif isinstance(alert, lt.torrent_finished_alert):
             self._sample_sources(rec)
+            self._note_seeds(rec, now=True)
             self._on_finished(rec)
         elif isinstance(alert, lt.file_renamed_alert):
             self._on_renamed(rec, str(alert.new_name()))

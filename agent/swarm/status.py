@@ -50,6 +50,11 @@ class BlobStatus:
     """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
     web_seed_error: str | None = None
     """The last of those failures, one line, its URL without the query (which may be a signature)."""
+    pieces: int = 0
+    """Pieces verified against the metainfo so far."""
+    seed_sources: frozenset[str] = frozenset()
+    """Addresses of seeds that sent this torrent payload (sampled while it downloads): if the finished
+    blob fails its own hash, these served bytes that match a wrong metainfo."""
 
     @property
     def complete(self) -> bool:
@@ -71,6 +76,8 @@ class TorrentRecord:
     hash_failures: int = 0
     banned_peers: int = 0
     web_seeded: bool = False
+    open_to_all: bool = False
+    """Exempt from the peer gate's IP filter (a public model's blob, with --interop-public)."""
     finishing: bool = False
     """Its rename to the final name is requested (once)."""
     web_seed_errors: int = 0
@@ -80,3 +87,5 @@ class TorrentRecord:
     last_done: int = -1
     last_progress: float = field(default_factory=time.monotonic)
     last_resume_save: float = field(default_factory=time.monotonic)
+    seed_sources: set[str] = field(default_factory=set)
+    last_seed_sample: float = 0.0

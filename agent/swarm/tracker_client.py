@@ -56,6 +56,8 @@ class Lease:
     granted: bool
     holder: str | None
     expires_in: float
+    holder_idle: float | None = None
+    """Seconds since the idlest holder's reported bytes last changed (None: the tracker cannot say)."""
 
 
 class TrackerClient:
@@ -173,6 +175,17 @@ class TrackerClient:
         assert resp is not None
         return str(self._json(resp).get("infohash", ""))
 
+    def report_metainfo(self, blob_id: str, infohash: str, reason: str, node_id: str) -> bool:
+        """Report the blob's published info dict `infohash` wrong; True if the tracker quarantined it
+        (False: it had been replaced or reported already)."""
+        resp = self._request(
+            "POST",
+            f"/v1/blobs/{blob_id}/metainfo/report",
+            json={"infohash": infohash, "reason": reason[:500], "node_id": node_id},
+        )
+        assert resp is not None
+        return bool(self._json(resp).get("quarantined"))
+
     def blob_state(self, blob_id: str) -> BlobState:
         resp = self._request("GET", f"/v1/blobs/{blob_id}", ok_404=True)
         if resp is None:
@@ -194,21 +207,39 @@ class TrackerClient:
 
     # -- leases ---------------------------------------------------------------------------
 
-    def acquire_lease(self, blob_id: str, node_id: str, ttl: float) -> Lease:
-        resp = self._request("POST", f"/v1/leases/{blob_id}", json={"node_id": node_id, "ttl": ttl})
+    def acquire_lease(
+        self, blob_id: str, node_id: str, ttl: float, stale_after: float | None = None
+    ) -> Lease:
+        """Ask for the blob's origin lease; with `stale_after`, take it over from a holder whose reported
+        bytes have not changed for that many seconds."""
+        body: dict[str, Any] = {"node_id": node_id, "ttl": ttl}
+        if stale_after is not None:
+            body["stale_after"] = stale_after
+        resp = self._request("POST", f"/v1/leases/{blob_id}", json=body)
         assert resp is not None
         data = self._json(resp)
         holder = data.get("holder")
+        leases = [x for x in data.get("leases") or [] if isinstance(x, dict)]
+        idle = [float(x["idle"]) for x in leases if x.get("idle") is not None]
         return Lease(
             granted=bool(data.get("granted")),
             holder=str(holder) if holder else None,
             expires_in=float(data.get("expires_in") or 0.0),
+            holder_idle=max(idle) if idle else None,
         )
 
-    def heartbeat(self, blob_id: str, node_id: str) -> bool:
-        """Renew our lease; False when it was lost (expired and taken by another node)."""
+    def heartbeat(
+        self, blob_id: str, node_id: str, ttl: float | None = None, progress: int | None = None
+    ) -> bool:
+        """Renew our lease (for `ttl` seconds), reporting the bytes we have (`progress`): while they stay
+        the same other nodes may take the lease over. False when it was lost (expired, or taken)."""
+        body: dict[str, Any] = {"node_id": node_id}
+        if ttl is not None:
+            body["ttl"] = ttl
+        if progress is not None:
+            body["progress"] = progress
         try:
-            self._request("POST", f"/v1/leases/{blob_id}/heartbeat", json={"node_id": node_id})
+            self._request("POST", f"/v1/leases/{blob_id}/heartbeat", json=body)
         except TrackerError as exc:
             if exc.status in (404, 409) and not isinstance(exc, TrackerUnavailableError):
                 return False
@@ -223,15 +254,23 @@ class TrackerClient:
     def put_manifest(
         self, repo_id: str, commit: str, revision: str | None, files: list[dict[str, Any]]
     ) -> None:
-        """Register a hub model's manifest (agent role). The tracker refuses it (403) for a repo the
-        publisher has published."""
+        """Register a hub model's manifest (agent role). A commit's manifest is written once: the
+        same files again are a no-op, other files a 409 (TrackerError); the tracker ignores
+        `revision` (only the publisher moves refs) and refuses (403) a repo the publisher published."""
         self._request("PUT", f"/v1/manifests/{repo_id}/{commit}", json={"revision": revision, "files": files})
 
     def publish_manifest(
-        self, repo_id: str, commit: str, revision: str | None, files: list[dict[str, Any]]
+        self,
+        repo_id: str,
+        commit: str,
+        revision: str | None,
+        files: list[dict[str, Any]],
+        *,
+        signature: str,
     ) -> None:
-        """Register a hub-less model's manifest with the publisher-role token; the tracker then
-        closes the repo to agent-role writes. RefusedError when this node has no publisher token."""
+        """Register a hub-less model's manifest with the publisher-role token and the publisher's
+        `signature` (agent.core.signing); `revision` then resolves to `commit`, and the tracker closes
+        the repo to agent-role writes. RefusedError when this node has no publisher token."""
         if self._publisher_auth is None:
             raise RefusedError(
                 f"cannot publish {repo_id} to the tracker: publishing needs the tracker's publisher "
@@ -240,16 +279,24 @@ class TrackerClient:
         self._request(
             "PUT",
             f"/v1/manifests/{repo_id}/{commit}",
-            json={"revision": revision, "files": files},
+            json={"revision": revision, "files": files, "signature": signature},
             headers=self._publisher_auth,
             token_option="--publisher-token-file",
         )
+
+    def peer_addresses(self) -> list[str]:
+        """Addresses of the peers that announced lately: the cluster's agents (agent.swarm.gate)."""
+        resp = self._request("GET", "/v1/peers")
+        data = self._json(resp) if resp is not None else {}
+        return [str(a) for a in data.get("addresses", [])]
 
     def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         resp = self._request("GET", f"/v1/manifests/{repo_id}/{commit}", ok_404=True)
         return None if resp is None else self._json(resp)
 
     def resolve(self, repo_id: str, revision: str) -> str | None:
+        """The commit the publisher pointed repo_id@revision at; None for an unknown revision and for
+        every hub model (the tracker keeps no refs of those: the origin resolves them)."""
         resp = self._request("GET", f"/v1/resolve/{repo_id}/{revision}", ok_404=True)
         if resp is None:
             return None

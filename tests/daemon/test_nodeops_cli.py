@@ -9,6 +9,7 @@ import logging
 import subprocess
 from pathlib import Path
 
+import httpx
 from click.testing import CliRunner
 from huggingface_hub import scan_cache_dir
 
@@ -16,11 +17,12 @@ from agent.cache.eviction import scan_cache
 from agent.cli.logs import JsonFormatter, RedactSecrets, redact
 from agent.cli.main import main
 from agent.core.settings import Settings
+from agent.core.signing import generate_keypair, verified_published_manifest
 from agent.daemon.node import Daemon
 from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
-from tests.support.cluster import BIN, agent_settings
+from tests.support.cluster import BIN, agent_settings, publisher_keys
 from tests.support.procs import free_port
 
 SECRET = "hf_SuperSecretToken0123456789"
@@ -81,12 +83,19 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         (model_dir / rel).write_bytes(p.read_bytes())
         files[rel.as_posix()] = p.read_bytes()
     no_origin = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    signing_key, public_key = (p.read_bytes() for p in publisher_keys())
     daemons = []
     try:
-        for name in ("a", "b"):
+        # A publishes (the publisher's private key, no public key); B fetches (only the public key).
+        for name, keys in (
+            ("a", {"publisher_signing_key": signing_key, "publisher_public_key": None}),
+            ("b", {"publisher_signing_key": None, "publisher_public_key": public_key}),
+        ):
             s = agent_settings(tmp_path, name, no_origin, tracker)
             # No origin to ask whether it has the repo id: an air-gapped cluster's setting.
-            daemon = dataclasses.replace(s.daemon, publish_roots=(tmp_path,), publish_unchecked_ids=True)
+            daemon = dataclasses.replace(
+                s.daemon, publish_roots=(tmp_path,), publish_unchecked_ids=True, **keys
+            )
             s = dataclasses.replace(s, origin=dataclasses.replace(s.origin, max_retries=1), daemon=daemon)
             d = Daemon(s)
             daemons.append(d)
@@ -102,6 +111,14 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         # serialises as compact JSON; computed here from the bytes, not with agent.fetch.publish.
         pairs = sorted([rel, hashlib.sha256(data).hexdigest()] for rel, data in files.items())
         assert commit == hashlib.sha1(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+        # The tracker holds A's signature of exactly these files, which the public key verifies.
+        manifest = httpx.get(
+            f"{tracker.url}/v1/manifests/local/finetune/{commit}", headers=tracker.auth, timeout=10
+        ).json()
+        signed = verified_published_manifest(manifest, public_key, "local/finetune", commit)
+        assert sorted((f["path"], f["size"], f["blob_id"]) for f in signed) == sorted(
+            (rel, len(data), hashlib.sha256(data).hexdigest()) for rel, data in files.items()
+        )
 
         job = b.request_model("local/finetune", "main")
         assert job.wait(90), job.status()
@@ -129,6 +146,79 @@ def test_publish_on_one_agent_fetch_on_another_with_no_origin_at_all(tracker, tm
         assert gone.exit_code == 0, gone.output
         assert blob_id not in b.held_blobs()
         assert "local/finetune" not in scan_cache(b.settings.cache_dir)
+    finally:
+        for d in reversed(daemons):
+            d.stop()
+
+
+def _model_folder(tmp_path: Path, repo: str, seed: int) -> Path:
+    """A model folder to publish (generated files, hidden ones left out as publish skips them)."""
+    folder = tmp_path / "publish" / repo.split("/")[1]
+    for p in make_model(tmp_path / "gen", repo, total_bytes=2**18, shards=1, seed=seed):
+        rel = p.relative_to(tmp_path / "gen" / repo)
+        if not rel.name.startswith("."):
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(p.read_bytes())
+    return folder
+
+
+def test_publishing_needs_the_signing_key_and_fetching_the_right_public_key(tracker, tmp_path):
+    """An agent without the signing key refuses to publish before copying a byte; a manifest signed
+    with another key than the agents' public key, or an agent without a public key, plans nothing."""
+    folder = _model_folder(tmp_path, "me/ft", seed=21)
+    no_origin = f"http://127.0.0.1:{free_port()}"
+    public_key = publisher_keys()[1].read_bytes()
+
+    def node(name: str, **keys: object) -> Daemon:
+        s = agent_settings(tmp_path, name, no_origin, tracker)
+        daemon = dataclasses.replace(
+            s.daemon, publish_roots=(tmp_path / "publish",), publish_unchecked_ids=True, **keys
+        )
+        d = Daemon(dataclasses.replace(s, origin=dataclasses.replace(s.origin, max_retries=1), daemon=daemon))
+        daemons.append(d)
+        d.start()
+        return d
+
+    daemons: list[Daemon] = []
+    runner = CliRunner()
+    try:
+        unsigned = node("unsigned", publisher_signing_key=None)
+        out = runner.invoke(
+            main, ["publish", str(folder), "--repo-id", "local/ft", "--agent", unsigned.admin_url]
+        )
+        assert out.exit_code != 0 and "--publisher-signing-key-file" in out.output, out.output
+        assert not (unsigned.settings.cache_dir / "models--local--ft").exists(), "nothing was copied"
+
+        # A standalone publish signed with a key that is not the cluster's publisher key.
+        wrong_key = tmp_path / "wrong.key"
+        wrong_key.write_bytes(generate_keypair()[0])
+        standalone = [
+            "publish", str(folder), "--repo-id", "local/ft",
+            "--cache-dir", str(tmp_path / "standalone" / "hub"),
+            "--state-dir", str(tmp_path / "standalone" / "state"),
+            "--tracker", tracker.url,
+            "--tracker-token-file", str(tracker.token_file),
+            "--publisher-token-file", str(tracker.publisher_token_file),
+            "--origin", no_origin, "--publish-unchecked-ids",
+        ]  # fmt: skip
+        refused = runner.invoke(main, standalone)
+        assert refused.exit_code != 0 and "--publisher-signing-key-file" in refused.output, refused.output
+        published = runner.invoke(main, [*standalone, "--signing-key-file", str(wrong_key)])
+        assert published.exit_code == 0, published.output
+        commit = published.output.strip().splitlines()[-1]
+        manifest = httpx.get(
+            f"{tracker.url}/v1/manifests/local/ft/{commit}", headers=tracker.auth, timeout=10
+        ).json()
+        assert manifest["published"] is True and manifest["signature"]
+
+        for name, keys, why in (
+            ("verifier", {"publisher_public_key": public_key}, "signature does not verify: refusing it"),
+            ("keyless", {"publisher_public_key": None}, "--publisher-public-key-file"),
+        ):
+            job = node(name, **keys).request_model("local/ft", "main")
+            assert job.wait(60), job.status()
+            st = job.status()
+            assert st.phase == "Failed" and why in (st.error or ""), (name, st.error)
     finally:
         for d in reversed(daemons):
             d.stop()

@@ -63,7 +63,15 @@ PLACEMENT = {
 NODE_CIDR = {"ipBlock": {"cidr": "10.0.0.0/16"}}
 HOST_NETWORK = {"agent": {"hostNetwork": True}, "networkPolicy": {"tracker": {"extraFrom": [NODE_CIDR]}}}
 NO_TRACKER = {"tracker": {"enabled": False}}
-PUBLISHING = {"publisherToken": {"enabled": True}, "agent": {"publishRoots": ["/srv/publish/"]}}
+PUBLISHER_KEYS = {
+    "publicKey": {"existingConfigMap": "ws-publisher-pub"},
+    "signingKey": {"existingSecret": "ws-publisher-key"},
+}
+PUBLISHING = {
+    "publisherToken": {"enabled": True},
+    "publisherKeys": PUBLISHER_KEYS,
+    "agent": {"publishRoots": ["/srv/publish/"]},
+}
 WATCH_NAMESPACE = {"agent": {"watchNamespace": "inference"}}
 SOFT = {
     "networkPolicy": {"enabled": False},
@@ -275,6 +283,14 @@ def test_redis_tracker_scales_out_without_a_pvc(chart: Any) -> None:
         ({"agent": {"hostNetwork": True}}, r"list them in networkPolicy.tracker.extraFrom"),
         ({"agent": {"publishRoots": ["/srv/p"]}}, r"agent.publishRoots needs publisherToken.enabled=true"),
         (
+            {**PUBLISHING, "publisherKeys": {"publicKey": PUBLISHER_KEYS["publicKey"]}},
+            r"agent.publishRoots needs publisherKeys.signingKey.existingSecret: agents sign",
+        ),
+        (
+            {**PUBLISHING, "publisherKeys": {"signingKey": PUBLISHER_KEYS["signingKey"]}},
+            r"agent.publishRoots needs publisherKeys.publicKey",
+        ),
+        (
             {**PUBLISHING, **NO_TRACKER},
             r"agent.publishRoots needs a tracker",
         ),
@@ -300,6 +316,8 @@ def test_redis_tracker_scales_out_without_a_pvc(chart: Any) -> None:
         "redis-without-url",
         "host-network-policy",
         "publish-without-token",
+        "publish-without-signing-key",
+        "publish-without-public-key",
         "publish-without-tracker",
         "metrics-off-with-monitor",
         "external-tracker-token",

@@ -42,10 +42,13 @@ TOKEN_SECRET, PASSKEY_SECRET, PUBLISHER_SECRET = (
     "ws-weightswarm-announce-passkey",
     "ws-weightswarm-publisher-token",
 )
+PUBLIC_KEY = {"publicKey": {"existingConfigMap": "ws-publisher-pub"}}
 PUBLISHING = {
     "publisherToken": {"enabled": True},
+    "publisherKeys": {**PUBLIC_KEY, "signingKey": {"existingSecret": "ws-publisher-key", "key": "ed25519"}},
     "agent": {"publishRoots": ["/srv/publish/", "/mnt/models"]},
 }
+KEYS_DIR = "/etc/weightswarm/publisher"
 
 
 def agent_and_tracker(objects: Objects) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -221,6 +224,57 @@ def test_publisher_token_reaches_agents_only_when_they_publish(chart: Any) -> No
             "mountPath": root,
             "readOnly": True,
         }
+
+
+def publisher_keys(spec: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    """file name -> (kind, name, key) of the agent's publisher-keys volume."""
+    volume = volumes_of(spec)["publisher-keys"]["projected"]
+    assert volume["defaultMode"] == 0o440
+    return {
+        item["path"]: (kind, source[kind]["name"], item["key"])
+        for source in volume["sources"]
+        for kind in source
+        for item in source[kind]["items"]
+    }
+
+
+def test_publisher_keys_public_one_in_every_agent_signing_one_only_where_agents_publish(chart: Any) -> None:
+    """The public key (hub-less manifests must verify with it) goes to every agent when set; the
+    private key only to agents that publish; the tracker gets neither (it verifies nothing)."""
+    agent_spec, tracker_spec = agent_and_tracker(render(chart, {}))
+    assert "publisher-keys" not in volumes_of(agent_spec)
+    assert not {"--publisher-public-key-file", "--publisher-signing-key-file"} & set(
+        flags(container(agent_spec, "agent"))
+    )
+
+    for public, source in (
+        (PUBLIC_KEY, ("configMap", "ws-publisher-pub", "publisher.pub")),
+        ({"publicKey": {"existingSecret": "pub-secret", "existingConfigMap": "ignored", "key": "pk"}},
+         ("secret", "pub-secret", "pk")),
+    ):  # fmt: skip
+        agent_spec, tracker_spec = agent_and_tracker(render(chart, {"publisherKeys": public}))
+        agent = container(agent_spec, "agent")
+        assert publisher_keys(agent_spec) == {"publisher.pub": source}
+        assert flags(agent)["--publisher-public-key-file"] == [f"{KEYS_DIR}/publisher.pub"]
+        assert "--publisher-signing-key-file" not in flags(agent)
+        assert mounts_of(agent)["publisher-keys"] == {
+            "name": "publisher-keys",
+            "mountPath": KEYS_DIR,
+            "readOnly": True,
+        }
+        assert "publisher-keys" not in volumes_of(tracker_spec)
+
+    agent_spec, tracker_spec = agent_and_tracker(render(chart, PUBLISHING))
+    agent = container(agent_spec, "agent")
+    assert publisher_keys(agent_spec) == {
+        "publisher.pub": ("configMap", "ws-publisher-pub", "publisher.pub"),
+        "publisher.key": ("secret", "ws-publisher-key", "ed25519"),
+    }
+    assert flags(agent)["--publisher-signing-key-file"] == [f"{KEYS_DIR}/publisher.key"]
+    assert flags(agent)["--publisher-public-key-file"] == [f"{KEYS_DIR}/publisher.pub"]
+    assert "publisher-keys" not in volumes_of(tracker_spec)
+    tracker_flags = flags(container(tracker_spec, "tracker"))
+    assert [a for a in tracker_flags if a.startswith("--publisher-")] == ["--publisher-token-file"]
 
 
 # --- the agent's channels ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ REPO = "acme/tiny"
 MODEL_BYTES = 3 * 2**20
 TOKEN = "tracker-secret-token-1234"
 PASSKEY = "tracker-announce-passkey-5678"
+INTEROP_PASSKEY = "tracker-interop-passkey-3456"
 PUBLISHER_TOKEN = "tracker-publisher-token-9012"
 BIN = Path(sys.executable).parent
 
@@ -71,6 +72,8 @@ class TrackerProcess:
         self.token_file.write_text(TOKEN + "\n")
         self.passkey_file = tmp / "tracker.passkey"
         self.passkey_file.write_text(PASSKEY + "\n")
+        self.interop_passkey_file = tmp / "tracker.interop-passkey"
+        self.interop_passkey_file.write_text(INTEROP_PASSKEY + "\n")
         self.publisher_token_file = tmp / "tracker.publisher-token"
         self.publisher_token_file.write_text(PUBLISHER_TOKEN + "\n")
         self.url = f"http://127.0.0.1:{self.port}"
@@ -91,6 +94,8 @@ class TrackerProcess:
             str(self.token_file),
             "--announce-passkey-file",
             str(self.passkey_file),
+            "--interop-passkey-file",
+            str(self.interop_passkey_file),
             "--publisher-token-file",
             str(self.publisher_token_file),
             "--interval",
@@ -119,6 +124,11 @@ class TrackerProcess:
     def announce_url(self) -> str:
         """What libtorrent, aria2c or a .torrent file announce to: the passkey in the path."""
         return f"{self.url}/announce/{PASSKEY}"
+
+    @property
+    def interop_announce_url(self) -> str:
+        """What a stock client outside the cluster announces to (agent.swarm.gate)."""
+        return f"{self.url}/announce/{INTEROP_PASSKEY}"
 
     def blob(self, blob_id: str) -> dict[str, object]:
         resp = httpx.get(f"{self.url}/v1/blobs/{blob_id}", headers=self.auth, timeout=5)
@@ -149,6 +159,22 @@ def tracker(tmp_path: Path) -> Iterator[TrackerProcess]:
 
 
 @functools.cache
+def publisher_keys() -> tuple[Path, Path]:
+    """(publisher.key, publisher.pub): the publisher's Ed25519 pair for the session, as `agent keygen`
+    writes it. Agents with a tracker get both (as they get the publisher token): they sign what they
+    publish and verify what others published. Removed at exit."""
+    from agent.core.signing import generate_keypair
+
+    path = Path(tempfile.mkdtemp(prefix="ws-keys-"))
+    private, public = generate_keypair()
+    (path / "publisher.key").write_bytes(private)
+    (path / "publisher.key").chmod(0o600)
+    (path / "publisher.pub").write_bytes(public)
+    atexit.register(shutil.rmtree, path, True)
+    return path / "publisher.key", path / "publisher.pub"
+
+
+@functools.cache
 def socket_dir() -> Path:
     """A short directory for the agents' unix sockets (a socket path has at most 107 bytes, and
     pytest's tmp_path can be longer); removed at exit."""
@@ -159,6 +185,7 @@ def socket_dir() -> Path:
 
 
 def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProcess | None, **swarm: object):
+    signing_key, public_key = publisher_keys() if tracker else (None, None)
     settings = build_serve_settings(
         cache_dir=tmp / name / "hub",
         state_dir=tmp / name / "state",
@@ -166,6 +193,8 @@ def agent_settings(tmp: Path, name: str, origin_url: str, tracker: TrackerProces
         tracker_token_file=tracker.token_file if tracker else None,
         tracker_passkey_file=tracker.passkey_file if tracker else None,
         publisher_token_file=tracker.publisher_token_file if tracker else None,
+        publisher_signing_key_file=signing_key,
+        publisher_public_key_file=public_key,
         origin=origin_url,
         token=None,
         bt_listen="127.0.0.1:0",
@@ -288,6 +317,10 @@ class AgentProcess:
             str(tracker.passkey_file),
             "--publisher-token-file",
             str(tracker.publisher_token_file),
+            "--publisher-signing-key-file",
+            str(publisher_keys()[0]),
+            "--publisher-public-key-file",
+            str(publisher_keys()[1]),
             "--origin",
             origin_url,
             "--bt-listen",

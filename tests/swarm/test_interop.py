@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.cache.layout import RepoCache
+from agent.cache.layout import RepoCache, StateDir
 from agent.daemon.node import Daemon
+from agent.fetch.entitlement import Entitlements
 from tests.support.cluster import (
     TrackerProcess,
     agent_settings,
@@ -110,7 +111,7 @@ def test_aria2c_downloads_a_blob_from_an_agent_through_the_tracker(tmp_path, ori
 def test_agent_fetches_a_model_only_aria2c_seeds(tmp_path, origin, tracker, make_agent, aria2c):
     # A fetches once, so the tracker has the model's manifest and every blob's metainfo; then A leaves.
     a = make_agent("a", origin, tracker)
-    fetch_and_wait(a, origin.repo_id)
+    commit = fetch_and_wait(a, origin.repo_id)["commit"]
     blobs = dict(a.held_blobs())
     cache = RepoCache(a.settings.cache_dir, a.settings.state_dir, origin.repo_id)
     seed_dir = tmp_path / "aria2-seed"
@@ -148,9 +149,13 @@ def test_agent_fetches_a_model_only_aria2c_seeds(tmp_path, origin, tracker, make
     )
 
     # B's origin is a port nothing listens on: the plan comes from the tracker's manifest, the bytes
-    # from aria2c, because there is nowhere else to get them.
+    # from aria2c, because there is nowhere else to get them. B fetched this model before, when the
+    # origin reported it public (its record, agent.fetch.entitlement): without one, an origin that
+    # cannot be asked lets no node plan from the tracker.
     dead_origin = f"http://127.0.0.1:{free_port()}"
-    b = Daemon(agent_settings(tmp_path, "b", dead_origin, tracker))
+    settings = agent_settings(tmp_path, "b", dead_origin, tracker)
+    Entitlements(StateDir(settings.state_dir)).record(origin.repo_id, "main", commit, public=True, token=None)
+    b = Daemon(settings)
     try:
         b.start()
         status = fetch_and_wait(b, origin.repo_id, timeout=120)

@@ -71,6 +71,7 @@ def swarms(tmp_path: Path) -> Iterator[list[Swarm]]:
 def open_swarm(opened: list[Swarm], resume_dir: Path, **overrides: object) -> Swarm:
     settings = SwarmSettings(**{**TEST_SETTINGS.__dict__, **overrides})  # type: ignore[arg-type]
     swarm = Swarm(settings, resume_dir)
+    swarm.admit(["127.0.0.1"])  # what the daemon's peer gate does with the tracker's agents
     opened.append(swarm)
     return swarm
 
@@ -281,6 +282,7 @@ def test_close_midway_then_restore_resumes(tmp_path, swarms):
     dest = tmp_path / "l"
     state = tmp_path / "l-state"
     first = Swarm(TEST_SETTINGS, state)
+    first.admit(["127.0.0.1"])
     try:
         first.download(dest, blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
         loop_until(lambda: first.status(ih).done >= 2 * MiB, timeout=60, what="a third downloaded")
@@ -306,6 +308,7 @@ def test_restore_seeding_needs_no_recheck(tmp_path, swarms):
     blobs = [make_blob(1 * MiB + i, 10 + i) for i in range(3)]
     state = tmp_path / "state"
     first = Swarm(TEST_SETTINGS, state)
+    first.admit(["127.0.0.1"])
     try:
         hashes = sorted(first.seed(write_blob(tmp_path / "c", b), b.info, []) for b in blobs)
         loop_until(lambda: len(list(state.glob("*.resume"))) == 3, timeout=30, what="resume files")
@@ -360,6 +363,7 @@ def test_restart_time_with_a_large_cache(tmp_path, swarms):
     zero_piece = hashlib.sha1(bytes(piece)).digest()
     state = tmp_path / "state"
     first = Swarm(TEST_SETTINGS, state)
+    first.admit(["127.0.0.1"])
     try:
         for i in range(count):
             name = f"{i:064x}"

@@ -135,6 +135,7 @@ def test_lease_holder_takes_a_seeder_its_own_swarm_found_over_the_origin(
 
     # A slow seeder of the shard, listed on the tracker for now: B's first run finds it there.
     with Swarm(SwarmSettings(upload_rate_limit=100_000), tmp_path / "hidden-state") as hidden:
+        hidden.admit(["127.0.0.1"])
         hidden.seed(seed_dir / blob_id, info, announce)
         loop_until(lambda: int(tracker.blob(blob_id).get("seeders") or 0) == 1, timeout=30, what="H listed")
         b = make_agent("b", origin, tracker)

@@ -22,6 +22,7 @@ from tests.tracker.test_tracker_fixtures import (
     PUBLISHER,
     PUBLISHER_TOKEN,
     SETTINGS,
+    SIGNATURE,
     TOKEN,
     compact_ports,
     infohash,
@@ -52,7 +53,11 @@ def test_reads_need_a_token() -> None:
     blob_id, info = make_info(b"r" * 20_000)
     with run_server(replace(SETTINGS, read_token=READ)) as t:
         assert t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info).status_code == 201
-        t.http.put(f"/v1/manifests/o/m/{COMMIT}", json={"revision": "main", "files": []}).raise_for_status()
+        t.anon.put(
+            f"/v1/manifests/o/m/{COMMIT}",
+            json={"revision": "main", "files": [], "signature": SIGNATURE},
+            headers=PUBLISHER,
+        ).raise_for_status()
         reads = [
             "/v1/models",
             f"/v1/manifests/o/m/{COMMIT}",
@@ -138,7 +143,7 @@ def test_a_published_repo_is_closed_to_agent_writes(store_settings: TrackerSetti
         t.http.put(f"/v1/manifests/acme/priv/{other_commit}", json={"revision": "v0", "files": [blob]})
         r = t.anon.put(
             f"/v1/manifests/acme/priv/{pub_commit}",
-            json={"revision": "main", "files": [blob]},
+            json={"revision": "main", "files": [blob], "signature": SIGNATURE},
             headers=PUBLISHER,
         )
         assert r.status_code == 201 and r.json()["published"] is True, r.text
@@ -155,7 +160,7 @@ def test_a_published_repo_is_closed_to_agent_writes(store_settings: TrackerSetti
             assert "--publisher-token-file" in r.json()["detail"]
         assert t.http.get("/v1/resolve/acme/priv/main").json() == {"commit": pub_commit}
         got = t.http.get(f"/v1/manifests/acme/priv/{pub_commit}").json()
-        assert got["files"] == [blob] and got["published"] is True
+        assert got["files"] == [blob] and got["published"] is True and got["signature"] == SIGNATURE
         assert t.http.get(f"/v1/manifests/acme/priv/{shadow_commit}").status_code == 404
         assert t.http.get(f"/v1/manifests/acme/priv/{other_commit}").json()["published"] is False
         (model,) = t.http.get("/v1/models").json()["models"]
@@ -167,7 +172,7 @@ def test_a_published_repo_is_closed_to_agent_writes(store_settings: TrackerSetti
         # The publisher itself may publish a new version; other repos stay open to agents.
         r = t.anon.put(
             f"/v1/manifests/acme/priv/{shadow_commit}",
-            json={"revision": "main", "files": [blob]},
+            json={"revision": "main", "files": [blob], "signature": SIGNATURE},
             headers=PUBLISHER,
         )
         assert r.status_code == 201
@@ -354,11 +359,12 @@ def test_serve_from_environment_keeps_secrets_out_of_its_log(tmp_path: Path) -> 
             assert http.get("/v1/models", headers=READER).status_code == 200
             bad = {"Authorization": f"Bearer {TOKEN}x"}
             assert http.get("/v1/models", headers=bad).status_code == 401
-            manifest = {"revision": "main", "files": []}
+            manifest = {"revision": "main", "files": [], "signature": SIGNATURE}
             assert (
                 http.put(f"/v1/manifests/o/m/{COMMIT}", json=manifest, headers=PUBLISHER).status_code == 201
             )
-            assert http.put(f"/v1/manifests/o/m/{COMMIT}", json=manifest, headers=AUTH).status_code == 403
+            agent_write = {"revision": "main", "files": []}
+            assert http.put(f"/v1/manifests/o/m/{COMMIT}", json=agent_write, headers=AUTH).status_code == 403
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)

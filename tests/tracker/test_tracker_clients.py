@@ -218,7 +218,7 @@ def test_agent_tracker_client_roles_and_passkey(tracker: Tracker, caplog: pytest
     from agent.core.settings import DaemonSettings
     from agent.swarm.ltkit import redact_tracker_url
     from agent.swarm.tracker_client import TrackerClient
-    from tests.tracker.test_tracker_fixtures import PASSKEY, PUBLISHER_TOKEN, TOKEN
+    from tests.tracker.test_tracker_fixtures import PASSKEY, PUBLISHER_TOKEN, SIGNATURE, TOKEN
 
     caplog.set_level(logging.DEBUG)
     base = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
@@ -231,21 +231,27 @@ def test_agent_tracker_client_roles_and_passkey(tracker: Tracker, caplog: pytest
         assert redact_tracker_url(f"{tracker.url}/scrape/{PASSKEY}") == f"{tracker.url}/scrape/***"
         assert PASSKEY not in repr(node) and TOKEN not in repr(node)
         with pytest.raises(RefusedError, match="--publisher-token-file"):
-            node.publish_manifest("acme/local", "1" * 40, "main", files)
+            node.publish_manifest("acme/local", "1" * 40, "main", files, signature=SIGNATURE)
         assert node.get_manifest("acme/local", "1" * 40) is None, "nothing was sent"
-        publisher.publish_manifest("acme/local", "1" * 40, "main", files)
+        publisher.publish_manifest("acme/local", "1" * 40, "main", files, signature=SIGNATURE)
         assert node.get_manifest("acme/local", "1" * 40) == {
             "repo_id": "acme/local",
             "commit": "1" * 40,
             "files": files,
             "published": True,
+            "signature": SIGNATURE,
         }
         with pytest.raises(AgentTrackerError, match="403") as refused:
             node.put_manifest("acme/local", "2" * 40, "main", files)
         assert refused.value.status == 403 and "acme/local is a published model" in str(refused.value)
         assert node.resolve("acme/local", "main") == "1" * 40
         node.put_manifest("acme/hub", "3" * 40, "main", files)  # a hub model: the agent role's
-        assert node.resolve("acme/hub", "main") == "3" * 40
+        assert node.get_manifest("acme/hub", "3" * 40)["signature"] is None
+        assert node.resolve("acme/hub", "main") is None, "only the publisher moves refs"
+        node.put_manifest("acme/hub", "3" * 40, "main", files)  # the same files: a no-op
+        with pytest.raises(AgentTrackerError, match="409") as conflict:
+            node.put_manifest("acme/hub", "3" * 40, "main", [{**files[0], "size": 4}])
+        assert "a commit's manifest never changes" in str(conflict.value)
         anonymous = TrackerClient(tracker.url, None, replace(base, tracker_token=None))
         with pytest.raises(AgentTrackerError, match="401"):
             anonymous.resolve("acme/hub", "main")

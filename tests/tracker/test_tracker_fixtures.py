@@ -6,6 +6,7 @@ a real redis-server (started from the Debian binary on a free port, stopped by P
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import shutil
@@ -32,6 +33,9 @@ PUBLISHER_TOKEN = "test-publisher-token-0123456789"
 PUBLISHER = {"Authorization": f"Bearer {PUBLISHER_TOKEN}"}
 SETTINGS = TrackerSettings(token=TOKEN, announce_passkey=PASSKEY, publisher_token=PUBLISHER_TOKEN)
 """A tracker as deployed: agent token, publisher token, announce passkey (tests `replace` the rest)."""
+SIGNATURE = base64.b64encode(bytes(range(64))).decode()
+"""A well-formed Ed25519 signature (64 bytes, base64): the tracker stores a publisher's signature but
+holds no key to check it (agents verify it: tests/fetch/test_signing.py)."""
 
 
 class Tracker:

@@ -12,6 +12,7 @@ from tests.tracker.test_tracker_fixtures import (
     AUTH,
     PUBLISHER,
     SETTINGS,
+    SIGNATURE,
     compact_ports,
     flush_redis,
     infohash,
@@ -177,14 +178,18 @@ def test_manifests_resolve_and_models_health(store_settings: TrackerSettings) ->
             {"path": "sub/config.json", "size": 12, "blob_id": "e" * 40, "infohash": None},
         ]
         r = t.http.put(
-            f"/v1/manifests/org/model/{commit1}", json={"revision": "main", "files": files}, headers=AUTH
+            f"/v1/manifests/org/model/{commit1}",
+            json={"revision": "main", "files": files, "signature": SIGNATURE},
+            headers=PUBLISHER,
         )
         assert r.status_code == 201, r.text
         assert t.http.get("/v1/resolve/org/model/main").json() == {"commit": commit1}
         got = t.http.get(f"/v1/manifests/org/model/{commit1}").json()
-        assert got["files"] == files and got["repo_id"] == "org/model"
+        assert got["files"] == files and got["repo_id"] == "org/model" and got["signature"] == SIGNATURE
         t.http.put(
-            f"/v1/manifests/org/model/{commit2}", json={"revision": "main", "files": files[:1]}, headers=AUTH
+            f"/v1/manifests/org/model/{commit2}",
+            json={"revision": "main", "files": files[:1], "signature": SIGNATURE},
+            headers=PUBLISHER,
         ).raise_for_status()
         assert t.http.get("/v1/resolve/org/model/main").json() == {"commit": commit2}, "latest publish wins"
         assert t.http.get("/v1/resolve/org/model/dev").status_code == 404
@@ -198,6 +203,115 @@ def test_manifests_resolve_and_models_health(store_settings: TrackerSettings) ->
         assert by_commit[commit2]["complete_copies"] == 2
         assert by_commit[commit2]["files"][0]["leechers"] == 1
         assert by_commit[commit1]["complete_copies"] == 0, "a file nobody seeds means no complete copy"
+
+
+def _file(
+    path: str = "model.safetensors", size: int = 5, blob: str = "d", infohash: str | None = None
+) -> dict:
+    return {"path": path, "size": size, "blob_id": blob * 64, "infohash": infohash}
+
+
+def test_a_commits_manifest_never_changes(store_settings: TrackerSettings) -> None:
+    """repo@commit is written once: the same files again are a no-op (200), other files 409, for the
+    agent role and the publisher role alike, and a refused write changes nothing."""
+    hub, local, commit = "acme/hub", "me/local", "a" * 40
+    files = [_file(), _file("config.json", 7, "c")]
+    variants = {
+        "another size": [_file(size=6), files[1]],
+        "another blob": [_file(blob="e"), files[1]],
+        "another path": [_file("other.safetensors"), files[1]],
+        "a file more": [*files, _file("extra.bin", 1, "f")],
+        "a file less": files[:1],
+    }
+    with run_server(store_settings) as t:
+        assert t.http.put(f"/v1/manifests/{hub}/{commit}", json={"files": files}).status_code == 201
+        again = t.http.put(f"/v1/manifests/{hub}/{commit}", json={"files": list(reversed(files))})
+        assert again.status_code == 200, "the same files (in any order) are a no-op"
+        # A node that seeds the blobs now knows their infohashes: still the same files, nothing changes.
+        seeded = [_file(infohash="9" * 40), files[1]]
+        assert t.http.put(f"/v1/manifests/{hub}/{commit}", json={"files": seeded}).status_code == 200
+        for what, other in variants.items():
+            r = t.http.put(f"/v1/manifests/{hub}/{commit}", json={"files": other})
+            assert r.status_code == 409, (what, r.text)
+            assert f"{hub}@{commit} already has a manifest with other files" in r.json()["detail"]
+        assert t.http.get(f"/v1/manifests/{hub}/{commit}").json()["files"] == files
+
+        signed = {"revision": "main", "files": files, "signature": SIGNATURE}
+        url = f"/v1/manifests/{local}/{commit}"
+        assert t.anon.put(url, json=signed, headers=PUBLISHER).status_code == 201
+        assert t.anon.put(url, json=signed, headers=PUBLISHER).status_code == 200
+        for what, other in variants.items():
+            r = t.anon.put(
+                f"/v1/manifests/{local}/{commit}",
+                json={"revision": "evil", "files": other, "signature": SIGNATURE},
+                headers=PUBLISHER,
+            )
+            assert r.status_code == 409, (what, r.text)
+        assert t.http.get(f"/v1/manifests/{local}/{commit}").json()["files"] == files
+        assert t.http.get(f"/v1/resolve/{local}/evil").status_code == 404, "a refused write moves no ref"
+
+        # The publisher's conflicting write on a hub model's commit does not close the repo to agents.
+        fewer = {"files": files[:1], "signature": SIGNATURE}
+        r = t.anon.put(f"/v1/manifests/{hub}/{commit}", json=fewer, headers=PUBLISHER)
+        assert r.status_code == 409
+        assert t.http.put(f"/v1/manifests/{hub}/{'b' * 40}", json={"files": files}).status_code == 201
+        assert t.http.get(f"/v1/manifests/{hub}/{commit}").json()["published"] is False
+
+
+def test_agent_writes_never_move_refs(store_settings: TrackerSettings) -> None:
+    """Only the publisher points a revision at a commit; an agent's `revision` is ignored."""
+    old, new = "1" * 40, "2" * 40
+    files, newer = [_file()], [_file(blob="e")]
+    with run_server(store_settings) as t:
+        r = t.http.put(f"/v1/manifests/acme/hub/{old}", json={"revision": "main", "files": files})
+        assert r.status_code == 201 and r.json()["revision"] is None, r.text
+        assert t.http.get(f"/v1/manifests/acme/hub/{old}").json()["signature"] is None
+        assert t.http.get("/v1/resolve/acme/hub/main").status_code == 404
+        (model,) = t.http.get("/v1/models").json()["models"]
+        assert model["revisions"] == {} and [c["commit"] for c in model["commits"]] == [old]
+
+        publish = {"revision": "main", "files": files, "signature": SIGNATURE}
+        r = t.anon.put(f"/v1/manifests/me/local/{old}", json=publish, headers=PUBLISHER)
+        assert r.status_code == 201 and r.json()["revision"] == "main"
+        assert t.http.get("/v1/resolve/me/local/main").json() == {"commit": old}
+        newer_publish = {"revision": "main", "files": newer, "signature": SIGNATURE}
+        t.anon.put(f"/v1/manifests/me/local/{new}", json=newer_publish, headers=PUBLISHER).raise_for_status()
+        assert t.http.get("/v1/resolve/me/local/main").json() == {"commit": new}
+        # Rolling back: publishing the old files again (the same commit) moves the ref back.
+        rollback = t.anon.put(f"/v1/manifests/me/local/{old}", json=publish, headers=PUBLISHER)
+        assert rollback.status_code == 200
+        assert t.http.get("/v1/resolve/me/local/main").json() == {"commit": old}
+        # The publisher may (re)sign a commit an agent registered with the same files: it is then
+        # published, and its ref moves.
+        resign = {"revision": "v1", "files": files, "signature": SIGNATURE}
+        assert t.anon.put(f"/v1/manifests/acme/hub/{old}", json=resign, headers=PUBLISHER).status_code == 200
+        got = t.http.get(f"/v1/manifests/acme/hub/{old}").json()
+        assert got["published"] is True and got["signature"] == SIGNATURE
+        assert t.http.get("/v1/resolve/acme/hub/v1").json() == {"commit": old}
+
+
+def test_publisher_manifests_carry_a_signature_agent_ones_none(store_settings: TrackerSettings) -> None:
+    url = f"/v1/manifests/me/local/{'3' * 40}"
+    files = [_file()]
+    with run_server(store_settings) as t:
+        for body in (
+            {"revision": "main", "files": files},
+            {"revision": "main", "files": files, "signature": None},
+            {"revision": "main", "files": files, "signature": "bm90IGEgc2lnbmF0dXJl"},
+            {"revision": "main", "files": files, "signature": SIGNATURE[:-4] + "!!=="},
+        ):
+            r = t.anon.put(url, json=body, headers=PUBLISHER)
+            assert r.status_code == 400, (body, r.text)
+            assert "signature" in r.json()["detail"]
+        unsigned = t.anon.put(url, json={"files": files}, headers=PUBLISHER)
+        assert "--publisher-signing-key-file" in unsigned.text
+        r = t.anon.put(url, json={"files": files, "signature": 5}, headers=PUBLISHER)
+        assert r.status_code == 422
+        r = t.http.put(url, json={"files": files, "signature": SIGNATURE})
+        assert r.status_code == 400 and "agent-role manifest has no signature" in r.json()["detail"]
+        assert t.http.get(url).status_code == 404, "nothing was stored"
+        assert t.http.get("/v1/resolve/me/local/main").status_code == 404
+        assert t.http.get("/v1/models").json()["models"] == [], "the repo was not marked published either"
 
 
 def test_wait_returns_when_a_seeder_appears(store_settings: TrackerSettings) -> None:
@@ -233,12 +347,15 @@ def test_two_replicas_share_one_redis(redis_url: str) -> None:
         blob_id, info = make_info(b"z" * 30_000)
         a.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
         assert b.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
-        published = {"revision": "main", "files": []}
+        published = {"revision": "main", "files": [], "signature": SIGNATURE}
         assert (
             a.http.put(f"/v1/manifests/o/p/{'8' * 40}", json=published, headers=PUBLISHER).status_code == 201
         )
-        shadow = b.http.put(f"/v1/manifests/o/p/{'9' * 40}", json=published, headers=AUTH)
+        shadow = b.http.put(f"/v1/manifests/o/p/{'9' * 40}", json={"files": []}, headers=AUTH)
         assert shadow.status_code == 403, "the other replica knows the repo is published"
+        other = {"revision": "main", "files": [_file()], "signature": SIGNATURE}
+        conflict = b.http.put(f"/v1/manifests/o/p/{'8' * 40}", json=other, headers=PUBLISHER)
+        assert conflict.status_code == 409, "the other replica knows the commit's files"
 
 
 def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> None:
@@ -247,11 +364,13 @@ def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> No
     with run_server(settings) as t:
         t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
         t.http.put(
-            f"/v1/manifests/o/m/{'3' * 40}", json={"revision": "v1", "files": []}, headers=AUTH
+            f"/v1/manifests/o/m/{'3' * 40}",
+            json={"revision": "v1", "files": [], "signature": SIGNATURE},
+            headers=PUBLISHER,
         ).raise_for_status()
         assert t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n1"}, headers=AUTH).json()["granted"]
         t.http.put(
-            f"/v1/manifests/o/pub/{'a' * 40}", json={"files": []}, headers=PUBLISHER
+            f"/v1/manifests/o/pub/{'a' * 40}", json={"files": [], "signature": SIGNATURE}, headers=PUBLISHER
         ).raise_for_status()
     with run_server(settings) as t:
         assert t.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info

@@ -143,6 +143,44 @@ The projected volume of tracker credentials, as files under weightswarm.secretDi
       {{- end }}
 {{- end }}
 
+{{/*
+The publisher's keys (publisherKeys): "true" when a public key is configured; the projected volume
+(mode 0440, at weightswarm.publisherKeysDir) with the public key for every agent and, for agents
+that publish, the signing key. Call the volume with (dict "ctx" $ "sign" BOOL).
+*/}}
+{{- define "weightswarm.publisherKeysDir" -}}/etc/weightswarm/publisher{{- end }}
+{{- define "weightswarm.publisherKeys.public" -}}
+{{- with .Values.publisherKeys.publicKey }}{{ if or .existingSecret .existingConfigMap }}true{{ end }}{{ end }}
+{{- end }}
+{{- define "weightswarm.publisherKeysVolume" -}}
+{{- $public := .ctx.Values.publisherKeys.publicKey }}
+{{- $signing := .ctx.Values.publisherKeys.signingKey }}
+- name: publisher-keys
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- if $public.existingSecret }}
+      - secret:
+          name: {{ $public.existingSecret }}
+          items:
+            - key: {{ $public.key }}
+              path: publisher.pub
+      {{- else if $public.existingConfigMap }}
+      - configMap:
+          name: {{ $public.existingConfigMap }}
+          items:
+            - key: {{ $public.key }}
+              path: publisher.pub
+      {{- end }}
+      {{- if .sign }}
+      - secret:
+          name: {{ $signing.existingSecret }}
+          items:
+            - key: {{ $signing.key }}
+              path: publisher.key
+      {{- end }}
+{{- end }}
+
 {{/* The Secret (name, key) holding the HF token; empty name: no token. */}}
 {{- define "weightswarm.hfToken.secretName" -}}
 {{- if .Values.hfToken.existingSecret -}}
@@ -230,6 +268,12 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- end }}
 {{- if and .Values.agent.publishRoots (not .Values.publisherToken.enabled) }}
 {{- fail "agent.publishRoots needs publisherToken.enabled=true: the tracker registers manifests only with the publisher-role token" }}
+{{- end }}
+{{- if and .Values.agent.publishRoots (not .Values.publisherKeys.signingKey.existingSecret) }}
+{{- fail "agent.publishRoots needs publisherKeys.signingKey.existingSecret: agents sign the manifests they publish (make the pair with `agent keygen DIR`, then kubectl create secret generic NAME --from-file=DIR/publisher.key)" }}
+{{- end }}
+{{- if and .Values.agent.publishRoots (not (include "weightswarm.publisherKeys.public" .)) }}
+{{- fail "agent.publishRoots needs publisherKeys.publicKey (existingConfigMap or existingSecret): without it no agent fetches what is published" }}
 {{- end }}
 {{- if and .Values.serviceMonitor.enabled (not .Values.agent.metricsOnNetwork) }}
 {{- fail "serviceMonitor.enabled=true needs agent.metricsOnNetwork=true: with it off the agents serve /metrics on their admin socket only" }}
