@@ -260,7 +260,7 @@ def publish_command(
     tracker and seeds. Standalone: the same into --cache-dir and --tracker; an `agent serve` on that
     cache seeds it when it starts. Never under a repo id the origin has.
     """
-    from agent.fetch.publish import check_can_register, check_repo_id_unowned, publish_directory
+    from agent.fetch.publish import check_publishable, publish_directory
 
     client = _daemon(agent_url, explicit_local=bool(cache_dir or state_dir or tracker))
     if client is not None:
@@ -290,9 +290,7 @@ def publish_command(
         api_listen="127.0.0.1:0",
         node_name=os.uname()[1],
     )
-    if settings.daemon.tracker_url:
-        check_can_register(settings)
-    check_repo_id_unowned(settings, repo_id)
+    check_publishable(settings, repo_id, registering=bool(settings.daemon.tracker_url))
     tc = None
     if settings.daemon.tracker_url:
         tc = TrackerClient(settings.daemon.tracker_url, settings.daemon.tracker_token, settings.daemon)

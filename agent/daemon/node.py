@@ -117,6 +117,8 @@ class Daemon:
         self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
         self._token_key = secrets.token_bytes(32)
         """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
+        self._public_memo: tuple[tuple[frozenset[str], frozenset[tuple[str, str]]], set[str]] | None = None
+        """The last `_public_torrents` answer and what it was computed from."""
         self._tracker_up: bool | None = None
         """The last probe's answer; None before the first."""
         self.servers: list[ApiServer] = []
@@ -295,13 +297,21 @@ class Daemon:
             self.ops.job_finished(job)
 
     def _public_torrents(self) -> set[str]:
-        """Infohashes of the held blobs of models the origin last reported public (--interop-public)."""
+        """Infohashes of the held blobs of models the origin last reported public (--interop-public).
+
+        Asked at every gate refresh; the cache is scanned again only when what is held or what is
+        public changed (a new blob lands in a snapshot only as it becomes held)."""
         held = self.seeder.held()
+        public = frozenset(self._fetch.entitlements.public_repos())
+        inputs = (public, frozenset(held.items()))
+        if self._public_memo is not None and self._public_memo[0] == inputs:
+            return self._public_memo[1]
         out: set[str] = set()
-        for repo_id in self._fetch.entitlements.public_repos():
+        for repo_id in public:
             repo = scan_repo(RepoCache(self.settings.cache_dir, self.settings.state_dir, repo_id).root)
             for snap in repo.snapshots.values() if repo is not None else ():
                 out.update(held[b] for b in snap.files.values() if b in held)
+        self._public_memo = (inputs, out)
         return out
 
     # -- views ----------------------------------------------------------------------------

@@ -30,16 +30,15 @@ from agent.cache.eviction import (
     remove_model,
     scan_cache,
 )
-from agent.cache.layout import RepoCache, StateDir, check_repo_id
+from agent.cache.layout import RepoCache, StateDir
 from agent.core.errors import RefusedError, WeightswarmError
 from agent.core.plan import FetchPlan
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, JobTable, RequestModel
 from agent.fetch.publish import (
     PublishResult,
-    check_can_register,
     check_publish_source,
-    check_repo_id_unowned,
+    check_publishable,
     publish_directory,
 )
 from agent.http.admin import AdminOps, admin_router
@@ -171,8 +170,5 @@ class NodeOps:
     def _publish(self, directory: Path, repo_id: str, revision: str) -> PublishResult:
         s = self.settings
         source, root = check_publish_source(s, directory)
-        check_repo_id(repo_id)
-        if self._tracker is not None:
-            check_can_register(s)  # the publisher token and signing key, before anything is copied
-        check_repo_id_unowned(s, repo_id)
+        check_publishable(s, repo_id, registering=self._tracker is not None)
         return publish_directory(s, source, repo_id, revision, self._tracker, self._seeder.seed, root)

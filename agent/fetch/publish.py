@@ -110,6 +110,15 @@ def check_can_register(settings: Settings) -> None:
     load_private_key(daemon.publisher_signing_key)  # an unusable key is a ConfigError now, not after copying
 
 
+def check_publishable(settings: Settings, repo_id: str, registering: bool) -> None:
+    """Everything that must hold before a publish copies a byte: a valid repo id, what registering
+    with the tracker needs (`registering`), and a repo id the origin does not have."""
+    check_repo_id(repo_id)
+    if registering:
+        check_can_register(settings)
+    check_repo_id_unowned(settings, repo_id)
+
+
 def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
     """Refuse a repo id the origin has, so a local publish never shadows a Hub repo (clients asking
     for it would get the local files). A private repo the node's token cannot see looks absent
