@@ -175,6 +175,8 @@ def make_test_model_command(
             help="Let stock BitTorrent clients exchange bytes of models the origin reports public.")
 @env_option("--peer-gate/--no-peer-gate", default=True, show_default=True,
             help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
+@env_option("--relay-fanout", type=click.IntRange(min=0), metavar="N",
+            help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

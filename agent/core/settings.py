@@ -328,6 +328,11 @@ class SwarmSettings:
     alert_queue_size: int = 10000
     """Alerts buffered between alert-loop turns before libtorrent drops them."""
 
+    relay_fanout: int = 3
+    """Streams of one arriving blob this node relays to other agents at once (agent.swarm.relay); 0 turns
+    the relay off (a blob then reaches other nodes only once its lease holder has it whole). Each stream
+    runs at the origin's pace, so the node's uplink should carry this many times the origin rate."""
+
     peer_gate: bool = True
     """Admit only the cluster's agents as peers (agent.swarm.gate). False (`agent serve --no-peer-gate`)
     admits anyone who reaches the port: for measuring what the gate costs, never for a cluster."""

@@ -32,9 +32,11 @@ from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
+from agent.fetch.relay import RelayReceiver
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.swarm.gate import PeerGate
 from agent.swarm.policy import SwarmFetcher
+from agent.swarm.relay import RelayDirectory, relay_credential
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
@@ -133,10 +135,27 @@ class Daemon:
                 else None
             )
             self.seeder = Seeder(self.swarm, self.tracker, s.cache_dir, s.state_dir)
-            self.fetcher = SwarmFetcher(s, self.swarm, self.tracker, self.node_id, self.seeder.remember)
-            self.ops = NodeOps(s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model)
+            credential = relay_credential(s)
+            relay = (
+                RelayDirectory(self.tracker, lambda: self.api_server.port, credential)
+                if self.tracker is not None and credential is not None
+                else None
+            )
+            """This node among the relay sources of the blobs it pulls or receives (agent.swarm.relay)."""
+            self.fetcher = SwarmFetcher(
+                s, self.swarm, self.tracker, self.node_id, self.seeder.remember, relay=relay
+            )
+            self.relay = (
+                RelayReceiver(relay, self.fetcher.holder_stall, s.origin.connect_timeout) if relay else None
+            )
+            self.ops = NodeOps(
+                s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model,
+                self.fetcher.arrivals, self.fetcher.holder_stall,
+            )
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
-            self._fetch = FetchContext(s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held)
+            self._fetch = FetchContext(
+                s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held, self.relay
+            )
             public = self._public_torrents if s.swarm.interop_public else None
             self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)
             """Admits BitTorrent peers: the cluster's agents only (agent.swarm.gate)."""
@@ -206,6 +225,8 @@ class Daemon:
             self.podsync.close(timeout)  # ...then the last statuses are flushed to the pods
         self.ops.stop()
         self.swarm.close(timeout)
+        if self.relay is not None:
+            self.relay.close()
         if self.tracker is not None:
             self.tracker.close()
 
@@ -400,6 +421,7 @@ def build_serve_settings(
     publisher_signing_key_file: Path | None = None,
     interop_public: bool = False,
     peer_gate: bool = True,
+    relay_fanout: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -418,6 +440,8 @@ def build_serve_settings(
     swarm = dataclasses.replace(
         settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate
     )
+    if relay_fanout is not None:
+        swarm = dataclasses.replace(swarm, relay_fanout=relay_fanout)
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:

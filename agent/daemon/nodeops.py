@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
+from agent.cache.arrivals import Arrivals
 from agent.cache.eviction import (
     BlobReaders,
     Evicted,
@@ -44,6 +45,8 @@ from agent.fetch.publish import (
 from agent.http.admin import AdminOps, admin_router
 from agent.http.hf import HfEndpoint, hf_router
 from agent.http.metrics import AgentMetrics, SwarmSnapshot, metrics_router
+from agent.http.relay import relay_router
+from agent.swarm.relay import relay_credential
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
@@ -63,8 +66,13 @@ class NodeOps:
         seeder: Seeder,
         tracker: TrackerClient | None,
         request_model: RequestModel,
+        arrivals: Arrivals,
+        relay_stall: float,
     ) -> None:
+        """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.http.relay)."""
         self.settings = settings
+        self._arrivals = arrivals
+        self._relay_stall = relay_stall
         self._jobs = jobs
         self._swarm = swarm
         self._seeder = seeder
@@ -77,7 +85,7 @@ class NodeOps:
         evictor copies it each pass."""
         self.evictor = Evictor(settings, self.usage, self.readers, self._pins, seeder.leaving, self._evicted)
         self.evictor.cannot_fit_hooks.append(lambda _e: self.metrics.cache_full.inc())
-        self.hf = HfEndpoint(settings, self.readers, self.usage, self.metrics, request_model)
+        self.hf = HfEndpoint(settings, self.readers, self.usage, self.metrics, request_model, arrivals)
         self._cache_bytes: tuple[float, int] = (float("-inf"), 0)
         self._cache_lock = threading.Lock()
         self.metrics.bind_state(self._swarm_state, self._cache_size)
@@ -149,8 +157,12 @@ class NodeOps:
     def network_routers(self) -> list[APIRouter]:
         """The network listener's: metrics (unless turned off) and the HF-compatible endpoint last
         (its pattern is broad)."""
-        metrics = [metrics_router(self.metrics)] if self.settings.daemon.metrics_on_network else []
-        return [*metrics, hf_router(self.hf)]
+        s = self.settings
+        metrics = [metrics_router(self.metrics)] if s.daemon.metrics_on_network else []
+        credential = relay_credential(s)
+        fanout, admits, stall = s.swarm.relay_fanout, self._swarm.admits, self._relay_stall
+        relay = [relay_router(self._arrivals, credential, admits, fanout, stall)] if credential else []
+        return [*metrics, *relay, hf_router(self.hf)]
 
     def _remove(self, repo_id: str, revision: str | None, force: bool = False) -> Removed:
         def uses(pin: str) -> bool:

@@ -23,6 +23,7 @@ from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import Job, JobFile
 from agent.fetch.planning import plan_fetch
+from agent.fetch.relay import RelayReceiver
 from agent.fetch.swarm_source import SwarmSource
 from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource
@@ -43,6 +44,8 @@ class FetchContext:
     """Makes room for a plan's missing blobs under the cache limit, or raises `CacheFullError`."""
     held_blobs: Callable[[], dict[str, str]]
     """blob id -> infohash of what the node seeds (for the manifest it publishes)."""
+    relay: RelayReceiver | None = None
+    """Takes blobs from the nodes relaying them while they arrive (agent.swarm.relay); None: off."""
     entitlements: Entitlements = dataclasses.field(init=False)
     """What the origin allowed this node's requests (agent.fetch.entitlement), from `--state-dir`."""
 
@@ -130,7 +133,7 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
                 job.file_progress(e.path, e.size, outcome.source)
         job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
 
-    source = SwarmSource(ctx.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob)
+    source = SwarmSource(ctx.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob, ctx.relay)
     result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
     _publish_manifest(ctx, plan)
     job.finish(str(result.snapshot_path))

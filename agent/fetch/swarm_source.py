@@ -12,6 +12,7 @@ from agent.core.hashing import BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
+from agent.fetch.relay import RelayReceiver
 from agent.origin.ranges import OriginSource
 from agent.swarm.policy import BlobOrigin, BlobOutcome, SwarmFetcher
 
@@ -32,9 +33,11 @@ class SwarmSource:
         origin: OriginSource,
         verify_safetensors: bool = True,
         on_blob: Callable[[FileEntry, BlobOutcome, int], None] | None = None,
+        relay: RelayReceiver | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.origin = origin
+        self.relay = relay
         self.verify_safetensors = verify_safetensors
         self._on_blob = on_blob
         """Called as each blob completes: (entry, outcome, bytes the origin engine pulled for it)."""
@@ -68,14 +71,14 @@ class SwarmSource:
 
         engine_bytes = 0
 
-        def from_origin() -> None:
+        def from_origin(prefix: Callable[[int], None]) -> None:
             nonlocal reported, engine_bytes
             # A source of its own per blob: the shared one's counters also move with the other
             # blobs downloading at the same time, which would count their bytes here too.
             origin = self.origin
             one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
             try:
-                hashes = one.fetch_blob(plan, entry, cache, progress)
+                hashes = one.fetch_blob(plan, entry, cache, progress, prefix=prefix)
             finally:
                 engine_bytes = one.bytes_received
                 with self._lock:
@@ -84,12 +87,31 @@ class SwarmSource:
             reported = entry.size
             install_downloaded(cache, entry, hashes, self.verify_safetensors)
 
+        relay = self.relay
+
+        def from_relay(prefix: Callable[[int], None]) -> int | None:
+            nonlocal reported
+            assert relay is not None
+            got = relay.receive(plan, entry, cache, self.origin, progress, prefix)
+            if got is None:
+                return None
+            hashes, received = got
+            reported = entry.size
+            install_downloaded(cache, entry, hashes, self.verify_safetensors)
+            return received
+
         def web_seed_url() -> str:
             return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
 
         # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report it.
         outcome = self.fetcher.obtain(
-            cache, entry, from_origin, web_seed_url, on_progress, present=lambda: progress.done
+            cache,
+            entry,
+            from_origin,
+            web_seed_url,
+            on_progress,
+            present=lambda: progress.done,
+            relay_download=from_relay if relay is not None else None,
         )
         on_progress(entry.size)
         with self._lock:

@@ -10,12 +10,15 @@ Routes (on the agent's `--api-listen` address):
                                                         (X-Repo-Commit, ETag, X-Linked-Etag,
                                                         X-Linked-Size, Accept-Ranges), Range -> 206/416
 
-Bytes: always from the local cache. A GET for a blob that is not complete yet starts a fetch job
-through the daemon (peers first, the origin once per cluster) and answers when the blob is
-complete and verified; bytes do not stream while they arrive (a partial blob is written out of
-order by libtorrent and by parallel ranges, so "the first N bytes are final" is not known
-cheaply). A client waiting for a large cold file needs a long read timeout
-(`HF_HUB_DOWNLOAD_TIMEOUT`), or pre-pulls with `agent fetch` / the pod annotation.
+Bytes: from the local cache when the blob is complete. A GET for a blob the node does not have starts
+a fetch job through the daemon (peers first, the origin once per cluster) and streams the blob while it
+arrives (agent.http.stream, agent.cache.arrivals): the response starts with the first servable bytes,
+carries the whole file's Content-Length (or the range's), and goes on in order, so an unmodified client
+with its default read timeout sees a download, not silence. Servable means written by the origin engine
+(the trust of a direct origin download) or in pieces that passed their hash check (from peers); the
+last byte waits for the end-to-end check, and a blob that fails it cuts the response short. Clients
+asking for the same file share one fetch; one that hangs up cancels nothing. HEAD answers from the
+origin's metadata at once and fetches nothing.
 
 Access: P2P must never widen access. A file goes out only on one of two decisions, each from a
 request the agent builds itself (fixed URL, no client query string, redirects never followed: a 3xx
@@ -60,15 +63,18 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
+from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
 from agent.cache.layout import RepoCache, check_repo_id, is_blob_id, is_commit, safe_relpath
 from agent.core.errors import BusyError, WeightswarmError
 from agent.core.settings import Settings
-from agent.fetch.jobs import RequestModel
+from agent.fetch.jobs import Job, RequestModel
 from agent.http.metrics import AgentMetrics
+from agent.http.stream import POLL as STREAM_POLL
+from agent.http.stream import parse_range, stream_arrival
 
 log = logging.getLogger(__name__)
 
@@ -281,14 +287,17 @@ class HfEndpoint:
         usage: UsageLog,
         metrics: AgentMetrics,
         request_model: RequestModel,
+        arrivals: Arrivals,
     ) -> None:
         """`readers` hold a blob while a response streams it (eviction waits); `usage` records last
-        use; `request_model` fetches a missing file through the node's swarm path."""
+        use; `request_model` fetches a missing file through the node's swarm path, and `arrivals` say how
+        much of a file still arriving may be streamed."""
         self.settings = settings
         self.readers = readers
         self.usage = usage
         self.metrics = metrics
         self.request_model = request_model
+        self.arrivals = arrivals
         s = settings
         self.origin = s.origin.endpoint.rstrip("/")
         self.access = AccessCache(s.ops.access_ttl, s.ops.public_ttl)
@@ -498,60 +507,118 @@ class HfEndpoint:
             return Response(b"", headers=headers, media_type="application/octet-stream")
         readers = self.readers
         await asyncio.to_thread(readers.acquire, meta.blob_id)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                readers.release(meta.blob_id)
+
         try:
             cache = self._cache(repo_id)
             # The bytes may be in another repo's folder (shared content): served from there as they are.
             blob: Path | None = cache.blob_path(meta.blob_id)
             if not cache.blob_is_complete(meta.blob_id, meta.size):
                 blob = cache.complete_elsewhere(meta.blob_id, meta.size)
-            if blob is None:
-                who = f"hf:{request.client.host if request.client else 'unknown'}"
-                failed = await self._fetch(repo_id, meta, path, request.headers.get("authorization"), who)
-                if failed is not None:
-                    readers.release(meta.blob_id)
-                    return failed
-                blob = cache.blob_path(meta.blob_id)
+            wanted = parse_range(request.headers.get("range"), meta.size)
+            if wanted is not None and self.arrivals.failed_recently(meta.blob_id):
+                # A stream of this blob was cut after a failed check: a ranged request may be the client
+                # resuming on top of bytes that were wrong. The whole file (200, as a server may answer a
+                # Range) makes it start over: huggingface_hub truncates its partial file then.
+                wanted = None
+            elif wanted == "unsatisfiable":
+                release()
+                return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{meta.size}"})
+            elif blob is not None:
+                self.usage.touch([meta.blob_id])
+                if wanted is None:
+                    self.metrics.served_bytes.inc(meta.size)
+                return FileResponse(
+                    blob,
+                    headers=headers,
+                    media_type="application/octet-stream",
+                    background=BackgroundTask(release),
+                )
+            if blob is not None:
+                arrival: Arrival | Response = Arrival.whole(meta.blob_id, meta.size, blob)
+            else:
+                first = wanted[0] if isinstance(wanted, tuple) else 0
+                arrival = await self._arriving(repo_id, meta, path, request, first)
+            if isinstance(arrival, Response):
+                release()
+                return arrival
             self.usage.touch([meta.blob_id])
-            if "range" not in request.headers:
+            start, end = wanted if isinstance(wanted, tuple) else (0, meta.size)
+            headers["Content-Length"] = str(end - start)
+            if isinstance(wanted, tuple):
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
+            else:
                 self.metrics.served_bytes.inc(meta.size)
-            return FileResponse(
-                blob,
+            body = stream_arrival(arrival, start, end, self.settings.ops.hf_fetch_timeout, release)
+            return StreamingResponse(
+                body,
+                status_code=206 if isinstance(wanted, tuple) else 200,
                 headers=headers,
                 media_type="application/octet-stream",
-                background=BackgroundTask(readers.release, meta.blob_id),
+                background=BackgroundTask(release),
             )
         except BaseException:
-            readers.release(meta.blob_id)
+            release()
             raise
 
-    async def _fetch(
-        self, repo_id: str, meta: FileMeta, path: str, authorization: str | None, client: str
-    ) -> Response | None:
+    async def _arriving(
+        self, repo_id: str, meta: FileMeta, path: str, request: Request, start: int
+    ) -> Arrival | Response:
+        """Start fetching a file the node does not have, and return its arrival once bytes from `start` on
+        are servable (or it is whole); an error response when the fetch cannot start or fails first.
+
+        Waiting for the first byte (not answering at once) keeps the Hub's error statuses for fetches
+        that fail early (no access, not found); once bytes flow, the client's read timeout sees them."""
+        job = self._fetch(repo_id, meta, path, request.headers.get("authorization"), request)
+        if isinstance(job, Response):
+            return job
+        cache = self._cache(repo_id)
+        deadline = time.monotonic() + self.settings.ops.hf_fetch_timeout
+        while True:
+            arrival = self.arrivals.get(meta.blob_id)
+            if arrival is not None and (arrival.ready > start or arrival.state == "finished"):
+                return arrival
+            blob = cache.blob_path(meta.blob_id)
+            if cache.blob_is_complete(meta.blob_id, meta.size):
+                return Arrival.whole(meta.blob_id, meta.size, blob)
+            if job.done:
+                status = job.status()
+                if status.phase != "Ready":
+                    failed = f"fetching {repo_id}/{path} failed: {status.error}"
+                    return hub_error(502, failed, commit=meta.commit)
+            if time.monotonic() > deadline:
+                return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
+            await asyncio.sleep(STREAM_POLL)
+
+    def _fetch(
+        self, repo_id: str, meta: FileMeta, path: str, authorization: str | None, request: Request
+    ) -> Job | Response:
         """Bring one file into the cache through the daemon's fetch path with the client's own token
-        (never the node's: `lend` stays False), counted against `client`'s job limit; an error
-        response on failure."""
+        (never the node's: `lend` stays False), counted against the client's job limit (a client being
+        one IP). Clients asking for the same file join one job, and a client that goes away cancels
+        nothing: the job runs on for the others and for the cache."""
         scheme, _, token = (authorization or "").partition(" ")
+        who = f"hf:{request.client.host if request.client else 'unknown'}"
         try:
-            job = self.request_model(
+            return self.request_model(
                 repo_id,
                 meta.commit,
                 include=[glob.escape(path)],
                 token=token.strip() if scheme.lower() == "bearer" and token.strip() else None,
                 lend=False,
-                client=client,
+                client=who,
             )
         except BusyError as exc:
             retry = {"Retry-After": str(BUSY_RETRY_AFTER)}
             return hub_error(429, str(exc), commit=meta.commit, headers=retry)
         except WeightswarmError as exc:
             return hub_error(503, str(exc), commit=meta.commit)
-        done = await asyncio.to_thread(job.wait, self.settings.ops.hf_fetch_timeout)
-        status = job.status()
-        if not done:
-            return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
-        if status.phase != "Ready":
-            return hub_error(502, f"fetching {repo_id}/{path} failed: {status.error}", commit=meta.commit)
-        return None
 
 
 def hf_router(endpoint: HfEndpoint) -> APIRouter:

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import urllib3
@@ -68,6 +69,8 @@ class _Job:
     mode: str | None = None
     """None until the first response: 'ranges' (206) or 'stream' (server ignored Range)."""
     error: BaseException | None = None
+    prefix: Callable[[int], None] | None = None
+    """Told the contiguous written prefix as it grows (agent.cache.arrivals: readers stream it)."""
     received: int = 0
     unrecorded: int = 0
 
@@ -121,8 +124,14 @@ class OriginSource:
         return self._resumed
 
     def fetch_blob(
-        self, plan: FetchPlan, entry: FileEntry, cache: RepoCache, progress: FileProgress
+        self,
+        plan: FetchPlan,
+        entry: FileEntry,
+        cache: RepoCache,
+        progress: FileProgress,
+        prefix: Callable[[int], None] | None = None,
     ) -> BlobHashes:
+        """`prefix`: called with the contiguous written prefix as it grows (a reader may serve it)."""
         meta = self.client.file_metadata(plan.repo_id, plan.commit, entry.path)
         if meta.commit and meta.commit.lower() != plan.commit:
             raise OriginError(
@@ -140,9 +149,10 @@ class OriginSource:
         except OSError as exc:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
         try:
-            _preallocate(fd, entry.size)
+            preallocate(fd, entry.size)
             chunk = self.settings.chunk_size
-            job = _Job(entry, meta.url, fd, chunk, -(-entry.size // chunk), done, progress, written=written)
+            nchunks = -(-entry.size // chunk)
+            job = _Job(entry, meta.url, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
             job.pending = [i for i in range(job.nchunks) if i not in done]
             resumed = sum(job.chunk_bounds(i)[1] - job.chunk_bounds(i)[0] for i in done)
             resumed += sum(written.values())
@@ -211,6 +221,8 @@ class OriginSource:
                     if avail > pos:
                         break
                     job.cond.wait(1.0)
+            if job.prefix is not None:
+                job.prefix(avail)
             while pos < avail:
                 n = os.preadv(job.fd, [view[: min(HASH_BLOCK, avail - pos)]], pos)
                 if n <= 0:
@@ -377,23 +389,49 @@ class OriginSource:
         with job.cond:
             done = sorted(job.done)
             streaming = job.mode == "stream"
-            written = {str(i): n for i, n in job.written.items() if i not in job.done and not streaming}
-        record = {
-            "blob_id": job.entry.blob_id,
-            "size": job.entry.size,
-            "chunk_size": job.chunk_size,
-            "done": done,
-            "written": written,
-            "repo_id": plan.repo_id,
-            "commit": plan.commit,
-            "path": job.entry.path,
-        }
+            written = {i: n for i, n in job.written.items() if i not in job.done and not streaming}
         # Concurrent workers write whole records via os.replace: the last one wins and each lists
         # only chunks that were written, so any interleaving is safe.
-        write_atomic(cache.partial_record_path(job.entry.blob_id), json.dumps(record).encode(), fsync=False)
+        _write_record(cache, plan, job.entry, job.chunk_size, done, written)
+
+    def contiguous_record(self, cache: RepoCache, entry: FileEntry) -> int:
+        """How many bytes from the start an earlier run left written (by its resume record); 0 if none."""
+        done, written = self._load_record(cache, entry)
+        chunk, pos = self.settings.chunk_size, 0
+        while pos < entry.size:
+            idx = pos // chunk
+            if idx in done:
+                pos = min(entry.size, pos + chunk)
+                continue
+            return pos + written.get(idx, 0)
+        return pos
+
+    def record_prefix(self, cache: RepoCache, plan: FetchPlan, entry: FileEntry, end: int) -> None:
+        """Record [0, end) of `blobs/<id>.incomplete` as written (by another engine, e.g. a relay
+        receiver), so that the origin engine resumes after it."""
+        chunk = self.settings.chunk_size
+        full = end // chunk
+        written = {full: end - full * chunk} if end % chunk else {}
+        _write_record(cache, plan, entry, chunk, list(range(full)), written)
 
 
-def _preallocate(fd: int, size: int) -> None:
+def _write_record(
+    cache: RepoCache, plan: FetchPlan, entry: FileEntry, chunk: int, done: list[int], written: dict[int, int]
+) -> None:
+    record = {
+        "blob_id": entry.blob_id,
+        "size": entry.size,
+        "chunk_size": chunk,
+        "done": done,
+        "written": {str(i): n for i, n in written.items()},
+        "repo_id": plan.repo_id,
+        "commit": plan.commit,
+        "path": entry.path,
+    }
+    write_atomic(cache.partial_record_path(entry.blob_id), json.dumps(record).encode(), fsync=False)
+
+
+def preallocate(fd: int, size: int) -> None:
     """Reserve the blob's space now, so a full disk fails at the start of a file, not after hours."""
     if os.fstat(fd).st_size == size:
         return

@@ -22,7 +22,7 @@ metainfo wrong; pieces that keep failing make it suspect. Either way the node st
 the lease path as if it were unknown (agent.swarm.trust: reports, bans, the check before re-publishing).
 
 Stalled lease holders. A holder's heartbeats report the bytes it has; a node asking for the lease
-passes `stale_after` (`_holder_stall`: two heartbeat periods, at least `daemon.lease_stall_min`), and
+passes `stale_after` (`holder_stall`: two heartbeat periods, at least `daemon.lease_stall_min`), and
 the tracker hands it the lease of a holder whose bytes did not move for that long. So a waiter re-asks
 as soon as the holder could count as stalled, and does not wait a lease TTL (30 s by default; the
 bound is 20 s), let alone `max_wait_seconds`, on a holder whose heartbeats keep a dead download alive.
@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.layout import BlobDigest, RepoCache, write_atomic
 from agent.cache.verify import seedable_digest
 from agent.core.errors import (
@@ -66,6 +67,7 @@ from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
+from agent.swarm.relay import RelayDirectory
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import Lease, TrackerClient
@@ -83,6 +85,8 @@ _SPREAD_MIN_BYTES = 16 * 2**20
 """Blobs from this size on have their origin leases spread over nodes; small files are not worth a wait."""
 _SUSPECT_WAIT = 5.0
 """Least seconds of failing pieces, none passing, before the metainfo is suspect (see `_suspect_wait`)."""
+_READ_AHEAD = 32 * 2**20
+"""Bytes past a streaming reader's position that libtorrent is asked for first (piece deadlines)."""
 _WEB_SEED_TRIES = 3
 """A web seed that failed and then brought nothing for this many of libtorrent's retry periods is given
 up: a refused (SSRF, 403) or unreachable URL, or one libtorrent dropped (404), then costs ~15 s, not a
@@ -97,8 +101,12 @@ class BlobOutcome:
     """Bytes libtorrent took from the origin as a web seed (origin-engine bytes are counted by it)."""
 
 
-OriginDownload = Callable[[], None]
-"""Runs the origin engine for this one blob; returns once `blobs/<id>` and its sidecar are installed."""
+OriginDownload = Callable[[Callable[[int], None]], None]
+"""Runs the origin engine for this one blob, telling the callable it is given how far the blob is written
+from the start (readers stream that); returns once `blobs/<id>` and its sidecar are installed."""
+RelayDownload = Callable[[Callable[[int], None]], "int | None"]
+"""Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
+it is written; the bytes received once `blobs/<id>` and its sidecar are installed, else None."""
 WebSeedUrl = Callable[[], str]
 """The URL a web seed may fetch the blob from without credentials (the Hub's redirect resolved)."""
 Progress = Callable[[int], None]
@@ -107,8 +115,6 @@ Progress = Callable[[int], None]
 
 class _Stalled(Exception):
     pass
-
-
 
 
 class SwarmFetcher:
@@ -121,8 +127,11 @@ class SwarmFetcher:
         tracker: TrackerClient | None,
         node_id: str,
         on_seeding: Callable[[str, str, bytes], None],
+        relay: RelayDirectory | None = None,
     ) -> None:
         self.settings = settings
+        self.relay = relay
+        """This node as a relay source of the blobs it pulls from the origin (agent.swarm.relay)."""
         self.swarm = swarm
         self.tracker = tracker
         self.node_id = node_id
@@ -139,9 +148,12 @@ class SwarmFetcher:
         self._trust = MetainfoTrust(swarm, tracker, node_id)
         self._present: dict[str, Callable[[], int]] = {}
         """blob id -> bytes of it present now, for lease heartbeats (set while it is obtained)."""
+        self.arrivals = Arrivals()
+        """Blobs being obtained, readable while they arrive (agent.cache.arrivals; the HF endpoint
+        streams them). One producer per blob: `obtain` holds the blob's lock."""
 
     @property
-    def _holder_stall(self) -> float:
+    def holder_stall(self) -> float:
         """Seconds a lease holder's reported bytes may stay the same before another node takes its lease
         over: two heartbeat periods (heartbeats every ttl/3), less than one lease TTL, but at least
         `daemon.lease_stall_min` (progress shows in whole reads)."""
@@ -175,9 +187,11 @@ class SwarmFetcher:
         web_seed_url: WebSeedUrl,
         progress: Progress,
         present: Callable[[], int] | None = None,
+        relay_download: RelayDownload | None = None,
     ) -> BlobOutcome:
         """`present`: the bytes of this blob present now, whichever engine writes them (lease
-        heartbeats report it); by default the last value passed to `progress`."""
+        heartbeats report it); by default the last value passed to `progress`. `relay_download`: how to
+        take the blob from the nodes relaying it while another node holds its origin lease."""
         with self._lock_for(blob.blob_id):
             last = [0]
 
@@ -187,9 +201,16 @@ class SwarmFetcher:
 
             with self._locks_guard:
                 self._present[blob.blob_id] = present or (lambda: last[0])
+            arrival = self.arrivals.begin(blob.blob_id, blob.size, cache.incomplete_path(blob.blob_id))
             try:
-                return self._obtain(cache, blob, origin_download, web_seed_url, tracked)
+                outcome = self._obtain(cache, blob, origin_download, web_seed_url, tracked, relay_download)
+                arrival.finish(cache.blob_path(blob.blob_id))
+                return outcome
+            except BaseException as exc:
+                arrival.fail(str(exc) or type(exc).__name__)
+                raise
             finally:
+                self.arrivals.end(arrival)
                 with self._locks_guard:
                     self._present.pop(blob.blob_id, None)
 
@@ -200,6 +221,7 @@ class SwarmFetcher:
         origin_download: OriginDownload,
         web_seed_url: WebSeedUrl,
         progress: Progress,
+        relay_download: RelayDownload | None,
     ) -> BlobOutcome:
         if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
             self._seed_from_cache(cache, blob)
@@ -207,7 +229,7 @@ class SwarmFetcher:
         if self.tracker is None:
             return self._from_origin(cache, blob, origin_download, publish=False)
         try:
-            return self._via_tracker(cache, blob, origin_download, web_seed_url, progress)
+            return self._via_tracker(cache, blob, origin_download, web_seed_url, progress, relay_download)
         except TrackerUnavailableError as exc:
             log.warning("%s; fetching %s from the origin", exc, blob.path)
             return self._from_origin(cache, blob, origin_download, publish=False, info=self._known_info(blob))
@@ -219,10 +241,11 @@ class SwarmFetcher:
         origin_download: OriginDownload,
         web_seed_url: WebSeedUrl,
         progress: Progress,
+        relay_download: RelayDownload | None,
     ) -> BlobOutcome:
         assert self.tracker is not None
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
-        peers_stalled = False
+        peers_stalled = relay_tried = False
         waiting_on: str | None = None
         while True:
             if self._trust.bad_count(blob) >= MAX_BAD_METAINFO:
@@ -258,10 +281,17 @@ class SwarmFetcher:
                 continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
+            if info is None and relay_download is not None and not relay_tried:
+                # The holder is pulling the blob from the origin and relaying it: take it as it arrives.
+                relay_tried = True
+                outcome = self._from_relay(cache, blob, relay_download)
+                if outcome is not None:
+                    return outcome
+                continue  # ask again at once: the holder may have finished, or died
             if info is not None and not peers_stalled:
                 # The holder is filling the swarm from the origin: take pieces from it as they arrive,
                 # and ask the tracker again if none come for as long as a holder may stall.
-                outcome = self._swarm_or_none(cache, blob, info, progress, stall=self._holder_stall)
+                outcome = self._swarm_or_none(cache, blob, info, progress, stall=self.holder_stall)
                 if outcome is not None:
                     return outcome
                 peers_stalled = True
@@ -276,9 +306,9 @@ class SwarmFetcher:
             wait = min(self.settings.daemon.wait_poll_seconds, left)
             if lease.holder_idle is not None:
                 # Ask again (with stale_after) as soon as the holder could count as stalled.
-                wait = min(wait, max(0.2, self._holder_stall - lease.holder_idle + 0.2))
+                wait = min(wait, max(0.2, self.holder_stall - lease.holder_idle + 0.2))
             self.tracker.wait_blob(blob.blob_id, wait)
-            peers_stalled = False
+            peers_stalled = relay_tried = False
 
     def _swarm_or_none(
         self, cache: RepoCache, blob: FileEntry, info: bytes, progress: Progress, stall: float | None = None
@@ -310,6 +340,8 @@ class SwarmFetcher:
         beat.start()
         try:
             if info is None:
+                if self.relay is not None:
+                    self.relay.join(blob.blob_id, blob.size)  # nodes waiting for it take it as it arrives
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
                 seed = WebSeed(web_seed_url())
@@ -321,6 +353,8 @@ class SwarmFetcher:
                 log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
                 return self._from_origin(cache, blob, origin_download, publish=True, info=info)
         finally:
+            if self.relay is not None:
+                self.relay.leave(blob.blob_id)
             stop.set()
             beat.join(timeout=5)
             self._release(blob.blob_id)
@@ -342,7 +376,7 @@ class SwarmFetcher:
             if holding and blob.size >= _SPREAD_MIN_BYTES:
                 time.sleep(self.settings.swarm.lease_spread)
             lease = self.tracker.acquire_lease(
-                blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self._holder_stall
+                blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self.holder_stall
             )
         except BaseException:
             self._forget_lease(blob.blob_id)
@@ -386,7 +420,7 @@ class SwarmFetcher:
 
     def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
         """Renew the lease every ttl/3 with the bytes present: while they stay the same for
-        `_holder_stall`, another node may take the lease over."""
+        `holder_stall`, another node may take the lease over."""
         assert self.tracker is not None
         ttl = self.settings.daemon.lease_ttl
         while not stop.wait(ttl / 3):
@@ -412,7 +446,10 @@ class SwarmFetcher:
         info: bytes | None = None,
     ) -> BlobOutcome:
         self._drop_torrent(blob.blob_id, info if info is not None else self._known_info(blob))
-        origin_download()
+        arrival = self._arrival(blob)
+        if arrival is not None:
+            arrival.restart()  # the origin engine may start the file over
+        origin_download(arrival.advance if arrival is not None else lambda _end: None)
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
@@ -422,10 +459,31 @@ class SwarmFetcher:
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
 
+    def _from_relay(
+        self, cache: RepoCache, blob: FileEntry, relay_download: RelayDownload
+    ) -> BlobOutcome | None:
+        """The blob from the nodes relaying it (agent.fetch.relay); None when they could not finish it."""
+        self._drop_torrent(blob.blob_id, self._known_info(blob))
+        arrival = self._arrival(blob)
+        if arrival is not None:
+            arrival.restart()
+        received = relay_download(arrival.advance if arrival is not None else lambda _end: None)
+        if received is None:
+            return None
+        digest = cache.read_sidecar(blob.blob_id)
+        if digest is None:
+            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
+        # The holder publishes the metainfo; ours is the same (same bytes, same piece length).
+        self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
+        return BlobOutcome("peers", bytes_from_peers=received)
+
     def _start_download(
         self, cache: RepoCache, blob: FileEntry, info: bytes, web_seed: WebSeed | None
     ) -> str:
         """Join the blob's swarm (idempotent), recorded as in flight; returns the infohash."""
+        arrival = self._arrival(blob)
+        if arrival is not None:
+            arrival.restart()  # a new torrent may create the file afresh; its verified pieces say again
         with self._locks_guard:
             self._active[blob.blob_id] = info
             if web_seed is not None:
@@ -456,12 +514,15 @@ class SwarmFetcher:
         last_done, last_change = -1, time.monotonic()
         errors_at_progress = 0
         pieces, failures_at_piece, failing_since = -1, 0, 0.0
+        arrival = self._arrival(blob)
         while True:
             try:
                 st = self.swarm.wait(ih, _TICK)
             except WaitTimeoutError:
                 st = self.swarm.status(ih)
             progress(st.done)
+            if arrival is not None and st.state != "seeding":
+                self._feed_readers(ih, arrival)
             if st.state == "error":
                 self._drop_torrent(blob.blob_id, info)
                 raise SwarmError(f"BitTorrent download of {blob.path} failed: {st.error}")
@@ -575,6 +636,21 @@ class SwarmFetcher:
             self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
         except (SwarmError, ValueError) as exc:
             log.warning("not seeding %s: %s", blob.path, exc)
+
+    def _arrival(self, blob: FileEntry) -> Arrival | None:
+        return self.arrivals.get(blob.blob_id)
+
+    def _feed_readers(self, ih: str, arrival: Arrival) -> None:
+        """While a reader streams the blob: its verified prefix to the reader, and the pieces the reader
+        waits for first. Nothing while no one reads (the piece scan costs a little per tick)."""
+        wanted = arrival.wanted
+        if wanted is None:
+            return
+        try:
+            arrival.advance(self.swarm.verified_prefix(ih))
+            self.swarm.read_ahead(ih, wanted, _READ_AHEAD)
+        except WeightswarmError as exc:
+            log.debug("cannot feed the readers of %s: %s", arrival.blob_id, exc)
 
     def _known_info(self, blob: FileEntry) -> bytes | None:
         with self._locks_guard:

@@ -144,6 +144,14 @@ class Swarm:
                 for rec in pending:
                     rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
 
+    def admits(self, address: str) -> bool:
+        """Whether the peer gate lets this address exchange bytes (always, with the gate off). A refusal
+        makes the gate ask the tracker again soon, as a refused connection does (a node that just joined)."""
+        if not self.settings.peer_gate or address in self._admitted:
+            return True
+        self.blocked.set()
+        return False
+
     def open_to_all(self, infohashes: set[str]) -> None:
         """Exempt these torrents from the IP filter (stock clients may exchange their bytes: only for
         blobs of models the origin reports public, with --interop-public); close every other."""
@@ -411,7 +419,10 @@ class Swarm:
             except RuntimeError as exc:
                 raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
             total = atp.ti.total_size()
-            rec = TorrentRecord(handle, ih, save_path, final, current, total=total, complete=complete)
+            rec = TorrentRecord(
+                handle, ih, save_path, final, current, total=total, complete=complete,
+                piece_length=atp.ti.piece_length(),
+            )
             self._torrents[ih] = rec
             self._changed.notify_all()
         self._request_save(rec)
@@ -462,6 +473,28 @@ class Swarm:
                 pieces=int(st.num_pieces),
                 seed_sources=frozenset(rec.seed_sources),
             )
+
+    def verified_prefix(self, infohash: str) -> int:
+        """Bytes from the start of the blob covered by pieces that passed their hash check."""
+        rec = self._get(infohash)
+        if rec.complete:
+            return rec.total
+        pieces = rec.handle.status(lt.torrent_handle.query_pieces).pieces
+        first_missing = next((i for i, have in enumerate(pieces) if not have), len(pieces))
+        return min(rec.total, first_missing * rec.piece_length)
+
+    def read_ahead(self, infohash: str, offset: int, nbytes: int) -> None:
+        """Ask for the pieces covering [offset, offset + nbytes) first, in order (a reader streams them).
+
+        Piece deadlines, libtorrent's streaming mode: the rest of the blob still comes rarest-first, so
+        one node reading in order does not make every node want the same pieces at once."""
+        rec = self._get(infohash)
+        if rec.complete or nbytes <= 0:
+            return
+        first = offset // rec.piece_length
+        last = min((offset + nbytes - 1) // rec.piece_length, (rec.total - 1) // rec.piece_length)
+        for n, piece in enumerate(range(first, last + 1)):
+            rec.handle.set_piece_deadline(piece, 200 * (n + 1))
 
     def _state(self, rec: TorrentRecord, st: Any) -> str:
         if rec.error or st.errc.value():

@@ -72,6 +72,7 @@ class TorrentRecord:
     current_name: str
     total: int
     complete: bool = False
+    piece_length: int = 0
     error: str | None = None
     hash_failures: int = 0
     banned_peers: int = 0

@@ -14,14 +14,17 @@ libtorrent gets: never log it (`agent.swarm.ltkit.redact_tracker_url`).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote_from_bytes, urlencode
 
 import httpx
 
 from agent.core.errors import RefusedError, TrackerError, TrackerUnavailableError, snippet
 from agent.core.settings import DaemonSettings
+from tracker.bencode import bdecode
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +286,44 @@ class TrackerClient:
             headers=self._publisher_auth,
             token_option="--publisher-token-file",
         )
+
+    def announce(
+        self,
+        info_hash: bytes,
+        peer_id: bytes,
+        port: int,
+        left: int,
+        event: str | None = None,
+        numwant: int = 50,
+    ) -> list[tuple[str, int]]:
+        """A BitTorrent announce of our own (agent.swarm.relay), on the passkey URL as libtorrent's are:
+        the peers the tracker hands back, as (address, port); never this node itself."""
+        params: dict[str, str | int] = {"port": port, "uploaded": 0, "downloaded": 0, "left": left}
+        params.update({"compact": 1, "numwant": numwant})
+        if event:
+            params["event"] = event
+        # info_hash and peer_id are raw bytes: percent-encoded by hand (httpx would encode them as text).
+        raw = f"info_hash={quote_from_bytes(info_hash, safe='')}&peer_id={quote_from_bytes(peer_id, safe='')}"
+        path = self.announce_url.removeprefix(self.base_url)
+        resp = self._request("GET", f"{path}?{raw}&{urlencode(params)}")
+        assert resp is not None
+        try:
+            body = bdecode(resp.content)
+        except ValueError:
+            raise TrackerError(f"tracker {self.base_url} sent a malformed announce reply") from None
+        if not isinstance(body, dict):
+            raise TrackerError(f"tracker {self.base_url} sent a malformed announce reply")
+        failure = body.get(b"failure reason")
+        if isinstance(failure, bytes):
+            reason = failure.decode(errors="replace")
+            raise TrackerError(f"tracker {self.base_url} refused an announce: {reason}")
+        peers = body.get(b"peers", b"")
+        if not isinstance(peers, bytes):
+            return []
+        return [
+            (str(ipaddress.IPv4Address(peers[i : i + 4])), int.from_bytes(peers[i + 4 : i + 6], "big"))
+            for i in range(0, len(peers) - len(peers) % 6, 6)
+        ]
 
     def peer_addresses(self) -> list[str]:
         """Addresses of the peers that announced lately: the cluster's agents (agent.swarm.gate)."""

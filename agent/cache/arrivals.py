@@ -1,0 +1,163 @@
+"""Blobs on their way into the cache, readable while they arrive (issues 13 and 17).
+
+A blob being fetched is written into `blobs/<id>.incomplete` by one producer at a time: the origin
+engine (parallel ranges, in-order hashing) or libtorrent (rarest-first pieces). Readers (the HF
+endpoint, which streams a cold file to an unmodified client) need to know how far from the start
+the file may be served *now*. That is the `Arrival`'s `ready` prefix:
+
+- from the origin engine: the contiguous written prefix, the same trust as a direct origin download
+  (the final sha256 still decides whether the blob is ever installed);
+- from libtorrent: the contiguous prefix of pieces that passed their hash check, never more.
+
+The last byte is never servable before the blob is whole, verified end to end and installed
+(`finish`): a response that cannot be completed with the right bytes is cut short instead, and the
+blob is remembered as `failed` for a while so that a client's resumed ranged request is answered
+with the whole file (200), which makes it start over (huggingface_hub truncates its partial file
+then) instead of appending good bytes to bad ones.
+
+A producer that starts the file over (libtorrent given up for the origin engine, a blob discarded
+after a failed check) calls `restart` first: `ready` drops to 0 and readers wait again, so a reader
+never sees the zeros of a fresh preallocated file. Readers open the file by path for each read, so
+a rename (`.incomplete` -> final name) or a new file is followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAILED_MEMORY = 600.0
+"""Seconds a failed arrival is remembered (see `Arrivals.failed_recently`)."""
+
+
+@dataclass
+class Arrival:
+    """One blob arriving (shared by its producer and any number of readers)."""
+
+    blob_id: str
+    size: int
+    path: Path
+    """Where the bytes are being written (`blobs/<id>.incomplete`)."""
+    final_path: Path | None = None
+    """Set by `finish`: the installed blob."""
+    ready: int = 0
+    """Bytes from the start that may be served now (never `size` before `finish`)."""
+    state: str = "arriving"
+    """"arriving", "finished" (verified and installed) or "failed"."""
+    error: str | None = None
+    wanted: int | None = None
+    """Lowest offset a reader is waiting for (producers that can choose piece order start there)."""
+    _generation: int = 0
+    """Counts `restart`s."""
+    _readers: dict[int, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def whole(cls, blob_id: str, size: int, path: Path) -> Arrival:
+        """A blob already complete, read through the same interface."""
+        return cls(blob_id, size, path, final_path=path, ready=size, state="finished")
+
+    # -- producer side ------------------------------------------------------------------
+
+    def advance(self, end: int) -> None:
+        """The producer has the bytes [0, end) in place (monotonic per producer run)."""
+        with self._lock:
+            if self.state == "arriving":
+                self.ready = max(self.ready, min(end, self.size - 1))
+
+    def restart(self) -> None:
+        """The file is about to be started over: nothing of it may be served until `advance` again."""
+        with self._lock:
+            if self.state == "arriving":
+                self.ready = 0
+                self._generation += 1
+
+    def finish(self, final_path: Path) -> None:
+        with self._lock:
+            self.final_path = final_path
+            self.ready = self.size
+            self.state = "finished"
+
+    def fail(self, error: str) -> None:
+        with self._lock:
+            if self.state == "arriving":
+                self.state, self.error = "failed", error
+
+    # -- reader side --------------------------------------------------------------------
+
+    def want(self, reader: int, pos: int | None) -> None:
+        """Reader `reader` waits for `pos` (None: it is gone)."""
+        with self._lock:
+            if pos is None:
+                self._readers.pop(reader, None)
+            else:
+                self._readers[reader] = pos
+            self.wanted = min(self._readers.values()) if self._readers else None
+
+    def read(self, pos: int, n: int) -> bytes:
+        """Up to `n` servable bytes at `pos`; b"" when none are servable now (look at `state`).
+
+        The bytes are returned only if no `restart` happened while they were read: producers restart
+        before they touch the file, so what was read then is what was servable."""
+        with self._lock:
+            n = min(n, self.ready - pos)
+            generation = self._generation
+            paths = [self.final_path] if self.final_path is not None else [self.path]
+        if n <= 0:
+            return b""
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # renamed as it finished, or discarded: ask again
+                    continue
+                raise
+            try:
+                data = os.pread(fd, n, pos)
+            finally:
+                os.close(fd)
+            with self._lock:
+                return data if generation == self._generation else b""
+        return b""
+
+
+class Arrivals:
+    """The node's arriving blobs, by blob id; one per daemon (its fetcher produces, its HF endpoint reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: dict[str, Arrival] = {}
+        self._failed: dict[str, float] = {}
+
+    def begin(self, blob_id: str, size: int, path: Path) -> Arrival:
+        """A fresh arrival for a blob one producer starts fetching (its fetcher lock held)."""
+        arrival = Arrival(blob_id, size, path)
+        with self._lock:
+            self._current[blob_id] = arrival
+        return arrival
+
+    def end(self, arrival: Arrival) -> None:
+        """The producer is done with it (finished or failed); readers holding it keep it."""
+        with self._lock:
+            if self._current.get(arrival.blob_id) is arrival:
+                del self._current[arrival.blob_id]
+            now = time.monotonic()
+            if arrival.state == "failed":
+                self._failed[arrival.blob_id] = now
+            for blob_id in [b for b, t in self._failed.items() if now - t > FAILED_MEMORY]:
+                del self._failed[blob_id]
+
+    def get(self, blob_id: str) -> Arrival | None:
+        with self._lock:
+            return self._current.get(blob_id)
+
+    def failed_recently(self, blob_id: str) -> bool:
+        """A stream of this blob was cut after a failed check not long ago (so a ranged request may be
+        a client resuming after bad bytes)."""
+        with self._lock:
+            t = self._failed.get(blob_id)
+            return t is not None and time.monotonic() - t <= FAILED_MEMORY

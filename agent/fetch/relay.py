@@ -1,0 +1,185 @@
+"""Receiving a blob from its relay sources (agent.swarm.relay has the design): in order, hashed as it comes.
+
+The bytes go into `blobs/<id>.incomplete` at the node's own prefix, so a receiver is a source for the
+nodes after it from its first byte on (the daemon's `Arrival` of the blob is told each step). When a
+source breaks or stalls, the next one continues from the same byte; what was received stays recorded
+in the origin engine's resume record, so that a node which later takes the origin lease (the holder
+died) asks the origin only for the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from agent.cache.layout import RepoCache
+from agent.core.errors import CacheError
+from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.plan import FetchPlan, FileEntry
+from agent.core.progress import FileProgress
+from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate
+from agent.swarm.relay import RELAY_PATH, RelayDirectory
+
+log = logging.getLogger(__name__)
+
+_READ = 1 << 20
+_NO_SOURCE_WAIT = 3.0
+"""Seconds to keep asking for sources when the tracker lists none yet (the holder announces as it starts)."""
+_BUSY_PAUSE = 0.2
+
+
+class _SourceFailed(Exception):
+    """A source says the blob failed its check there: what it relayed may be wrong."""
+
+
+@dataclass
+class _Receiving:
+    """One blob being received (one thread)."""
+
+    plan: FetchPlan
+    entry: FileEntry
+    cache: RepoCache
+    origin: OriginSource
+    """Its resume record is the one the origin engine reads."""
+    fd: int
+    hasher: BlobHasher
+    progress: FileProgress
+    prefix: Callable[[int], None]
+    pos: int = 0
+    received: int = 0
+
+    def record(self) -> None:
+        self.origin.record_prefix(self.cache, self.plan, self.entry, self.pos)
+
+
+class RelayReceiver:
+    """One per daemon; `receive` is called per blob by a fetch job's thread."""
+
+    def __init__(self, directory: RelayDirectory, stall: float, connect_timeout: float) -> None:
+        self.directory = directory
+        self.stall = stall
+        """Seconds without a byte from a source before the next one is asked."""
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(stall, connect=connect_timeout),
+            headers={"Authorization": f"Bearer {directory.credential}", "Accept-Encoding": "identity"},
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def receive(
+        self,
+        plan: FetchPlan,
+        entry: FileEntry,
+        cache: RepoCache,
+        origin: OriginSource,
+        progress: FileProgress,
+        prefix: Callable[[int], None],
+    ) -> tuple[BlobHashes, int] | None:
+        """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
+        for the caller to install; None when no source could finish it (what arrived stays recorded)."""
+        path = cache.incomplete_path(entry.blob_id)
+        start = origin.contiguous_record(cache, entry)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
+        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=True)
+        r = _Receiving(plan, entry, cache, origin, fd, hasher, progress, prefix)
+        try:
+            preallocate(fd, entry.size)
+            while r.pos < start:  # an earlier run's prefix: hashed, not fetched again
+                data = os.pread(fd, min(_READ * 4, start - r.pos), r.pos)
+                if not data:
+                    raise OSError(errno.EIO, "short read of a recorded prefix", str(path))
+                r.hasher.update(data)
+                r.pos += len(data)
+            progress.advance(r.pos)
+            prefix(r.pos)
+            self._from_sources(r)
+        except _SourceFailed as exc:
+            log.warning("%s: %s; dropping what was relayed", entry.path, exc)
+            cache.discard_partial(entry.blob_id)
+            return None
+        finally:
+            os.close(fd)
+            self.directory.leave(entry.blob_id)
+        if r.pos < entry.size:
+            return None
+        hashes = r.hasher.finish()
+        if hashes.content_id != entry.blob_id:
+            # Kept, without a resume record: libtorrent re-checks every piece of it against the published
+            # metainfo and fetches only the pieces that fail; the origin engine would start it over.
+            cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
+            log.warning("%s: relayed bytes fail the blob's sha256; fetching the bad pieces again", entry.path)
+            return None
+        return hashes, r.received
+
+    def _from_sources(self, r: _Receiving) -> None:
+        size = r.entry.size
+        first_ask = last_progress = time.monotonic()
+        while r.pos < size:
+            sources = self.directory.join(r.entry.blob_id, size - r.pos)
+            random.shuffle(sources)
+            busy = gone = 0
+            for url in sources:
+                while True:
+                    status, got = self._stream(url, r)
+                    if status == 410:
+                        raise _SourceFailed(f"relay source {url} says the blob failed its check there")
+                    if not got or r.pos >= size:
+                        break
+                    # Cut short after some bytes: asked again at once, it says 410 if its blob failed.
+                    last_progress = time.monotonic()
+                busy += status == 503
+                gone += status == 404
+                if r.pos >= size:
+                    return
+            now = time.monotonic()
+            if not sources and now - first_ask < _NO_SOURCE_WAIT:
+                time.sleep(_BUSY_PAUSE)
+                continue
+            if not sources or (gone == len(sources) and not busy) or now - last_progress > self.stall:
+                return  # nobody is relaying it (not yet, or no more): the caller asks the tracker again
+            time.sleep(_BUSY_PAUSE)
+
+    def _stream(self, url: str, r: _Receiving) -> tuple[int, int]:
+        """From one source, from `r.pos` on: (its status, bytes taken)."""
+        start, unrecorded, size = r.pos, 0, r.entry.size
+        try:
+            with self._http.stream(
+                "GET", f"{url}{RELAY_PATH}{r.entry.blob_id}", headers={"Range": f"bytes={r.pos}-"}
+            ) as resp:
+                where = resp.headers.get("content-range", "")
+                if resp.status_code != 206 or not where.startswith(f"bytes {r.pos}-"):
+                    return resp.status_code, 0
+                for chunk in resp.iter_bytes(_READ):
+                    chunk = chunk[: size - r.pos]
+                    os.pwrite(r.fd, chunk, r.pos)
+                    r.hasher.update(chunk)
+                    r.pos += len(chunk)
+                    r.received += len(chunk)
+                    unrecorded += len(chunk)
+                    r.progress.advance(len(chunk))
+                    r.prefix(r.pos)
+                    if unrecorded >= RECORD_EVERY:
+                        r.record()
+                        unrecorded = 0
+                    if r.pos >= size:
+                        break
+                return resp.status_code, r.pos - start
+        except httpx.HTTPError as exc:
+            what = type(exc).__name__
+            log.info("relay source %s stopped at byte %d of %s: %s", url, r.pos, r.entry.path, what)
+            return 0, r.pos - start
+        finally:
+            if r.pos > start:
+                r.record()

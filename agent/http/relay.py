@@ -1,0 +1,92 @@
+"""`GET /v1/relay/{blob_id}` on the network listener: an arriving blob's prefix for other agents
+(agent.swarm.relay has the design). Streams as the HF endpoint does (agent.http.stream), from a
+`Range: bytes=N-` on.
+
+Who: requests with the relay credential (`Authorization: Bearer`, derived from the agents' passkey)
+from an address the peer gate admits. Without the credential: 404, as if the route did not exist; with
+it from an address the gate does not know yet: 503, and the gate asks the tracker again. What:
+only blobs arriving now (a complete blob goes by BitTorrent); 410 for one that failed its end-to-end
+check here lately, so that a receiver drops what it took from this node. How many:
+`swarm.relay_fanout` streams per blob, and only to a receiver this node is ahead of; otherwise 503, and
+the receiver asks another source.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from agent.cache.arrivals import Arrivals
+from agent.cache.layout import is_blob_id
+from agent.http.stream import parse_range, stream_arrival
+
+
+def relay_router(
+    arrivals: Arrivals, credential: str | None, admitted: Callable[[str], bool], fanout: int, stall: float
+) -> APIRouter:
+    """`admitted(address)`: the peer gate's word on a client address."""
+    router = APIRouter(tags=["relay"], include_in_schema=False)
+    streams: dict[str, int] = {}
+    lock = threading.Lock()
+    expected = f"Bearer {credential}".encode() if credential else None
+
+    @router.get("/v1/relay/{blob_id}")
+    async def relay(blob_id: str, request: Request) -> Response:
+        given = request.headers.get("authorization", "").encode()
+        if expected is None or not hmac.compare_digest(given, expected) or not is_blob_id(blob_id):
+            return Response(status_code=404)
+        if not admitted(request.client.host if request.client else ""):
+            # The credential is right but the gate does not know the address yet (a node that just joined;
+            # the gate asks the tracker again now): the receiver retries in a moment.
+            return Response(status_code=503, headers={"Retry-After": "1"})
+        arrival = arrivals.get(blob_id)
+        if arrival is None or arrival.state != "arriving":
+            # 410: the blob failed its check here, so what this node relayed of it may be wrong.
+            return Response(status_code=410 if arrivals.failed_recently(blob_id) else 404)
+        wanted = parse_range(request.headers.get("range"), arrival.size)
+        if wanted == "unsatisfiable":
+            return Response(status_code=416, headers={"Content-Range": f"bytes */{arrival.size}"})
+        start, end = wanted if isinstance(wanted, tuple) else (0, arrival.size)
+        if arrival.ready <= start:
+            # Not ahead of the receiver: it asks another source. Streaming only from a node that is ahead
+            # keeps the relay a tree (two receivers waiting on each other would stall both).
+            return Response(status_code=503, headers={"Retry-After": "1"})
+        with lock:
+            if streams.get(blob_id, 0) >= fanout:
+                return Response(status_code=503, headers={"Retry-After": "1"})
+            streams[blob_id] = streams.get(blob_id, 0) + 1
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            with lock:
+                if done:
+                    return
+                done = True
+                left = streams.get(blob_id, 1) - 1
+                if left > 0:
+                    streams[blob_id] = left
+                else:
+                    streams.pop(blob_id, None)
+
+        headers = {"Content-Length": str(end - start), "Accept-Ranges": "bytes"}
+        if isinstance(wanted, tuple):
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{arrival.size}"
+        try:
+            return StreamingResponse(
+                stream_arrival(arrival, start, end, stall, release),
+                status_code=206 if isinstance(wanted, tuple) else 200,
+                headers=headers,
+                media_type="application/octet-stream",
+                background=BackgroundTask(release),
+            )
+        except BaseException:
+            release()
+            raise
+
+    return router

@@ -1,0 +1,86 @@
+"""Streaming a blob while it arrives (issue 17): the body of a GET for a file the node is still fetching.
+
+The response starts as soon as the first servable bytes exist, with the whole file's `Content-Length`
+(or the range's), and goes on in order as `agent.cache.arrivals` says more is servable: a client's
+progress bar and read timeout behave as against the Hub, however long the blob takes, as long as
+bytes keep coming. The last byte waits for the blob's end-to-end check; when that fails the response
+is cut short (`StreamCut`: the connection closes before the declared length), never completed with
+wrong bytes.
+
+Waiting polls on the event loop (no thread held per waiting client); reads go to a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+
+from agent.cache.arrivals import Arrival
+
+CHUNK = 1 << 20
+POLL = 0.05
+"""Seconds between looks at an arrival that has nothing new to serve."""
+
+
+class StreamCut(Exception):
+    """The blob a response was streaming failed (or stalled): the response must not complete."""
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
+    """A single `bytes=` range as [start, end); None: serve the whole file (no header, or one this
+    server may ignore: several ranges, another unit); "unsatisfiable" for a 416."""
+    if not header:
+        return None
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if not first:  # suffix: the last N bytes
+            n = int(last)
+            return (max(0, size - n), size) if n > 0 and size else "unsatisfiable"
+        start = int(first)
+        end = int(last) + 1 if last else size
+    except ValueError:
+        return None
+    if start >= size or end <= start:
+        return "unsatisfiable"
+    return start, min(end, size)
+
+
+async def stream_arrival(
+    arrival: Arrival,
+    start: int,
+    end: int,
+    stall: float,
+    on_done: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """Bytes [start, end) of the arriving blob, in order, as they become servable. Raises `StreamCut`
+    when the blob fails, or when no byte becomes servable for `stall` seconds. `on_done` runs once,
+    however the stream ends (the client gone included)."""
+    reader = id(object())
+    pos = start
+    last_progress = time.monotonic()
+    try:
+        while pos < end:
+            data = await anyio.to_thread.run_sync(arrival.read, pos, min(CHUNK, end - pos))
+            if data:
+                arrival.want(reader, pos + len(data))
+                yield data
+                pos += len(data)
+                last_progress = time.monotonic()
+                continue
+            if arrival.state == "failed":
+                raise StreamCut(f"blob {arrival.blob_id[:16]}… failed after {pos} bytes: {arrival.error}")
+            if time.monotonic() - last_progress > stall:
+                raise StreamCut(f"blob {arrival.blob_id[:16]}…: nothing new for {stall:.0f}s at byte {pos}")
+            arrival.want(reader, pos)
+            await asyncio.sleep(POLL)
+    finally:
+        arrival.want(reader, None)
+        on_done()

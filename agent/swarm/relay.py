@@ -1,0 +1,100 @@
+"""Relay sources of a blob while it arrives from the origin (issue 13): who may be asked, and the credential.
+
+BitTorrent needs a blob's metainfo (every piece hash) before any peer can take a piece, and the
+metainfo exists only once the lease holder has the whole blob. Without more, a one-shard model pays
+the origin time first and the distribution time after it. The relay overlaps them: the holder, and
+every node receiving from it, serves the blob's contiguous prefix over HTTP (`GET /v1/relay/{blob}`
+on the agent's network listener, agent.http.relay) while it grows; receivers stream it in order,
+hash it as it comes, and serve their own prefix to the nodes after them. So the bytes form a tree
+that moves at the origin's pace, and each node's uplink carries at most `swarm.relay_fanout`
+streams of it.
+
+Discovery reuses the tracker: a node holding or receiving a blob announces itself, with its API
+port, on a torrent of its own, `relay_infohash(blob)` (no libtorrent torrent has that infohash), and
+the announce reply lists the others. The tracker needs nothing new, its peer TTL drops dead sources,
+and the announce carries the agents' passkey as every other one does.
+
+Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
+checks the sha256 end to end before the blob is visible (a node that fails it keeps the file for
+libtorrent, which re-checks every piece against the published metainfo and fetches only the bad
+ones). Relay requests need the relay credential, derived from the passkey (the passkey itself never
+goes to a peer), and come only from addresses the peer gate admits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from agent.core.errors import TrackerError
+from agent.core.settings import Settings
+from agent.swarm.tracker_client import TrackerClient
+
+log = logging.getLogger(__name__)
+
+RELAY_PATH = "/v1/relay/"
+_SALT = b"weightswarm relay credential v1"
+
+
+def relay_infohash(blob_id: str) -> bytes:
+    """The tracker key under which a blob's relay sources announce (not a real torrent's infohash)."""
+    return hashlib.sha1(b"weightswarm-relay:" + blob_id.encode(), usedforsecurity=False).digest()
+
+
+def relay_credential(settings: Settings) -> str | None:
+    """The bearer token of relay requests, an HMAC of the agents' passkey; None when the node relays
+    nothing (no tracker, no passkey, or `swarm.relay_fanout` 0)."""
+    passkey = settings.daemon.tracker_passkey
+    if not (settings.daemon.tracker_url and passkey and settings.swarm.relay_fanout > 0):
+        return None
+    return hmac.new(passkey.encode(), _SALT, hashlib.sha256).hexdigest()
+
+
+class RelayDirectory:
+    """This node in the relay sources of the blobs it holds or receives. Thread-safe."""
+
+    def __init__(self, tracker: TrackerClient, port: Callable[[], int], credential: str) -> None:
+        self.tracker = tracker
+        self._port_of = port
+        """The agent's network listener port (known once it listens; asked once, at the first use)."""
+        self._port: int | None = None
+        self.credential = credential
+        self._peer_id = b"-WS0001-" + os.urandom(6).hex().encode()
+        self._lock = threading.Lock()
+        self._joined: set[str] = set()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = self._port_of()
+        return self._port
+
+    def join(self, blob_id: str, left: int) -> list[str]:
+        """Announce this node as a source of `blob_id`; the other sources' base URLs (may be empty)."""
+        try:
+            peers = self.tracker.announce(
+                relay_infohash(blob_id), self._peer_id, self.port, max(1, left), "started"
+            )
+        except TrackerError as exc:
+            log.info("relay announce for %s failed: %s", blob_id[:16], exc)
+            return []
+        with self._lock:
+            self._joined.add(blob_id)
+        return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]
+
+    def leave(self, blob_id: str) -> None:
+        """No longer a source (done, or failed): the tracker stops handing this node out for it."""
+        with self._lock:
+            if blob_id not in self._joined:
+                return
+            self._joined.discard(blob_id)
+        try:
+            self.tracker.announce(
+                relay_infohash(blob_id), self._peer_id, self.port, 0, "stopped", numwant=0
+            )
+        except TrackerError as exc:
+            log.info("relay leave for %s failed: %s", blob_id[:16], exc)

@@ -1,0 +1,165 @@
+"""The relay (agent.swarm.relay, issue 13): a blob reaches other nodes while its lease holder still pulls it
+from the origin, and every failure of that path ends in the right bytes. Real tracker, real daemons (one a
+subprocess, to be killed), a rate-capped test hub with its fault injection."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.swarm.relay import RELAY_PATH, relay_credential
+from tests.support.cluster import (
+    AgentProcess,
+    Origin,
+    admin_request,
+    assert_snapshot_verifies,
+    model_origin,
+)
+from tests.support.procs import loop_until
+
+MiB = 2**20
+SHARD = 12 * MiB
+RATE = 3 * MiB  # the shard takes ~4 s from the origin
+LEASE = {"lease_ttl": 3.0, "wait_poll_seconds": 1.0}
+
+
+@pytest.fixture
+def one_shard(tmp_path: Path) -> Iterator[Origin]:
+    hub = tmp_path / "hub"
+    with model_origin(hub, "acme/relay", total_bytes=SHARD, shards=1, seed=41, rate_total=RATE) as o:
+        yield o
+
+
+def shard_blob(origin: Origin) -> tuple[str, str]:
+    shard = next(p for p in origin.files if p.endswith(".safetensors"))
+    return shard, hashlib.sha256(origin.files[shard]).hexdigest()
+
+
+def holder(tracker, blob: str) -> str | None:
+    lease = tracker.blob(blob).get("lease")
+    return str(lease["holder"]) if isinstance(lease, dict) else None
+
+
+def shard_status(job, shard: str) -> dict:
+    """The shard's entry in a job's status (zero bytes before the job has planned)."""
+    files = job.status().to_json()["files"]
+    return next((f for f in files if f["path"] == shard), {"done": 0, "source": None})
+
+
+@pytest.mark.timeout(120)
+def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(one_shard, tracker, make_agent):
+    shard, blob = shard_blob(one_shard)
+    a = make_agent("a", one_shard, tracker, daemon=LEASE)
+    job_a = a.request_model(one_shard.repo_id, "main")
+    loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+    others = [make_agent(n, one_shard, tracker, daemon=LEASE) for n in ("b", "c")]
+    jobs = [d.request_model(one_shard.repo_id, "main") for d in others]
+
+    # Before the holder has the whole blob (so before any metainfo exists), the others have bytes of it.
+    seen_while_arriving = False
+    while not job_a.done:
+        # Bytes seen first, no metainfo after: they came before anyone could use BitTorrent for the blob.
+        if all(0 < shard_status(j, shard)["done"] < SHARD for j in jobs):
+            seen_while_arriving |= tracker.blob(blob).get("infohash") is None
+        time.sleep(0.1)
+    assert seen_while_arriving, "no node received a byte before the holder was done"
+    for job in [job_a, *jobs]:
+        assert job.wait(60), job.status()
+        assert job.status().phase == "Ready", job.status()
+        assert_snapshot_verifies(job.status().snapshot, one_shard)
+    for job in jobs:
+        assert shard_status(job, shard)["source"] == "peers"
+    assert one_shard.hub.egress_bytes < 1.05 * one_shard.size  # the origin sent it once
+
+
+@pytest.mark.timeout(150)
+def test_a_holder_killed_mid_stream_leaves_its_receivers_to_finish_from_where_they_are(
+    tmp_path, one_shard, tracker, make_agent
+):
+    shard, blob = shard_blob(one_shard)
+    a = AgentProcess(tmp_path, "a", one_shard.hub.url, tracker, "--lease-ttl", "3")
+    a.start()
+    try:
+        admin_request(a.url, "POST", "/v1/fetch", json={"repo_id": one_shard.repo_id})
+        loop_until(lambda: holder(tracker, blob) is not None, timeout=30, what="a holds the origin lease")
+        b = make_agent("b", one_shard, tracker, daemon=LEASE)
+        job_b = b.request_model(one_shard.repo_id, "main")
+        third = lambda: shard_status(job_b, shard)["done"] >= SHARD // 3  # noqa: E731
+        loop_until(third, timeout=30, what="b receives a third of the shard")
+        a.kill()
+        killed_at = shard_status(job_b, shard)["done"]
+        egress_at_kill = one_shard.hub.egress_bytes
+    finally:
+        a.stop()
+    assert job_b.wait(90), job_b.status()
+    assert job_b.status().phase == "Ready", job_b.status()
+    assert_snapshot_verifies(job_b.status().snapshot, one_shard)
+    # b took the lease over and asked the origin only for what it did not have (plus what a had in flight).
+    assert one_shard.hub.egress_bytes - egress_at_kill < SHARD - killed_at + 2 * MiB
+
+
+@pytest.mark.timeout(150)
+def test_a_corrupt_origin_byte_on_the_holder_is_dropped_by_its_receivers(one_shard, tracker, make_agent):
+    shard, blob = shard_blob(one_shard)
+    one_shard.hub.faults.corrupt_paths = {shard}
+    one_shard.hub.faults.corrupt_times = 1  # the first range the holder asks for
+    a = make_agent("a", one_shard, tracker, daemon=LEASE)
+    job_a = a.request_model(one_shard.repo_id, "main")
+    loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+    b = make_agent("b", one_shard, tracker, daemon=LEASE)
+    job_b = b.request_model(one_shard.repo_id, "main")
+    assert job_a.wait(60)
+    assert job_a.status().phase == "Failed"  # the holder's own check caught the flipped byte
+    assert "sha256" in (job_a.status().error or "")
+    assert job_b.wait(90), job_b.status()
+    assert job_b.status().phase == "Ready", job_b.status()  # b dropped the relayed bytes, fetched anew
+    assert_snapshot_verifies(job_b.status().snapshot, one_shard)
+
+
+@pytest.mark.timeout(120)
+def test_an_origin_dropping_the_connection_mid_range_does_not_reach_the_receivers(
+    one_shard, tracker, make_agent
+):
+    shard, blob = shard_blob(one_shard)
+    one_shard.hub.faults.truncate_after = 100_000
+    one_shard.hub.faults.truncate_times = 3
+    a = make_agent("a", one_shard, tracker, daemon=LEASE)
+    job_a = a.request_model(one_shard.repo_id, "main")
+    loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+    b = make_agent("b", one_shard, tracker, daemon=LEASE)
+    job_b = b.request_model(one_shard.repo_id, "main")
+    for job in (job_a, job_b):
+        assert job.wait(60), job.status()
+        assert job.status().phase == "Ready", job.status()
+        assert_snapshot_verifies(job.status().snapshot, one_shard)
+    assert shard_status(job_b, shard)["source"] == "peers"
+
+
+def test_the_relay_route_answers_only_agents_with_the_credential(one_shard, tracker, make_agent):
+    """The attack: any pod that can reach an agent's port asks for an arriving blob's bytes."""
+    shard, blob = shard_blob(one_shard)
+    a = make_agent("a", one_shard, tracker, daemon=LEASE)
+    job_a = a.request_model(one_shard.repo_id, "main")
+    loop_until(lambda: shard_status(job_a, shard)["done"] > MiB, timeout=30, what="a has bytes of the shard")
+    url = f"{a.api_url}{RELAY_PATH}{blob}"
+    assert httpx.get(url, timeout=10).status_code == 404  # no credential
+    assert httpx.get(url, headers={"Authorization": "Bearer guess"}, timeout=10).status_code == 404
+
+    good = {"Authorization": f"Bearer {relay_credential(a.settings)}", "Range": "bytes=0-"}
+
+    def relayed() -> bool:
+        # An agent: the credential, from an address the gate admits (once it has seen a's own announce).
+        with httpx.stream("GET", url, headers=good, timeout=10) as resp:
+            return resp.status_code == 206 and len(next(resp.iter_bytes())) > 0
+
+    loop_until(relayed, timeout=10, what="the relay answers an agent")
+    # The credential alone is not enough: from an address no agent announced from, nothing is relayed.
+    outsider = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(transport=outsider, timeout=10) as client:
+        assert client.get(url, headers=good).status_code == 503
+    assert job_a.wait(60)
