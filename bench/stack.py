@@ -28,7 +28,9 @@ BIN = Path(sys.executable).parent
 ORIGIN_PORT = 8080
 TRACKER_PORT = 7480
 BT_PORT = 6881
-API = "http://127.0.0.1:7470"  # probes on each node's own loopback: every namespace has its own
+API_PORT = 7470
+"""Each agent's network listener, on its node's address as the chart binds it to the pod's: probes, and
+the relay (agent.swarm.relay) other nodes stream an arriving blob from."""
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -240,7 +242,7 @@ class Stack:
                 "--bt-listen",
                 f"{self.c.ip(node)}:{BT_PORT}",
                 "--api-listen",
-                API.removeprefix("http://"),
+                f"{self.c.ip(node)}:{API_PORT}",
                 "--node-name",
                 node,
                 *extra,
@@ -250,7 +252,7 @@ class Stack:
             wait_for(
                 lambda n=node: (
                     self._alive(self.agents[n], f"agent {n}")  # type: ignore[misc]
-                    and self.curl(n, f"{API}/readyz", 2)
+                    and self.curl(n, f"http://{self.c.ip(n)}:{API_PORT}/readyz", 2)
                 ),
                 60,
                 f"agent {node} ready",

@@ -23,6 +23,8 @@ Systems (in one run):
   weightswarm one `agent serve` per node, `agent fetch --agent` on every node at once
   weightswarm_open  the same with `agent serve --no-peer-gate`: what authenticating peers costs
               (agent.swarm.gate), side by side in throughput and CPU
+  weightswarm_norelay  the same with `agent serve --relay-fanout 0`: no relay of a blob while it
+              arrives (agent.swarm.relay), so other nodes start once its lease holder has it whole
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -58,7 +60,7 @@ from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode
 
-SYSTEMS = ("naive", "aria2c", "weightswarm", "weightswarm_open")
+SYSTEMS = ("naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay")
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -273,10 +275,12 @@ class Bench:
 
     # -- weightswarm -----------------------------------------------------------------------
     def weightswarm_open(self) -> None:
-        self.weightswarm(gate=False)
+        self.weightswarm("weightswarm_open", ("--no-peer-gate",))
 
-    def weightswarm(self, gate: bool = True) -> None:
-        name = "weightswarm" if gate else "weightswarm_open"
+    def weightswarm_norelay(self) -> None:
+        self.weightswarm("weightswarm_norelay", ("--relay-fanout", "0"))
+
+    def weightswarm(self, name: str = "weightswarm", serve_args: tuple[str, ...] = ()) -> None:
         s = self.stack
         s.wipe(self.nodes)
         db = s.workdir / "weightswarm-tracker.db"
@@ -294,7 +298,7 @@ class Bench:
             s.log_prefix = f"{name}-{scenario}-"
             s.start_tracker(db)
             try:
-                s.start_agents(self.nodes, () if gate else ("--no-peer-gate",))
+                s.start_agents(self.nodes, serve_args)
                 if scenario == "warm":
                     blobs = [f.blob_id for f in self.model.files]
                     deadline = time.monotonic() + 120
@@ -363,6 +367,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "aria2c": "tab:orange",
         "weightswarm": "tab:green",
         "weightswarm_open": "tab:olive",
+        "weightswarm_norelay": "tab:gray",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))

@@ -95,8 +95,11 @@ class FetchSettings:
     files_at_once: int = 4
     """Files downloaded concurrently. Total connections = files_at_once x connections_per_file."""
 
-    chunk_size: int = 16 * MiB
-    """Bytes per range request; also the unit of resume. 16 MiB keeps requests few and resumes cheap."""
+    chunk_size: int = 4 * MiB
+    """Bytes per range request; also the unit of resume. Readers of a blob still arriving (HF clients, the
+    relay to other nodes) get its contiguous prefix, which lags the download front by up to
+    connections_per_file x chunk_size: 4 MiB keeps that near 32 MiB (16 MiB made the nodes after a
+    lease holder finish seconds after it) and requests still few (~8 a second per 30 MB/s)."""
 
     min_free_bytes: int = 64 * MiB
     """Head-room kept free on the cache filesystem beyond what the download needs."""
@@ -422,7 +425,8 @@ class OpsSettings:
     """Seconds the origin's word that a repo is public (not gated, not private) is trusted without asking."""
 
     hf_fetch_timeout: float = 3600.0
-    """Longest an HF-endpoint GET waits for its blob to arrive through the swarm/origin before 504."""
+    """Longest an HF-endpoint GET of a file the node does not have waits for its first byte (then 504),
+    and longest a streaming response waits for the next one (then it is cut short)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -54,6 +54,8 @@ class _Receiving:
     prefix: Callable[[int], None]
     pos: int = 0
     received: int = 0
+    sources: set[str] = field(default_factory=set)
+    """Sources that sent bytes."""
 
     def record(self) -> None:
         self.origin.record_prefix(self.cache, self.plan, self.entry, self.pos)
@@ -94,6 +96,7 @@ class RelayReceiver:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
         hasher = BlobHasher(entry.size, entry.is_lfs, pieces=True)
         r = _Receiving(plan, entry, cache, origin, fd, hasher, progress, prefix)
+        started = time.monotonic()
         try:
             preallocate(fd, entry.size)
             while r.pos < start:  # an earlier run's prefix: hashed, not fetched again
@@ -121,6 +124,9 @@ class RelayReceiver:
             cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
             log.warning("%s: relayed bytes fail the blob's sha256; fetching the bad pieces again", entry.path)
             return None
+        took = time.monotonic() - started
+        n = len(r.sources)
+        log.info("%s: %d bytes relayed from %d sources in %.1fs", entry.path, r.received, n, took)
         return hashes, r.received
 
     def _from_sources(self, r: _Receiving) -> None:
@@ -133,6 +139,8 @@ class RelayReceiver:
             for url in sources:
                 while True:
                     status, got = self._stream(url, r)
+                    if got:
+                        r.sources.add(url)
                     if status == 410:
                         raise _SourceFailed(f"relay source {url} says the blob failed its check there")
                     if not got or r.pos >= size:

@@ -21,7 +21,9 @@ import errno
 import json
 import os
 import shutil
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +49,17 @@ class _Cancelled(Exception):
     """Another worker of the same blob failed; stop quietly."""
 
 
+class _ChunkDone(Exception):
+    """Another worker finished the chunk this one was hedging (or being hedged on): take the next."""
+
+
+HEDGE_AFTER = 1.0
+"""Seconds the chunk at the head of the contiguous prefix may bring no byte, while the others keep
+coming, before a free worker asks for the rest of it on its own connection. One stalled connection (a
+lost segment's retransmit backing off, seen for 8 s under tc shaping) otherwise holds the prefix that
+readers stream (the HF endpoint, the relay to other nodes) while the download front runs far ahead."""
+
+
 @dataclass
 class _Job:
     """Shared state of one blob's download (guarded by `cond`)."""
@@ -65,6 +78,12 @@ class _Job:
     writers per file on a 2-core node, burnt up to a core that hashing needed (perf: rwsem_spin_on_owner)."""
     written: dict[int, int] = field(default_factory=dict)
     """Contiguous bytes written from each chunk's start (for chunks in flight)."""
+    moved: dict[int, float] = field(default_factory=dict)
+    """When each chunk in flight last brought bytes (monotonic)."""
+    hedged: set[int] = field(default_factory=set)
+    """Chunks a second worker was sent after (at most once each)."""
+    responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
+    """The responses being read for each chunk (two when hedged)."""
     pending: list[int] = field(default_factory=list)
     mode: str | None = None
     """None until the first response: 'ranges' (206) or 'stream' (server ignored Range)."""
@@ -245,10 +264,22 @@ class OriginSource:
                         return
             while True:
                 with job.cond:
-                    if job.error is not None or not job.pending:
+                    if job.error is not None:
                         return
-                    idx = job.pending.pop(0)
-                self._fetch_chunk(plan, cache, job, idx, probe, buf)
+                    idx = self._hedge(job) if job.mode == "ranges" else None
+                    if idx is None:
+                        if not job.pending:
+                            unhedged = [i for i in self._in_flight(job) if i not in job.hedged]
+                            if job.mode == "ranges" and unhedged:
+                                job.cond.wait(HEDGE_AFTER / 4)  # the last chunks may still need a hand
+                                continue
+                            return
+                        idx = job.pending.pop(0)
+                    job.moved.setdefault(idx, time.monotonic())
+                try:
+                    self._fetch_chunk(plan, cache, job, idx, probe, buf)
+                except _ChunkDone:
+                    continue
                 probe = False
                 with job.cond:
                     if job.mode == "stream":
@@ -256,6 +287,9 @@ class OriginSource:
                     else:
                         job.done.add(idx)
                     job.written.pop(idx, None)
+                    job.moved.pop(idx, None)
+                    for other in job.responses.pop(idx, []):
+                        _cut(other)  # the other worker on this chunk, perhaps blocked on a stalled read
                     job.cond.notify_all()
                 self._save_record(cache, plan, job)
         except _Cancelled:
@@ -267,6 +301,26 @@ class OriginSource:
                 if job.mode is None:
                     job.mode = "failed"
                 job.cond.notify_all()
+
+    @staticmethod
+    def _in_flight(job: _Job) -> list[int]:
+        return [i for i in job.moved if i not in job.done]
+
+    @staticmethod
+    def _hedge(job: _Job) -> int | None:
+        """The chunk holding the contiguous prefix back, when it has stalled for `HEDGE_AFTER` seconds and
+        no second worker went after it yet (called under `job.cond`)."""
+        in_flight = OriginSource._in_flight(job)
+        if not in_flight:
+            return None
+        head = min(in_flight)
+        now = time.monotonic()
+        if head in job.hedged or now - job.moved[head] < HEDGE_AFTER:
+            return None
+        if not any(now - job.moved[i] < HEDGE_AFTER for i in in_flight if i != head) and job.pending:
+            return None  # everything is slow: a second request would only share the same link
+        job.hedged.add(head)
+        return head
 
     def _fetch_chunk(
         self, plan: FetchPlan, cache: RepoCache, job: _Job, idx: int, probe: bool, buf: memoryview
@@ -280,7 +334,12 @@ class OriginSource:
 
         def attempt() -> None:
             pos = state["pos"]
+            with job.cond:
+                if idx in job.done:
+                    raise _ChunkDone()
             resp = self.client.request("GET", job.url, what, {"Range": f"bytes={pos}-{end - 1}"})
+            with job.cond:
+                job.responses.setdefault(idx, []).append(resp)
             try:
                 if resp.status == 200:
                     if not ((probe and job.mode is None) or job.mode == "stream"):
@@ -305,10 +364,17 @@ class OriginSource:
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
                 if pos < end:
+                    with job.cond:
+                        if idx in job.done:  # the other worker finished it and cut this connection
+                            raise _ChunkDone()
                     raise Retryable(OriginError(f"{what}: body ended at byte {pos} of {start}-{end - 1}"))
                 if not body_complete(resp):
                     raise OriginError(f"{what}: origin sent more bytes than the range asked for")
             finally:
+                with job.cond:
+                    reading = job.responses.get(idx, [])
+                    if resp in reading:  # else the chunk is done and its list gone
+                        reading.remove(resp)
                 _release(resp)
 
         self.client.retrying(what, attempt)
@@ -350,7 +416,10 @@ class OriginSource:
         with job.cond:
             if job.error is not None:
                 raise _Cancelled()
-            job.written[idx] = chunk_written
+            if idx in job.done:
+                raise _ChunkDone()  # the other worker on this chunk got there first
+            job.written[idx] = max(job.written.get(idx, 0), chunk_written)
+            job.moved[idx] = time.monotonic()
             job.received += n
             job.unrecorded += n
             due = job.unrecorded >= RECORD_EVERY
@@ -443,6 +512,17 @@ def preallocate(fd: int, size: int) -> None:
             # EOPNOTSUPP etc.: the sparse file still works; a full disk is the caller's DiskSpaceError.
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
+
+
+def _cut(resp: urllib3.BaseHTTPResponse) -> None:
+    """Shut the connection under a response another thread is reading: its blocked read returns."""
+    conn = getattr(resp, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _release(resp: urllib3.BaseHTTPResponse) -> None:

@@ -82,7 +82,8 @@ _TICK = 0.5
 _ANNOUNCE_WAIT = 5.0
 """Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
 _SPREAD_MIN_BYTES = 16 * 2**20
-"""Blobs from this size on have their origin leases spread over nodes; small files are not worth a wait."""
+"""Blobs from this size on have their origin leases spread over nodes, and are relayed while they arrive;
+small files are not worth a wait (their holder has them whole in a moment)."""
 _SUSPECT_WAIT = 5.0
 """Least seconds of failing pieces, none passing, before the metainfo is suspect (see `_suspect_wait`)."""
 _READ_AHEAD = 32 * 2**20
@@ -259,7 +260,7 @@ class SwarmFetcher:
                     return outcome
                 peers_stalled = True
                 continue
-            lease = self._acquire_lease(blob)
+            lease = self._acquire_lease(blob, held_elsewhere=state.lease_holder not in (None, self.node_id))
             if lease.granted and info is None:
                 # Asking can take seconds (`lease_spread`), and the previous holder may have published
                 # the metainfo and released the lease meanwhile: a grant then is no reason to pull the
@@ -281,7 +282,7 @@ class SwarmFetcher:
                 continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
-            if info is None and relay_download is not None and not relay_tried:
+            if info is None and relay_download is not None and not relay_tried and self._relayed(blob):
                 # The holder is pulling the blob from the origin and relaying it: take it as it arrives.
                 relay_tried = True
                 outcome = self._from_relay(cache, blob, relay_download)
@@ -340,7 +341,7 @@ class SwarmFetcher:
         beat.start()
         try:
             if info is None:
-                if self.relay is not None:
+                if self.relay is not None and self._relayed(blob):
                     self.relay.join(blob.blob_id, blob.size)  # nodes waiting for it take it as it arrives
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
@@ -359,8 +360,13 @@ class SwarmFetcher:
             beat.join(timeout=5)
             self._release(blob.blob_id)
 
-    def _acquire_lease(self, blob: FileEntry) -> Lease:
-        """Ask for the blob's origin lease; a node already holding one first lets others ask.
+    def _relayed(self, blob: FileEntry) -> bool:
+        return self.relay is not None and blob.size >= _SPREAD_MIN_BYTES
+
+    def _acquire_lease(self, blob: FileEntry, held_elsewhere: bool = False) -> Lease:
+        """Ask for the blob's origin lease; a node already holding one first lets others ask (unless
+        another node held this lease a moment ago: then there is nothing to spread, and the wait would
+        only delay taking the blob as it arrives).
 
         Nodes asked for a model at once race for its shards' leases, and one fast node could win
         them all: it then pulls every shard from the origin and is the only source of each new
@@ -373,7 +379,7 @@ class SwarmFetcher:
             holding = len(self._leases)
             self._leases.add(blob.blob_id)
         try:
-            if holding and blob.size >= _SPREAD_MIN_BYTES:
+            if holding and blob.size >= _SPREAD_MIN_BYTES and not held_elsewhere:
                 time.sleep(self.settings.swarm.lease_spread)
             lease = self.tracker.acquire_lease(
                 blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self.holder_stall
@@ -450,6 +456,7 @@ class SwarmFetcher:
         if arrival is not None:
             arrival.restart()  # the origin engine may start the file over
         origin_download(arrival.advance if arrival is not None else lambda _end: None)
+        self._installed(cache, blob)
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
@@ -470,6 +477,7 @@ class SwarmFetcher:
         received = relay_download(arrival.advance if arrival is not None else lambda _end: None)
         if received is None:
             return None
+        self._installed(cache, blob)
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
@@ -564,6 +572,7 @@ class SwarmFetcher:
         self._verify_and_record(st.path, blob, info, ih, cache)
         if not cache.adopt_blob(blob.blob_id, blob.size):
             raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
+        self._installed(cache, blob)
         log.info(
             "%s: %d bytes from peers, %d from web seeds",
             blob.path,
@@ -639,6 +648,13 @@ class SwarmFetcher:
 
     def _arrival(self, blob: FileEntry) -> Arrival | None:
         return self.arrivals.get(blob.blob_id)
+
+    def _installed(self, cache: RepoCache, blob: FileEntry) -> None:
+        """The blob is verified and installed: its readers get the last bytes now, before it is seeded and
+        its metainfo published (a second or two: an announce is awaited first)."""
+        arrival = self._arrival(blob)
+        if arrival is not None:
+            arrival.finish(cache.blob_path(blob.blob_id))
 
     def _feed_readers(self, ih: str, arrival: Arrival) -> None:
         """While a reader streams the blob: its verified prefix to the reader, and the pieces the reader

@@ -40,6 +40,7 @@ from tests.support.fetchkit import (
     settings_for,
     snapshot_contents,
 )
+from tests.support.procs import loop_until
 
 TOKEN = "hf_sekrit_TOKEN_0123456789"
 
@@ -305,3 +306,28 @@ def test_token_is_sent_to_the_origin_host_only():
     for elsewhere in ("http://127.0.0.2:8080/_cdn/x", "http://127.0.0.1:9090/x", "https://127.0.0.1:8080/x"):
         assert "Authorization" not in client.headers_for(elsewhere)
     assert TOKEN not in repr(client)
+
+
+def test_a_stalled_range_is_hedged_by_a_free_connection_and_does_not_hold_the_download(tmp_path, origin):
+    srv, files = origin
+    shard = shards(files)[0]
+    chunk, stall = 256 * 1024, 8.0
+    assert len(files[shard]) > 4 * chunk
+    # One response stalls after 100 kB, for longer than the whole download takes; the read timeout is
+    # longer still, so only a second request for the rest of that range can end the wait.
+    srv.faults.stall_seconds = stall
+    srv.faults.stall_after = 100_000
+    settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=4)
+    t0 = time.monotonic()
+    result = fetch_snapshot(settings, REPO, include=[shard])
+    elapsed = time.monotonic() - t0
+    assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+    assert elapsed < stall / 2, elapsed
+
+    def ranges() -> list[str]:
+        return [r.range for r in srv.requests if r.method == "GET" and r.range]
+
+    # The stalled response is recorded when its handler wakes up: then one range was asked for twice.
+    loop_until(lambda: len(ranges()) > len(set(ranges())), timeout=2 * stall, what="the stalled request")
+    twice = [r for r in set(ranges()) if ranges().count(r) == 2]
+    assert len(twice) == 1, ranges()

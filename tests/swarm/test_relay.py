@@ -23,8 +23,8 @@ from tests.support.cluster import (
 from tests.support.procs import loop_until
 
 MiB = 2**20
-SHARD = 12 * MiB
-RATE = 3 * MiB  # the shard takes ~4 s from the origin
+SHARD = 20 * MiB  # relayed: 16 MiB or more (smaller blobs are not worth it)
+RATE = 5 * MiB  # the shard takes ~4 s from the origin
 LEASE = {"lease_ttl": 3.0, "wait_poll_seconds": 1.0}
 
 

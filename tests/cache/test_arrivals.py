@@ -1,0 +1,71 @@
+"""agent.cache.arrivals: what a reader of a blob still arriving may be served, on real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.cache.arrivals import Arrival, Arrivals
+from agent.http.stream import parse_range
+
+
+def arriving(tmp_path: Path, data: bytes) -> Arrival:
+    path = tmp_path / "blob.incomplete"
+    path.write_bytes(data)
+    return Arrivals().begin("ab" * 32, len(data), path)
+
+
+def test_only_the_announced_prefix_is_served_and_never_the_last_byte_before_the_blob_is_installed(tmp_path):
+    data = os.urandom(1000)
+    a = arriving(tmp_path, data)
+    assert a.read(0, 100) == b""  # nothing announced yet, though the file has bytes
+    a.advance(400)
+    assert a.read(0, 1000) == data[:400]
+    assert a.read(400, 10) == b""
+    a.advance(1000)
+    assert a.read(0, 1000) == data[:999]  # the last byte waits for the end-to-end check
+    final = tmp_path / "blob"
+    os.replace(a.path, final)
+    assert a.read(990, 10) == b""  # renamed while finishing: asked again
+    a.finish(final)
+    assert a.read(990, 10) == data[990:]
+
+
+def test_a_restart_hides_what_was_announced_until_the_new_producer_announces_it(tmp_path):
+    old = os.urandom(500)
+    a = arriving(tmp_path, old)
+    a.advance(500)
+    a.restart()  # e.g. libtorrent given up for the origin engine, which preallocates a fresh file
+    a.path.write_bytes(b"\0" * 500)
+    assert a.read(0, 500) == b""  # never the zeros of the new file
+    new = os.urandom(500)
+    a.path.write_bytes(new)
+    a.advance(200)
+    assert a.read(0, 500) == new[:200]
+
+
+def test_a_failed_blob_is_remembered_and_serves_nothing_more(tmp_path):
+    arrivals = Arrivals()
+    path = tmp_path / "blob.incomplete"
+    path.write_bytes(b"x" * 10)
+    a = arrivals.begin("cd" * 32, 10, path)
+    a.advance(5)
+    a.fail("sha256 mismatch")
+    a.advance(9)
+    assert a.state == "failed" and a.read(0, 10) == b"xxxxx"
+    assert not arrivals.failed_recently("cd" * 32)
+    arrivals.end(a)
+    assert arrivals.get("cd" * 32) is None
+    assert arrivals.failed_recently("cd" * 32)
+
+
+def test_ranges_as_a_server_may_read_them():
+    assert parse_range(None, 100) is None
+    assert parse_range("bytes=0-9", 100) == (0, 10)
+    assert parse_range("bytes=90-", 100) == (90, 100)
+    assert parse_range("bytes=-10", 100) == (90, 100)
+    assert parse_range("bytes=50-500", 100) == (50, 100)
+    assert parse_range("bytes=100-", 100) == "unsatisfiable"
+    assert parse_range("bytes=0-1,5-6", 100) is None  # several ranges: the whole file
+    assert parse_range("items=0-1", 100) is None
+    assert parse_range("bytes=x-", 100) is None
