@@ -132,6 +132,17 @@ class Arrivals:
         self._lock = threading.Lock()
         self._current: dict[str, Arrival] = {}
         self._failed: dict[str, float] = {}
+        self.closed = False
+        """The agent is stopping: no reader waits any more."""
+
+    def close(self) -> None:
+        """End every stream now (the agent stops): a reader waiting on an arrival would otherwise hold its
+        connection, and the server's shutdown, until the arrival's stall timeout."""
+        with self._lock:
+            self.closed = True
+            current = list(self._current.values())
+        for arrival in current:
+            arrival.fail("the agent is stopping")
 
     def begin(self, blob_id: str, size: int, path: Path) -> Arrival:
         """A fresh arrival for a blob one producer starts fetching (its fetcher lock held)."""

@@ -217,6 +217,7 @@ class Daemon:
         """Ordered shutdown: API, jobs, background tasks, BitTorrent session (saves resume data), tracker."""
         timeout = self.settings.daemon.shutdown_timeout
         self._stop.set()
+        self.fetcher.arrivals.close()  # streams end now, not at their stall timeout
         for server in self.servers:
             server.stop(timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)

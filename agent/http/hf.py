@@ -592,7 +592,7 @@ class HfEndpoint:
                 if status.phase != "Ready":
                     failed = f"fetching {repo_id}/{path} failed: {status.error}"
                     return hub_error(502, failed, commit=meta.commit)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.arrivals.closed:
                 return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
             await asyncio.sleep(STREAM_POLL)
 

@@ -8,7 +8,8 @@
        CDN URL) as a web seed; the others join the same swarm
     4. metainfo unknown                                     -> ask for the origin lease; the holder
        downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
-       and seeds; the others long-poll the tracker, then do 2
+       and seeds; the others take the blob from it as it arrives (the relay, agent.swarm.relay: blobs
+       of `_SPREAD_MIN_BYTES` and more), else long-poll the tracker, then do 2
     5. tracker unreachable                                  -> origin engine only; the blob is seeded
        anyway and published when the tracker returns (the daemon's probe loop)
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
