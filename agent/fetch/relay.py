@@ -119,10 +119,8 @@ class RelayReceiver:
             return None
         hashes = r.hasher.finish()
         if hashes.content_id != entry.blob_id:
-            # Kept, without a resume record: libtorrent re-checks every piece of it against the published
-            # metainfo and fetches only the pieces that fail; the origin engine would start it over.
-            cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
-            log.warning("%s: relayed bytes fail the blob's sha256; fetching the bad pieces again", entry.path)
+            cache.discard_partial(entry.blob_id)
+            log.warning("%s: relayed bytes fail the blob's sha256; discarded, fetching it again", entry.path)
             return None
         took = time.monotonic() - started
         n = len(r.sources)

@@ -15,10 +15,9 @@ the announce reply lists the others. The tracker needs nothing new, its peer TTL
 and the announce carries the agents' passkey as every other one does.
 
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
-checks the sha256 end to end before the blob is visible (a node that fails it keeps the file for
-libtorrent, which re-checks every piece against the published metainfo and fetches only the bad
-ones). Relay requests need the relay credential, derived from the passkey (the passkey itself never
-goes to a peer), and come only from addresses the peer gate admits.
+checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
+takes the lease path again). Relay requests need the relay credential, derived from the passkey
+(the passkey itself never goes to a peer), and come only from addresses the peer gate admits.
 """
 
 from __future__ import annotations
