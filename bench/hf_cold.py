@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agent.hub.testmodel import parse_size
-from bench.origin_fetch import AGENT, HERE, REPO, files_of, start_hub, stop
+from bench.origin_fetch import AGENT, HERE, REPO, files_of, make_model, start_hub, stop
 
 OUT = HERE / "bench" / "out"
 RETRY_MARKERS = (
@@ -245,13 +245,7 @@ def run_client(run: Run, path: str, endpoint: str, work: Path, total: int, expec
 def do_run(run: Run, scratch: Path) -> list[Row]:
     base = scratch / f"run-{run.name}"
     origin = base / "origin"
-    if not (origin / REPO).exists():
-        subprocess.run(
-            [*AGENT, "make-test-model", str(origin), REPO, "--size", run.size, "--shards", str(run.shards)],
-            check=True,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-        )
+    make_model(origin, run.size, run.shards)
     expected = sha256_tree(origin / REPO)
     rows = []
     hub, hub_url = start_capped_hub(origin, run.rate)

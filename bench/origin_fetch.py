@@ -72,6 +72,17 @@ def start_hub(root: Path, rate_per_connection: str | None) -> tuple[subprocess.P
     raise SystemExit("serve-hub never answered")
 
 
+def make_model(origin: Path, size: str, shards: int) -> None:
+    """The test model REPO under `origin` (`agent make-test-model`), unless it is there already."""
+    if not (origin / REPO).exists():
+        subprocess.run(
+            [*AGENT, "make-test-model", str(origin), REPO, "--size", size, "--shards", str(shards)],
+            check=True,
+            cwd=HERE,
+            stdout=subprocess.DEVNULL,
+        )
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     proc.terminate()
     try:
@@ -194,13 +205,7 @@ def main() -> None:
     scratch = Path(args.workdir or tempfile.mkdtemp(prefix="ws-bench-"))
     scratch.mkdir(parents=True, exist_ok=True)
     origin = scratch / "origin"
-    if not (origin / REPO).exists():
-        subprocess.run(
-            [*AGENT, "make-test-model", str(origin), REPO, "--size", args.size, "--shards", str(args.shards)],
-            check=True,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-        )
+    make_model(origin, args.size, args.shards)
     rows = []
     for label, cap in (
         (f"(a) capped {args.rate_per_connection}/s per connection", args.rate_per_connection),

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from agent.cache.layout import RepoCache
-from agent.core.errors import CacheError
+from agent.core.errors import CacheError, DiskSpaceError
 from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
@@ -112,6 +113,12 @@ class RelayReceiver:
             log.warning("%s: %s; dropping what was relayed", entry.path, exc)
             cache.discard_partial(entry.blob_id)
             return None
+        except OSError as exc:  # as the origin engine: a full disk says so, anything else names the file
+            cache.discard_partial(entry.blob_id)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(cache.blobs_dir).free
+                raise DiskSpaceError(str(cache.blobs_dir), entry.size, free) from None
+            raise CacheError(f"{entry.path}: cannot write {path}: {exc.strerror}") from None
         finally:
             os.close(fd)
             self.directory.leave(entry.blob_id)
@@ -146,7 +153,7 @@ class RelayReceiver:
                     # Cut short after some bytes: asked again at once, it says 410 if its blob failed.
                     last_progress = time.monotonic()
                 busy += status == 503
-                gone += status == 404
+                gone += status in (0, 404)  # not relaying it, or unreachable (the tracker lists a dead one a while)
                 if r.pos >= size:
                     return
             now = time.monotonic()

@@ -63,7 +63,7 @@ from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 from starlette.background import BackgroundTask
 
 from agent.cache.arrivals import Arrival, Arrivals
@@ -74,7 +74,7 @@ from agent.core.settings import Settings
 from agent.fetch.jobs import Job, RequestModel
 from agent.http.metrics import AgentMetrics
 from agent.http.stream import POLL as STREAM_POLL
-from agent.http.stream import parse_range, stream_arrival
+from agent.http.stream import arrival_response, parse_range
 
 log = logging.getLogger(__name__)
 
@@ -549,20 +549,10 @@ class HfEndpoint:
                 release()
                 return arrival
             self.usage.touch([meta.blob_id])
-            start, end = wanted if isinstance(wanted, tuple) else (0, meta.size)
-            headers["Content-Length"] = str(end - start)
-            if isinstance(wanted, tuple):
-                headers["Content-Range"] = f"bytes {start}-{end - 1}/{meta.size}"
-            else:
+            if wanted is None:
                 self.metrics.served_bytes.inc(meta.size)
-            body = stream_arrival(arrival, start, end, self.settings.ops.hf_fetch_timeout, release)
-            return StreamingResponse(
-                body,
-                status_code=206 if isinstance(wanted, tuple) else 200,
-                headers=headers,
-                media_type="application/octet-stream",
-                background=BackgroundTask(release),
-            )
+            span = wanted if isinstance(wanted, tuple) else None
+            return arrival_response(arrival, span, headers, self.settings.ops.hf_fetch_timeout, release)
         except BaseException:
             release()
             raise
@@ -580,21 +570,34 @@ class HfEndpoint:
             return job
         cache = self._cache(repo_id)
         deadline = time.monotonic() + self.settings.ops.hf_fetch_timeout
-        while True:
-            arrival = self.arrivals.get(meta.blob_id)
-            if arrival is not None and (arrival.ready > start or arrival.state == "finished"):
-                return arrival
-            blob = cache.blob_path(meta.blob_id)
-            if cache.blob_is_complete(meta.blob_id, meta.size):
-                return Arrival.whole(meta.blob_id, meta.size, blob)
-            if job.done:
-                status = job.status()
-                if status.phase != "Ready":
-                    failed = f"fetching {repo_id}/{path} failed: {status.error}"
-                    return hub_error(502, failed, commit=meta.commit)
-            if time.monotonic() > deadline or self.arrivals.closed:
-                return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
-            await asyncio.sleep(STREAM_POLL)
+        waiter = id(object())
+        waited: Arrival | None = None
+        try:
+            while True:
+                arrival = self.arrivals.get(meta.blob_id)
+                if arrival is not waited:
+                    if waited is not None:
+                        waited.want(waiter, None)
+                    waited = arrival
+                if arrival is not None:
+                    if arrival.ready > start or arrival.state == "finished":
+                        return arrival
+                    # A producer that picks its piece order (libtorrent) starts where this client reads.
+                    arrival.want(waiter, start)
+                blob = cache.blob_path(meta.blob_id)
+                if cache.blob_is_complete(meta.blob_id, meta.size):
+                    return Arrival.whole(meta.blob_id, meta.size, blob)
+                if job.done:
+                    status = job.status()
+                    if status.phase != "Ready":
+                        failed = f"fetching {repo_id}/{path} failed: {status.error}"
+                        return hub_error(502, failed, commit=meta.commit)
+                if time.monotonic() > deadline or self.arrivals.closed:
+                    return hub_error(504, f"{repo_id}/{path} still downloading; retry", commit=meta.commit)
+                await asyncio.sleep(STREAM_POLL)
+        finally:
+            if waited is not None:
+                waited.want(waiter, None)
 
     def _fetch(
         self, repo_id: str, meta: FileMeta, path: str, authorization: str | None, request: Request

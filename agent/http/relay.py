@@ -18,12 +18,10 @@ import threading
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
 
 from agent.cache.arrivals import Arrivals
 from agent.cache.layout import is_blob_id
-from agent.http.stream import parse_range, stream_arrival
+from agent.http.stream import arrival_response, parse_range
 
 
 def relay_router(
@@ -47,12 +45,13 @@ def relay_router(
         arrival = arrivals.get(blob_id)
         if arrival is None or arrival.state != "arriving":
             # 410: the blob failed its check here, so what this node relayed of it may be wrong.
-            return Response(status_code=410 if arrivals.failed_recently(blob_id) else 404)
+            failed = arrival.state == "failed" if arrival is not None else arrivals.failed_recently(blob_id)
+            return Response(status_code=410 if failed else 404)
         wanted = parse_range(request.headers.get("range"), arrival.size)
         if wanted == "unsatisfiable":
             return Response(status_code=416, headers={"Content-Range": f"bytes */{arrival.size}"})
-        start, end = wanted if isinstance(wanted, tuple) else (0, arrival.size)
-        if arrival.ready <= start:
+        span = wanted if isinstance(wanted, tuple) else None
+        if arrival.ready <= (span[0] if span else 0):
             # Not ahead of the receiver: it asks another source. Streaming only from a node that is ahead
             # keeps the relay a tree (two receivers waiting on each other would stall both).
             return Response(status_code=503, headers={"Retry-After": "1"})
@@ -74,17 +73,8 @@ def relay_router(
                 else:
                     streams.pop(blob_id, None)
 
-        headers = {"Content-Length": str(end - start), "Accept-Ranges": "bytes"}
-        if isinstance(wanted, tuple):
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{arrival.size}"
         try:
-            return StreamingResponse(
-                stream_arrival(arrival, start, end, stall, release),
-                status_code=206 if isinstance(wanted, tuple) else 200,
-                headers=headers,
-                media_type="application/octet-stream",
-                background=BackgroundTask(release),
-            )
+            return arrival_response(arrival, span, {}, stall, release)
         except BaseException:
             release()
             raise

@@ -17,12 +17,36 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from agent.cache.arrivals import Arrival
 
 CHUNK = 1 << 20
 POLL = 0.05
 """Seconds between looks at an arrival that has nothing new to serve."""
+
+
+def arrival_response(
+    arrival: Arrival,
+    wanted: tuple[int, int] | None,
+    headers: dict[str, str],
+    stall: float,
+    release: Callable[[], None],
+) -> StreamingResponse:
+    """The response streaming `wanted` ([start, end); None: the whole blob, 200) of an arrival; `release`
+    runs once when it ends, however it ends."""
+    start, end = wanted if wanted is not None else (0, arrival.size)
+    headers = {**headers, "Content-Length": str(end - start)}
+    if wanted is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{arrival.size}"
+    return StreamingResponse(
+        stream_arrival(arrival, start, end, stall, release),
+        status_code=206 if wanted is not None else 200,
+        headers=headers,
+        media_type="application/octet-stream",
+        background=BackgroundTask(release),
+    )
 
 
 class StreamCut(Exception):

@@ -128,3 +128,28 @@ def test_clients_share_one_fetch_and_one_leaving_early_cancels_nothing(tmp_path,
         assert results["tail"] == data[-3 * MiB :]
         assert origin.hub.egress_bytes < 1.05 * len(data) + MiB  # fetched once, not once per client
         assert [j.status().phase for j in agent.jobs.all()] == ["Ready"] * len(agent.jobs.all())
+
+
+def test_a_shard_arriving_from_a_slow_peer_streams_in_verified_pieces_without_a_retry(
+    slow_origin, tracker, make_agent, tmp_path, caplog
+):
+    """The other source of bytes: peers. Node a has the shard and uploads at 2 MiB/s; node b takes it by
+    BitTorrent (pieces rarest first) and streams to the client only pieces that passed their hash check,
+    asking libtorrent for the ones the client waits for first."""
+    shard = shard_of(slow_origin)
+    slow_origin.hub.rate_total = None
+    a = make_agent("a", slow_origin, tracker, upload_rate_limit=2 * MiB)
+    job = a.request_model(slow_origin.repo_id, "main")
+    assert job.wait(60) and job.status().phase == "Ready", job.status()
+    b = make_agent("b", slow_origin, tracker)
+    slow_origin.hub.reset_counters()
+    caplog.set_level(logging.WARNING, logger="huggingface_hub")
+    started = time.monotonic()
+    path = hf_hub_download(
+        slow_origin.repo_id, shard, endpoint=b.api_url, cache_dir=tmp_path / "client", token=False
+    )
+    took = time.monotonic() - started
+    assert Path(path).read_bytes() == slow_origin.files[shard]
+    assert took > constants.HF_HUB_DOWNLOAD_TIMEOUT, took  # longer than the client waits for a read
+    assert client_warnings(caplog) == []
+    assert slow_origin.hub.egress_bytes < MiB  # metadata only: the bytes came from node a
