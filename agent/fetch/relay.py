@@ -153,7 +153,8 @@ class RelayReceiver:
                     # Cut short after some bytes: asked again at once, it says 410 if its blob failed.
                     last_progress = time.monotonic()
                 busy += status == 503
-                gone += status in (0, 404)  # not relaying it, or unreachable (the tracker lists a dead one a while)
+                # Not relaying it, or unreachable (the tracker lists a dead source for a while).
+                gone += status in (0, 404)
                 if r.pos >= size:
                     return
             now = time.monotonic()
