@@ -21,7 +21,9 @@ from tests.support.procs import free_port
 
 def _agent(tmp_path: Path, origin_url: str, name: str = "node", **daemon: Any) -> Daemon:
     s = agent_settings(tmp_path, name, origin_url, None)
-    d = Daemon(dataclasses.replace(s, daemon=dataclasses.replace(s.daemon, **daemon)))
+    # Short backoff: an unreachable origin is the point of one test here, not its retries' pace.
+    origin = dataclasses.replace(s.origin, backoff_base=0.05)
+    d = Daemon(dataclasses.replace(s, origin=origin, daemon=dataclasses.replace(s.daemon, **daemon)))
     d.start()
     return d
 
