@@ -49,8 +49,6 @@ class Arrival:
     state: str = "arriving"
     """"arriving", "finished" (verified and installed) or "failed"."""
     error: str | None = None
-    wanted: int | None = None
-    """Lowest offset a reader is waiting for (producers that can choose piece order start there)."""
     _generation: int = 0
     """Counts `restart`s."""
     _readers: dict[int, int] = field(default_factory=dict)
@@ -96,7 +94,12 @@ class Arrival:
                 self._readers.pop(reader, None)
             else:
                 self._readers[reader] = pos
-            self.wanted = min(self._readers.values()) if self._readers else None
+
+    @property
+    def wanted(self) -> int | None:
+        """Lowest offset a reader is waiting for (producers that can choose piece order start there)."""
+        with self._lock:
+            return min(self._readers.values(), default=None)
 
     def read(self, pos: int, n: int) -> bytes:
         """Up to `n` servable bytes at `pos`; b"" when none are servable now (look at `state`).

@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,11 +20,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from agent.cache.layout import RepoCache
-from agent.core.errors import CacheError, DiskSpaceError
+from agent.core.errors import CacheError
 from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate
+from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate, write_failed
 from agent.swarm.relay import RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
@@ -113,12 +112,8 @@ class RelayReceiver:
             log.warning("%s: %s; dropping what was relayed", entry.path, exc)
             cache.discard_partial(entry.blob_id)
             return None
-        except OSError as exc:  # as the origin engine: a full disk says so, anything else names the file
-            cache.discard_partial(entry.blob_id)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(cache.blobs_dir).free
-                raise DiskSpaceError(str(cache.blobs_dir), entry.size, free) from None
-            raise CacheError(f"{entry.path}: cannot write {path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise write_failed(cache, entry, exc) from None
         finally:
             os.close(fd)
             self.directory.leave(entry.blob_id)

@@ -184,11 +184,7 @@ class OriginSource:
         except WeightswarmError:
             raise
         except OSError as exc:
-            cache.discard_partial(entry.blob_id)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(cache.blobs_dir).free
-                raise DiskSpaceError(str(cache.blobs_dir), entry.size, free) from None
-            raise CacheError(f"{entry.path}: cannot write {incomplete}: {exc.strerror}") from None
+            raise write_failed(cache, entry, exc) from None
         finally:
             os.close(fd)
         if hashes.content_id != entry.blob_id or hashes.size != entry.size:
@@ -498,6 +494,15 @@ def _write_record(
         "path": entry.path,
     }
     write_atomic(cache.partial_record_path(entry.blob_id), json.dumps(record).encode(), fsync=False)
+
+
+def write_failed(cache: RepoCache, entry: FileEntry, exc: OSError) -> WeightswarmError:
+    """The error for a failed write of `blobs/<id>.incomplete`, whose partial is discarded: a full disk
+    says so (DiskSpaceError), anything else names the file."""
+    cache.discard_partial(entry.blob_id)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskSpaceError(str(cache.blobs_dir), entry.size, shutil.disk_usage(cache.blobs_dir).free)
+    return CacheError(f"{entry.path}: cannot write {cache.incomplete_path(entry.blob_id)}: {exc.strerror}")
 
 
 def preallocate(fd: int, size: int) -> None:

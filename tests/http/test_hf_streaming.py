@@ -38,21 +38,25 @@ def client_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+def assert_slow_download_without_a_retry(origin: Origin, endpoint: str, tmp_path: Path, caplog) -> None:
+    """huggingface_hub at its defaults downloads the shard through `endpoint`, right, with no warning,
+    and more slowly than its read timeout (else the test would prove nothing)."""
+    shard = shard_of(origin)
+    caplog.set_level(logging.WARNING, logger="huggingface_hub")
+    started = time.monotonic()
+    client = tmp_path / "client"
+    path = hf_hub_download(origin.repo_id, shard, endpoint=endpoint, cache_dir=client, token=False)
+    took = time.monotonic() - started
+    assert Path(path).read_bytes() == origin.files[shard]
+    assert took > constants.HF_HUB_DOWNLOAD_TIMEOUT, took
+    assert client_warnings(caplog) == []  # no "timed out", no "Trying to resume download"
+
+
 def test_a_cold_shard_slower_than_the_clients_read_timeout_downloads_without_a_retry(
     slow_origin, make_agent, tmp_path, caplog
 ):
     agent = make_agent("a", slow_origin, None)
-    shard = shard_of(slow_origin)
-    caplog.set_level(logging.WARNING, logger="huggingface_hub")
-    started = time.monotonic()
-    path = hf_hub_download(
-        slow_origin.repo_id, shard, endpoint=agent.api_url, cache_dir=tmp_path / "client", token=False
-    )
-    took = time.monotonic() - started
-    assert Path(path).read_bytes() == slow_origin.files[shard]
-    # The test means something only if the blob took longer to arrive than the client waits for a read.
-    assert took > constants.HF_HUB_DOWNLOAD_TIMEOUT, took
-    assert client_warnings(caplog) == []  # no "timed out", no "Trying to resume download"
+    assert_slow_download_without_a_retry(slow_origin, agent.api_url, tmp_path, caplog)
 
 
 def test_head_answers_at_once_while_cold_and_fetches_nothing(slow_origin, make_agent):
@@ -136,20 +140,11 @@ def test_a_shard_arriving_from_a_slow_peer_streams_in_verified_pieces_without_a_
     """The other source of bytes: peers. Node a has the shard and uploads at 2 MiB/s; node b takes it by
     BitTorrent (pieces rarest first) and streams to the client only pieces that passed their hash check,
     asking libtorrent for the ones the client waits for first."""
-    shard = shard_of(slow_origin)
     slow_origin.hub.rate_total = None
     a = make_agent("a", slow_origin, tracker, upload_rate_limit=2 * MiB)
     job = a.request_model(slow_origin.repo_id, "main")
     assert job.wait(60) and job.status().phase == "Ready", job.status()
     b = make_agent("b", slow_origin, tracker)
     slow_origin.hub.reset_counters()
-    caplog.set_level(logging.WARNING, logger="huggingface_hub")
-    started = time.monotonic()
-    path = hf_hub_download(
-        slow_origin.repo_id, shard, endpoint=b.api_url, cache_dir=tmp_path / "client", token=False
-    )
-    took = time.monotonic() - started
-    assert Path(path).read_bytes() == slow_origin.files[shard]
-    assert took > constants.HF_HUB_DOWNLOAD_TIMEOUT, took  # longer than the client waits for a read
-    assert client_warnings(caplog) == []
+    assert_slow_download_without_a_retry(slow_origin, b.api_url, tmp_path, caplog)
     assert slow_origin.hub.egress_bytes < MiB  # metadata only: the bytes came from node a
