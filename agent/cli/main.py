@@ -199,6 +199,11 @@ def make_test_model_command(
             help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
 @env_option("--watch-namespace", metavar="NAMESPACE",
             help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
+@env_option("--kube-preheat", default="on", show_default=True, type=click.Choice(["on", "off"]),
+            help="With --kube: keep the models of the ModelPreheat objects that select this node.")
+@env_option("--kube-node-labels", default="on", show_default=True, type=click.Choice(["on", "off"]),
+            help="With --kube: label this node model.weightswarm.io/<name>.<hash>=<commit> for each "
+                 "requested model it holds (see `agent label-key`).")
 @handle_errors
 def serve_command(kube: str, cache_max_bytes: str | None, cache_max_disk_percent: float,
                   pins: tuple[str, ...], **options: Any) -> None:
@@ -246,6 +251,17 @@ def wait_command(model: str, timeout: float, agent_url: str | None, cache_dir: P
                               cache_dir=settings.cache_dir, progress=Progress(quiet=quiet),
                               token=token or settings.origin.token)
     click.echo(str(snapshot))
+
+
+@main.command("label-key")
+@click.argument("model", metavar="REPO_ID[@REV]")
+@handle_errors
+def label_key_command(model: str) -> None:
+    """Print the node label key that marks nodes holding REPO_ID[@REV], for node affinity."""
+    from agent.kube.labels import model_label_key
+    from agent.kube.requests import parse_model_ref
+
+    click.echo(model_label_key(parse_model_ref(model.strip()).key))
 
 
 @main.command("ls")

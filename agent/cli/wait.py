@@ -26,6 +26,7 @@ from typing import Any
 from agent.cache.layout import is_commit, repo_folder_name, safe_relpath
 from agent.core.errors import DaemonError, UnsafePathError, WaitTimeoutError, WeightswarmError
 from agent.core.progress import FileProgress, Progress, human_bytes
+from agent.fetch.jobs import STAGE_WORDS
 from agent.http.client import AgentClient, job_error, local_agent_answers, mirror_progress
 from agent.kube.requests import ModelRef
 
@@ -140,7 +141,11 @@ def _through_agent(
         bars: dict[str, FileProgress] = {}
         finished: set[str] = set()
         total_set = False
+        stage = None
         while True:
+            if status.get("stage") not in (stage, "ready", "failed"):
+                stage = status["stage"]
+                progress.message(f"{ref.key}: {STAGE_WORDS.get(stage, stage)}")
             if status["phase"] != "Pending" and status["files"]:
                 if not total_set:
                     progress.set_total(sum(f["size"] for f in status["files"] if f["source"] != "cache"))
@@ -155,8 +160,9 @@ def _through_agent(
             left = deadline - clock()
             if left <= 0:
                 raise _StillRunning(
-                    f"the agent reports {status['phase']}, {human_bytes(status['bytes_done'])} of "
-                    f"{human_bytes(status['bytes_total'])}"
+                    f"the agent reports {status['phase']} ({STAGE_WORDS.get(stage or '', stage)}), "
+                    f"{human_bytes(status['bytes_done'])} of {human_bytes(status['bytes_total'])}"
+                    + (f", ETA {status['eta_seconds']:.0f}s" if status.get("eta_seconds") else "")
                 )
             try:
                 status = client.job(status["job_id"], wait=min(_POLL_WAIT, left))

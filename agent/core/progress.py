@@ -72,6 +72,10 @@ class FileProgress:
     def advance(self, n: int) -> None:
         self._owner._advance(self, n)
 
+    def set_stage(self, stage: str) -> None:
+        """Where the file is now ("lease", "origin", "peers", "verifying"): for sinks that show it."""
+        self._owner._stage(self, stage)
+
     def finish(self, source: str | None = None) -> None:
         if source is not None:
             self.source = source
@@ -133,6 +137,9 @@ class Progress:
             fp.done += n
             self.done += n
             self._draw()
+
+    def _stage(self, fp: FileProgress, stage: str) -> None:
+        """A terminal shows bytes and rates only; a daemon job's sink records the stage."""
 
     def _finish(self, fp: FileProgress) -> None:
         with self._lock:

@@ -400,6 +400,19 @@ class KubeSettings:
     """Seconds between looks at the fetch jobs pods wait for (agent.kube.podsync); the status patches
     themselves are further limited by status_min_interval."""
 
+    preheat: bool = True
+    """Follow ModelPreheat objects and keep the models that select this node (--kube-preheat)."""
+
+    node_labels: bool = True
+    """Label this node with the models it holds, for node affinity (--kube-node-labels)."""
+
+    preheat_status_interval: float = 10.0
+    """Least seconds between progress writes of this node's entry on one ModelPreheat (a new phase is
+    written at once): with a thousand nodes, every write is also a node list for the counts."""
+
+    preheat_retry: float = 60.0
+    """Seconds after a failed preheat fetch before this node tries it again."""
+
 
 @dataclass(frozen=True)
 class OpsSettings:

@@ -34,6 +34,7 @@ from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.relay import RelayReceiver
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
+from agent.origin.ranges import Turn
 from agent.swarm.gate import PeerGate
 from agent.swarm.policy import SwarmFetcher
 from agent.swarm.relay import RelayDirectory, relay_credential
@@ -117,6 +118,8 @@ class Daemon:
         self._stop = threading.Event()
         self._supervisor = Supervisor(self._stop)
         self._executor = ThreadPoolExecutor(max_workers=_JOBS_AT_ONCE, thread_name_prefix="job")
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preheat")
+        """Preheat work, one model at a time, each yielding to every other job (`JobTable.wait_turn`)."""
         self._token_key = secrets.token_bytes(32)
         """Keys the hash that tells requesters' tokens apart (JobKey.requester); never leaves memory."""
         self._public_memo: tuple[tuple[frozenset[str], frozenset[tuple[str, str]]], set[str]] | None = None
@@ -154,7 +157,8 @@ class Daemon:
             )
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(
-                s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held, self.relay
+                s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held,
+                self._turn_of, self.relay,
             )
             public = self._public_torrents if s.swarm.interop_public else None
             self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)
@@ -183,8 +187,12 @@ class Daemon:
     def _pod_sync(self) -> PodSync:
         from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
 
-        podsync = PodSync(self.settings.kube, self.request_model, self.ops.pin_for_pods)
+        podsync = PodSync(
+            self.settings.kube, self.request_model, self.ops.pin_for_pods, cache_dir=self.settings.cache_dir
+        )
         self.ops.evictor.cannot_fit_hooks.append(podsync.on_cache_full)
+        if podsync.fleet is not None:
+            self.ops.metrics.preheat_counts = podsync.fleet.phase_counts
         return podsync
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -221,6 +229,7 @@ class Daemon:
         for server in self.servers:
             server.stop(timeout)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._background.shutdown(wait=False, cancel_futures=True)
         self._supervisor.join(timeout)  # the pod watcher and status loop stop here...
         if self.podsync is not None:
             self.podsync.close(timeout)  # ...then the last statuses are flushed to the pods
@@ -285,13 +294,16 @@ class Daemon:
         *,
         lend: bool = False,
         client: str | None = None,
+        background: bool = False,
     ) -> Job:
         """Fetch a model into the cache through the swarm; a request equal to a running one joins it.
 
         `token`: the requester's HF token, used for this job's origin calls; it lives only in the
         job's worker (never in the job, its key, a log or on disk). Without one, `lend` fetches with
         the node's token (the channels that may: docs/security.md). `client` (None: the node itself)
-        counts against `daemon.max_jobs_per_client`; every job counts against `daemon.max_jobs`."""
+        counts against `daemon.max_jobs_per_client`; every job counts against `daemon.max_jobs`.
+        `background`: preheat work, run one at a time and yielding to the rest; a foreground request
+        that joins such a job makes it foreground."""
         check_repo_id(repo_id)
         if self._stop.is_set():
             raise ConfigError("the agent is shutting down")
@@ -299,14 +311,35 @@ class Daemon:
             requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32]
         else:
             requester = "node" if lend and self.settings.origin.token else ""
-        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester, client)
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester, client, background)
         d = self.settings.daemon
         job, new = self.jobs.get_or_create(key, d.max_jobs, d.max_jobs_per_client)
         if new:
+            (self._background if background else self._executor).submit(self._run_job, job, token, lend)
+        elif not background and job.background:
+            job.promote()
+            # It may still be queued behind other preheat work: a foreground worker takes it now
+            # (whichever worker claims it first runs it).
             self._executor.submit(self._run_job, job, token, lend)
         return job
 
+    def _turn_of(self, job: Job) -> Turn:
+        """How `job` steps aside while it is background work and other jobs run (agent.fetch.jobs)."""
+        # Asked by every origin worker every 0.1 s: the answer is shared for that long.
+        memo: list[tuple[float, bool]] = [(float("-inf"), False)]
+
+        def due() -> bool:
+            at, answer = memo[0]
+            if time.monotonic() - at >= 0.1:
+                answer = self.jobs.must_yield(job)
+                memo[0] = (time.monotonic(), answer)
+            return answer
+
+        return Turn(due, lambda: self.jobs.wait_turn(job, self._stop))
+
     def _run_job(self, job: Job, token: str | None, lend: bool) -> None:
+        if not job.claim():
+            return
         try:
             run_fetch_job(self._fetch, job, token, lend)
         except WeightswarmError as exc:
@@ -431,6 +464,8 @@ def build_serve_settings(
     kube: bool = False,
     kubeconfig: Path | None = None,
     watch_namespace: str | None = None,
+    kube_preheat: str = "on",
+    kube_node_labels: str = "on",
 ) -> Settings:
     """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
     split_hostport(bt_listen, "--bt-listen")
@@ -482,7 +517,7 @@ def build_serve_settings(
     # left empty without --node-name, so the watcher refuses to start with an actionable line.
     kube_settings = dataclasses.replace(
         settings.kube, enabled=kube, node_name=node_name or "", kubeconfig=kubeconfig,
-        namespace=watch_namespace or None,
+        namespace=watch_namespace or None, preheat=kube_preheat == "on", node_labels=kube_node_labels == "on",
     )
     return dataclasses.replace(
         settings, swarm=swarm, daemon=daemon, origin=origin_settings, kube=kube_settings

@@ -88,7 +88,9 @@ class NodeOps:
         self.hf = HfEndpoint(settings, self.readers, self.usage, self.metrics, request_model, arrivals)
         self._cache_bytes: tuple[float, int] = (float("-inf"), 0)
         self._cache_lock = threading.Lock()
-        self.metrics.bind_state(self._swarm_state, self._cache_size)
+        self.metrics.bind_state(
+            self._swarm_state, self._cache_size, lambda: [j.status() for j in jobs.all() if not j.done]
+        )
 
     def pin_for_pods(self, pins: set[str]) -> None:
         self.extra_pins = pins
@@ -129,6 +131,7 @@ class NodeOps:
 
     def _swarm_state(self) -> SwarmSnapshot:
         torrents = peers = uploaded = 0
+        per_blob: dict[str, int] = {}
         for ih in self._swarm.torrents():
             try:
                 st = self._swarm.status(ih)
@@ -137,7 +140,8 @@ class NodeOps:
             torrents += 1
             peers += st.num_peers
             uploaded += st.bytes_uploaded
-        return SwarmSnapshot(torrents, peers, uploaded)
+            per_blob[st.path.name] = st.num_peers
+        return SwarmSnapshot(torrents, peers, uploaded, per_blob)
 
     def _cache_size(self) -> int:
         with self._cache_lock:

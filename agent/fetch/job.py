@@ -21,12 +21,12 @@ from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
-from agent.fetch.jobs import Job, JobFile
+from agent.fetch.jobs import STAGES, Job, JobFile
 from agent.fetch.planning import plan_fetch
 from agent.fetch.relay import RelayReceiver
 from agent.fetch.swarm_source import SwarmSource
 from agent.origin.client import OriginClient
-from agent.origin.ranges import OriginSource
+from agent.origin.ranges import OriginSource, Turn
 from agent.swarm.policy import BlobOutcome, SwarmFetcher
 from agent.swarm.tracker_client import TrackerClient
 
@@ -44,6 +44,8 @@ class FetchContext:
     """Makes room for a plan's missing blobs under the cache limit, or raises `CacheFullError`."""
     held_blobs: Callable[[], dict[str, str]]
     """blob id -> infohash of what the node seeds (for the manifest it publishes)."""
+    turn_of: Callable[[Job], Turn]
+    """When the job must step aside for others, and how it waits (preheat work: `JobTable.must_yield`)."""
     relay: RelayReceiver | None = None
     """Takes blobs from the nodes relaying them while they arrive (agent.swarm.relay); None: off."""
     entitlements: Entitlements = dataclasses.field(init=False)
@@ -64,11 +66,21 @@ class JobProgress(Progress):
         super()._advance(fp, n)
         self.job.file_progress(fp.name, fp.done)
 
+    def _stage(self, fp: FileProgress, stage: str) -> None:
+        if stage in STAGES:
+            self.job.file_stage(fp.name, stage)  # type: ignore[arg-type]
+
 
 class SwarmFetchEngine(FetchEngine):
-    """The engine with a source that installs blobs itself: no temp file to check and move."""
+    """The engine with a source that installs blobs itself: no temp file to check and move. Background
+    work starts no blob while it must step aside (`turn`)."""
+
+    def __init__(self, settings: Settings, source: SwarmSource, progress: Progress, turn: Turn) -> None:
+        super().__init__(settings, source, progress)
+        self.turn = turn
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+        self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
             self.source.fetch_blob(plan, entry, cache, fp)
@@ -122,7 +134,7 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
         if cache.adopt_blob(fp.blob_id, fp.size):
-            fp.done, fp.source = fp.size, "cache"
+            fp.done, fp.source, fp.stage = fp.size, "cache", "ready"
     job.set_plan(plan.commit, files)
     job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
 
@@ -133,8 +145,10 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
                 job.file_progress(e.path, e.size, outcome.source)
         job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
 
-    source = SwarmSource(ctx.fetcher, OriginSource(client, f), f.verify_safetensors, on_blob, ctx.relay)
-    result = SwarmFetchEngine(settings, source, JobProgress(job)).run(plan)
+    turn = ctx.turn_of(job)
+    origin = OriginSource(client, f, turn=turn)
+    source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_blob, ctx.relay)
+    result = SwarmFetchEngine(settings, source, JobProgress(job), turn).run(plan)
     _publish_manifest(ctx, plan)
     job.finish(str(result.snapshot_path))
 

@@ -11,16 +11,36 @@ import itertools
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Protocol, get_args
 
 from agent.core.errors import BusyError
 
 Phase = Literal["Pending", "Downloading", "Ready", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Ready", "Failed"})
 Source = Literal["pending", "cache", "peers", "origin"]
+Stage = Literal["queued", "lease", "origin", "peers", "verifying", "ready", "failed"]
+"""Where a job (or one of its files) is now: waiting for its turn, waiting for another node's origin
+lease, bytes from the origin, bytes from peers, the end-to-end check, done. What a user asks of a slow
+start is "which stage is slow": the pod status, `agent wait` and the metrics all show this one word."""
+STAGES: frozenset[str] = frozenset(get_args(Stage))
+STAGE_WORDS: dict[str, str] = {
+    "queued": "queued (waiting for its turn on this node)",
+    "lease": "waiting for the node that holds the origin lease",
+    "origin": "downloading from the origin",
+    "peers": "downloading from peers",
+    "verifying": "verifying",
+    "ready": "ready",
+    "failed": "failed",
+}
+"""Each stage in words, for people reading `agent wait` and Events."""
+_ACTIVE_STAGES: tuple[Stage, ...] = ("origin", "peers", "lease", "verifying", "queued")
+"""A job's stage is the first of these that one of its unfinished files is in."""
+_RATE_WINDOW = 10.0
+"""Seconds of history behind a job's rate (and so its ETA): recent enough to follow a change of
+source, long enough not to jump with every piece."""
 
 
 @dataclass
@@ -30,6 +50,7 @@ class JobFile:
     blob_id: str = ""
     done: int = 0
     source: Source = "pending"
+    stage: Stage = "queued"
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,9 @@ class JobKey:
     another's). Never the token itself."""
     client: str | None = field(default=None, compare=False)
     """Who asked first (the per-client job limit); not part of the identity: others may join."""
+    background: bool = field(default=False, compare=False)
+    """Preheat work: it yields to every other job (agent.fetch.priority); a request for the same model
+    that someone waits for joins it and makes it foreground (`Job.promote`)."""
 
 
 @dataclass
@@ -54,12 +78,18 @@ class JobStatus:
     repo_id: str
     revision: str
     phase: Phase
+    stage: Stage
     commit: str | None
     bytes_total: int
     bytes_done: int
     bytes_from_peers: int
     bytes_from_origin: int
     bytes_from_cache: int
+    rate: float | None
+    """Bytes per second over the last few seconds; None before there is enough to say."""
+    eta_seconds: float | None
+    """At `rate`, seconds until every byte is here; None without a rate."""
+    background: bool
     error: str | None
     exit_code: int | None
     """The CLI exit code of the failure (3 not found, 4 access refused, ...; agent.core.errors)."""
@@ -78,7 +108,8 @@ class RequestModel(Protocol):
 
     `token`: the requester's HF token; `lend`: without one, fetch with the node's token (only the
     channels docs/security.md allows); `client`: who asks, for the per-client job limit (None: the
-    node itself, not limited). Raises `BusyError` when the node or the client has too many jobs."""
+    node itself, not limited); `background`: preheat work, which yields to every other job. Raises
+    `BusyError` when the node or the client has too many jobs."""
 
     def __call__(
         self,
@@ -90,6 +121,7 @@ class RequestModel(Protocol):
         *,
         lend: bool = False,
         client: str | None = None,
+        background: bool = False,
     ) -> Job: ...
 
 
@@ -116,6 +148,10 @@ class Job:
         self._cached = 0
         self._created = time.time()
         self._finished: float | None = None
+        self._background = key.background
+        self._claimed = False
+        self._samples: deque[tuple[float, int]] = deque()
+        """(monotonic time, bytes done) at most every quarter second, over `_RATE_WINDOW`."""
 
     # -- writers (the worker) -------------------------------------------------------------
 
@@ -124,7 +160,25 @@ class Job:
             self._commit = commit
             self._files = {f.path: f for f in files}
             self._phase = "Downloading"
+            self._sample()
             self._changed.notify_all()
+
+    def file_stage(self, path: str, stage: Stage) -> None:
+        with self._lock:
+            f = self._files.get(path)
+            if f is not None and f.stage != "ready":
+                f.stage = stage
+
+    def claim(self) -> bool:
+        """True for the one worker that runs this job (a promoted job is handed to two queues)."""
+        with self._lock:
+            claimed, self._claimed = self._claimed, True
+            return not claimed
+
+    def promote(self) -> None:
+        """Someone waits for this model now: it no longer yields to other jobs."""
+        with self._lock:
+            self._background = False
 
     def file_progress(self, path: str, done: int, source: Source | None = None) -> None:
         with self._lock:
@@ -134,6 +188,8 @@ class Job:
             f.done = max(f.done, min(done, f.size))
             if source is not None:
                 f.source = source
+                f.stage = "ready"
+            self._sample()
 
     def add_bytes(self, *, peers: int = 0, origin: int = 0, cache: int = 0) -> None:
         with self._lock:
@@ -158,7 +214,41 @@ class Job:
             self._finished = time.time()
             self._changed.notify_all()
 
+    def _sample(self) -> None:
+        """Record bytes done now (hold the lock)."""
+        now = time.monotonic()
+        if self._samples and now - self._samples[-1][0] < 0.25:
+            return
+        self._samples.append((now, sum(f.done for f in self._files.values())))
+        while len(self._samples) > 2 and now - self._samples[1][0] > _RATE_WINDOW:
+            self._samples.popleft()
+
+    def _rate(self, done: int) -> float | None:
+        """Bytes/s from the oldest sample in the window to now (hold the lock): a stall shows as a
+        falling rate, not as the last burst's."""
+        if not self._samples:
+            return None
+        t0, done0 = self._samples[0]
+        elapsed = time.monotonic() - t0
+        return (done - done0) / elapsed if elapsed >= 1.0 else None
+
+    def _stage(self, files: list[JobFile]) -> Stage:
+        if self._phase == "Pending":
+            return "queued"
+        if self._phase == "Ready":
+            return "ready"
+        if self._phase == "Failed":
+            return "failed"
+        busy = {f.stage for f in files if f.stage != "ready"}
+        # Every file in: the index checks and refs/ are what is left.
+        return next((stage for stage in _ACTIVE_STAGES if stage in busy), "verifying")
+
     # -- readers --------------------------------------------------------------------------
+
+    @property
+    def background(self) -> bool:
+        with self._lock:
+            return self._background and self._phase not in TERMINAL
 
     @property
     def done(self) -> bool:
@@ -178,18 +268,25 @@ class Job:
 
     def status(self) -> JobStatus:
         with self._lock:
-            files = [JobFile(f.path, f.size, f.blob_id, f.done, f.source) for f in self._files.values()]
+            files = [replace(f) for f in self._files.values()]
+            total = sum(f.size for f in files)
+            done = sum(f.done for f in files)
+            rate = self._rate(done) if self._phase == "Downloading" else None
             return JobStatus(
                 job_id=self.id,
                 repo_id=self.key.repo_id,
                 revision=self.key.revision,
                 phase=self._phase,
+                stage=self._stage(files),
                 commit=self._commit,
-                bytes_total=sum(f.size for f in files),
-                bytes_done=sum(f.done for f in files),
+                bytes_total=total,
+                bytes_done=done,
                 bytes_from_peers=self._peers,
                 bytes_from_origin=self._origin,
                 bytes_from_cache=self._cached,
+                rate=rate,
+                eta_seconds=(total - done) / rate if rate else None,
+                background=self._background,
                 error=self._error,
                 exit_code=self._exit_code,
                 snapshot=self._snapshot,
@@ -219,6 +316,9 @@ class JobTable:
             for job in active:
                 if job.key == key:
                     return job, False
+            if not key.background:
+                # Preheat work queues behind one worker; it never keeps a waiting pod's request out.
+                active = [j for j in active if not j.background]
             if max_jobs is not None and len(active) >= max_jobs:
                 raise BusyError(f"the agent is running {len(active)} fetch jobs, its limit; retry later")
             mine = sum(1 for j in active if key.client is not None and j.key.client == key.client)
@@ -230,6 +330,20 @@ class JobTable:
             for old in finished[: max(0, len(finished) - self.history)]:
                 del self._jobs[old.id]
             return job, True
+
+    def must_yield(self, job: Job) -> bool:
+        """Whether `job` is background work while another job is not: preheat yields to the models
+        someone waits for (before each blob, and the origin engine mid-range: agent.origin.ranges.Turn)."""
+        if not job.background:
+            return False
+        with self._lock:
+            others = [j for j in self._jobs.values() if j is not job]
+        return any(not j.done and not j.background for j in others)
+
+    def wait_turn(self, job: Job, stop: threading.Event, poll: float = 0.2) -> None:
+        """Block while `job` must yield (see `must_yield`), or until `stop`."""
+        while self.must_yield(job) and not stop.is_set():
+            stop.wait(poll)
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:

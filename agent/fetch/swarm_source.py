@@ -76,7 +76,9 @@ class SwarmSource:
             # A source of its own per blob: the shared one's counters also move with the other
             # blobs downloading at the same time, which would count their bytes here too.
             origin = self.origin
-            one = OriginSource(origin.client, origin.settings, piece_hashes=origin.piece_hashes)
+            one = OriginSource(
+                origin.client, origin.settings, piece_hashes=origin.piece_hashes, turn=origin.turn
+            )
             try:
                 hashes = one.fetch_blob(plan, entry, cache, progress, prefix=prefix)
             finally:
@@ -112,6 +114,7 @@ class SwarmSource:
             on_progress,
             present=lambda: progress.done,
             relay_download=from_relay if relay is not None else None,
+            stage=progress.set_stage,
         )
         on_progress(entry.size)
         with self._lock:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
@@ -33,12 +33,26 @@ class SwarmSnapshot:
     torrents: int
     peers: int
     uploaded: int
+    blob_peers: dict[str, int] = field(default_factory=dict)
+    """blob id -> peers connected to its torrent."""
+
+
+STAGES = ("queued", "lease", "origin", "peers", "verifying")
+"""The stages a running job can be in (agent.fetch.jobs.Stage), each a series of `fetch_stage`."""
 
 
 class _StateCollector(Collector):
-    def __init__(self, swarm: Callable[[], SwarmSnapshot], cache_bytes: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        swarm: Callable[[], SwarmSnapshot],
+        cache_bytes: Callable[[], int],
+        jobs: Callable[[], list[JobStatus]],
+        preheats: Callable[[], dict[str, int]],
+    ) -> None:
         self._swarm = swarm
         self._cache_bytes = cache_bytes
+        self._jobs = jobs
+        self._preheats = preheats
 
     def describe(self) -> Iterator[Any]:
         return iter(())  # registering must not run a scrape (it would cache an empty cache size)
@@ -49,6 +63,31 @@ class _StateCollector(Collector):
         except Exception:  # a scrape must not fail because a torrent vanished mid-read
             log.debug("swarm state unavailable for metrics", exc_info=True)
             s = SwarmSnapshot(0, 0, 0)
+        per_blob = GaugeMetricFamily(
+            "weightswarm_agent_blob_peers", "Peers connected to each blob's torrent.", labels=["blob"]
+        )
+        for blob, n in sorted(s.blob_peers.items()):
+            per_blob.add_metric([blob], n)
+        yield per_blob
+        stages = dict.fromkeys(STAGES, 0)
+        for job in self._jobs():
+            if job.stage in stages:
+                stages[job.stage] += 1
+        stage = GaugeMetricFamily(
+            "weightswarm_agent_fetch_stage", "Running fetch jobs by the stage they are in.", labels=["stage"]
+        )
+        for name, n in stages.items():
+            stage.add_metric([name], n)
+        yield stage
+        preheats = GaugeMetricFamily(
+            "weightswarm_agent_preheats",
+            "ModelPreheat objects that select this node, by this node's phase for them.",
+            labels=["phase"],
+        )
+        counts = self._preheats()
+        for phase in ("Pending", "Downloading", "Ready", "Failed"):
+            preheats.add_metric([phase], counts.get(phase, 0))
+        yield preheats
         yield GaugeMetricFamily(
             "weightswarm_agent_active_torrents", "Blob torrents in the session.", s.torrents
         )
@@ -115,9 +154,30 @@ class AgentMetrics:
             "File bytes the HF endpoint answered with (Content-Length).",
             registry=r,
         )
+        self.time_to_ready = Histogram(
+            "weightswarm_agent_time_to_ready_seconds",
+            "From a model's request to every byte verified in the cache, by model and by the source "
+            "most of its bytes came from (origin, peers, cache).",
+            ["model", "source"],
+            buckets=_FETCH_BUCKETS,
+            registry=r,
+        )
+        self.model_bytes = Counter(
+            "weightswarm_agent_model_bytes",
+            "Bytes of each model's finished fetches by source (origin, peers, cache).",
+            ["model", "source"],
+            registry=r,
+        )
+        self.preheat_counts: Callable[[], dict[str, int]] = dict
+        """Replaced by the preheat controller (agent.kube.preheat) when there is one."""
 
-    def bind_state(self, swarm: Callable[[], SwarmSnapshot], cache_bytes: Callable[[], int]) -> None:
-        self.registry.register(_StateCollector(swarm, cache_bytes))
+    def bind_state(
+        self,
+        swarm: Callable[[], SwarmSnapshot],
+        cache_bytes: Callable[[], int],
+        jobs: Callable[[], list[JobStatus]],
+    ) -> None:
+        self.registry.register(_StateCollector(swarm, cache_bytes, jobs, lambda: self.preheat_counts()))
 
     def observe_job(self, status: JobStatus) -> None:
         """One finished fetch job: bytes by source, duration, outcome."""
@@ -127,7 +187,19 @@ class AgentMetrics:
             self.bytes.labels("origin").inc(status.bytes_from_origin)
             self.bytes.labels("cache_hit").inc(status.bytes_from_cache)
             end = status.finished or time.time()
-            self.fetch_duration.observe(max(0.0, end - status.created))
+            took = max(0.0, end - status.created)
+            self.fetch_duration.observe(took)
+            model = f"{status.repo_id}@{status.revision}"
+            by_source = {
+                "origin": status.bytes_from_origin,
+                "peers": status.bytes_from_peers,
+                "cache": status.bytes_from_cache,
+            }
+            for source, n in by_source.items():
+                self.model_bytes.labels(model, source).inc(n)
+            # Ties (a model of empty files) count as cache: nothing was fetched.
+            main = max(("cache", "peers", "origin"), key=lambda k: by_source[k])
+            self.time_to_ready.labels(model, main).observe(took)
         elif status.phase == "Failed":
             self.fetches.labels("failed").inc()
             self.fetch_failures.inc()

@@ -1,4 +1,5 @@
-"""Kubernetes adapter: the pod watcher and the status reporter. The only module that imports `kubernetes`.
+"""Kubernetes adapter: the pod watcher and the status reporter (with agent.kube.fleet, the only modules
+that import `kubernetes`). `ListWatch` is the list-then-watch loop both use.
 
 `PodWatcher` follows the pods scheduled to this node (list, then watch from the list's
 resourceVersion; relist on 410 Gone; reconnect with bounded backoff) and tells the daemon
@@ -92,7 +93,7 @@ def make_api_client(settings: KubeSettings) -> Any:
         ) from exc
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     """One short line for a log: status and reason, the body cut short (it may echo request data)."""
     if isinstance(exc, ApiException):
         message = ""
@@ -133,43 +134,37 @@ class _RawWatch(watch.Watch):
         return None
 
 
-class PodWatcher:
-    """Follows pods on `settings.node_name` and reports what they ask for.
+class ListWatch:
+    """List, then watch, one kind of object: resume from the last resourceVersion, relist on 410 Gone,
+    reconnect with bounded jittered backoff. Subclasses say what to list (`_list_call`, `_selectors`)
+    and act on objects (`_observe`: returns the object's key when still of interest; `_forget`)."""
 
-    Callbacks run on the watcher's thread, one at a time, and should return quickly:
-    - `on_request(pod, models)`: the pod's (non-empty, de-duplicated) wish list is new or changed;
-      it is the whole list, not a delta (`RequestTracker.set_pod` turns it into one).
-    - `on_pod_gone(pod)`: the pod was deleted, finished (Succeeded/Failed), is terminating,
-      or dropped its annotation or made it invalid; called only for pods that had a request.
-    - `on_bad_annotation(pod, message)`: the annotation is malformed. The watcher also
-      creates a Warning event and sets the pod's status annotation to Failed.
-    A callback that raises is logged and does not stop the watcher.
-    """
+    what = "objects"
+    """For logs: what is watched ("pods on node x")."""
+    rbac_hint = ""
+    """What a 403 means for the chart, in a log line."""
 
-    def __init__(
-        self,
-        settings: KubeSettings,
-        api_client: Any | None,
-        on_request: Callable[[PodKey, list[ModelRef]], None],
-        on_pod_gone: Callable[[PodKey], None],
-        on_bad_annotation: Callable[[PodKey, str], None] | None = None,
-        reporter: StatusReporter | None = None,
-    ) -> None:
-        if not settings.node_name:
-            raise ConfigError(
-                "the pod watcher needs this node's name: set --node-name (the chart passes spec.nodeName)"
-            )
+    def __init__(self, settings: KubeSettings) -> None:
         self._settings = settings
-        api = api_client if api_client is not None else make_api_client(settings)
-        self._core = client.CoreV1Api(api)
-        self._reporter = reporter if reporter is not None else StatusReporter(settings, api)
-        self._on_request = on_request
-        self._on_pod_gone = on_pod_gone
-        self._on_bad_annotation = on_bad_annotation
-        self._seen: dict[str, _Seen] = {}  # by pod uid
         self._watch: _RawWatch | None = None
-        self._selector = f"spec.nodeName={settings.node_name}"
         self.stats = WatchStats()
+
+    def _list_call(self, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _selectors(self) -> dict[str, str]:
+        """field_selector / label_selector keyword arguments of both the list and the watch."""
+        return {}
+
+    def _observe(self, obj: Mapping[str, Any]) -> str | None:
+        raise NotImplementedError
+
+    def _forget(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _known(self) -> list[str]:
+        """Keys of every object currently of interest (what a relist may find gone)."""
+        raise NotImplementedError
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -237,9 +232,8 @@ class PodWatcher:
         self.stats.errors += 1
         hint = ""
         if isinstance(exc, ApiException) and exc.status == 403:
-            hint = " (RBAC: the agent needs list/watch on pods; see agent/kube.py)"
-        log.warning("pod watch on node %s failed: %s%s; retrying in %.1fs",
-                    self._settings.node_name, _describe(exc), hint, delay)
+            hint = f" ({self.rbac_hint})"
+        log.warning("watch of %s failed: %s%s; retrying in %.1fs", self.what, describe(exc), hint, delay)
 
     def _stop_waker(self, stop: threading.Event, done: threading.Event) -> None:
         # A watch blocks in a socket read for up to watch_timeout; closing its socket is the
@@ -252,14 +246,9 @@ class PodWatcher:
                 if done.wait(0.1):
                     return
 
-    def _list_call(self, **kwargs: Any) -> Any:
-        if self._settings.namespace is not None:
-            return self._core.list_namespaced_pod(self._settings.namespace, **kwargs)
-        return self._core.list_pod_for_all_namespaces(**kwargs)
-
     def _relist(self) -> None:
         resp = self._list_call(
-            field_selector=self._selector,
+            **self._selectors(),
             _preload_content=False,
             _request_timeout=self._settings.request_timeout,
         )
@@ -269,13 +258,13 @@ class PodWatcher:
             resp.release_conn()
         self.stats.lists += 1
         listed: set[str] = set()
-        for pod in data.get("items") or []:
-            uid = self._observe(pod)
-            if uid:
-                listed.add(uid)
+        for obj in data.get("items") or []:
+            key = self._observe(obj)
+            if key:
+                listed.add(key)
         # Whatever we knew and the list no longer shows went away while we were not watching.
-        for uid in [u for u in self._seen if u not in listed]:
-            self._forget(uid)
+        for key in [k for k in self._known() if k not in listed]:
+            self._forget(key)
         self.stats.resource_version = str(data.get("metadata", {}).get("resourceVersion") or "") or None
 
     def _watch_once(self, stop: threading.Event) -> bool:
@@ -285,7 +274,7 @@ class PodWatcher:
         self.stats.watches += 1
         got_any = False
         kwargs: dict[str, Any] = {
-            "field_selector": self._selector,
+            **self._selectors(),
             "allow_watch_bookmarks": True,
             "timeout_seconds": self._settings.watch_timeout,
             # The server ends the watch after timeout_seconds; the read timeout is only for a
@@ -318,14 +307,70 @@ class PodWatcher:
         elif kind in ("ADDED", "MODIFIED"):
             self._observe(obj)
         elif kind == "DELETED":
-            uid = (obj.get("metadata") or {}).get("uid")
-            if uid:
-                self._forget(uid)
+            key = self._key(obj)
+            if key:
+                self._forget(key)
         else:
             log.debug("ignoring watch event of type %r", kind)
             return
         if rv:
             self.stats.resource_version = str(rv)
+
+    def _key(self, obj: Mapping[str, Any]) -> str | None:
+        """The key a DELETED object was known by: its uid (a recreated object is a new one)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        return uid if isinstance(uid, str) and uid else None
+
+
+class PodWatcher(ListWatch):
+    """Follows pods on `settings.node_name` and reports what they ask for.
+
+    Callbacks run on the watcher's thread, one at a time, and should return quickly:
+    - `on_request(pod, models)`: the pod's (non-empty, de-duplicated) wish list is new or changed;
+      it is the whole list, not a delta (`RequestTracker.set_pod` turns it into one).
+    - `on_pod_gone(pod)`: the pod was deleted, finished (Succeeded/Failed), is terminating,
+      or dropped its annotation or made it invalid; called only for pods that had a request.
+    - `on_bad_annotation(pod, message)`: the annotation is malformed. The watcher also
+      creates a Warning event and sets the pod's status annotation to Failed.
+    A callback that raises is logged and does not stop the watcher.
+    """
+
+    def __init__(
+        self,
+        settings: KubeSettings,
+        api_client: Any | None,
+        on_request: Callable[[PodKey, list[ModelRef]], None],
+        on_pod_gone: Callable[[PodKey], None],
+        on_bad_annotation: Callable[[PodKey, str], None] | None = None,
+        reporter: StatusReporter | None = None,
+    ) -> None:
+        if not settings.node_name:
+            raise ConfigError(
+                "the pod watcher needs this node's name: set --node-name (the chart passes spec.nodeName)"
+            )
+        super().__init__(settings)
+        api = api_client if api_client is not None else make_api_client(settings)
+        self._core = client.CoreV1Api(api)
+        self._reporter = reporter if reporter is not None else StatusReporter(settings, api)
+        self._on_request = on_request
+        self._on_pod_gone = on_pod_gone
+        self._on_bad_annotation = on_bad_annotation
+        self._seen: dict[str, _Seen] = {}  # by pod uid
+        self._selector = f"spec.nodeName={settings.node_name}"
+        self.what = f"pods on node {settings.node_name}"
+        self.rbac_hint = "RBAC: the agent needs list/watch on pods; see agent/kube/client.py"
+
+    def _list_call(self, **kwargs: Any) -> Any:
+        if self._settings.namespace is not None:
+            return self._core.list_namespaced_pod(self._settings.namespace, **kwargs)
+        return self._core.list_pod_for_all_namespaces(**kwargs)
+
+    def _selectors(self) -> dict[str, str]:
+        return {"field_selector": self._selector}
+
+    def _known(self) -> list[str]:
+        return list(self._seen)
+
 
     # -- what a pod wants -------------------------------------------------------------------------
 
@@ -499,7 +544,7 @@ class StatusReporter:
             )
         except Exception as exc:  # noqa: BLE001 - an event is best effort
             hint = " (RBAC: the agent needs create on events)" if getattr(exc, "status", None) == 403 else ""
-            log.warning("event %s on pod %s not created: %s%s", reason, pod, _describe(exc), hint)
+            log.warning("event %s on pod %s not created: %s%s", reason, pod, describe(exc), hint)
 
     # -- sender thread ----------------------------------------------------------------------------
 
@@ -554,4 +599,4 @@ class StatusReporter:
                     # again after the interval unless a newer one arrives first.
                     state.sent_body, state.pending = previous, body
             hint = " (RBAC: the agent needs patch on pods)" if status == 403 else ""
-            log.warning("status of pod %s not updated: %s%s", pod, _describe(exc), hint)
+            log.warning("status of pod %s not updated: %s%s", pod, describe(exc), hint)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agent.core.errors import CacheFullError, WeightswarmError
@@ -47,11 +48,15 @@ class PodSync:
         request_model: RequestModel,
         set_pins: Callable[[set[str]], None],
         api_client: Any | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         """`request_model` starts (or joins) a fetch; `set_pins` replaces the models eviction must keep
-        for the pods on this node. `on_cache_full` is for the evictor's cannot-fit hooks."""
+        for the pods (and the preheats) on this node. `on_cache_full` is for the evictor's cannot-fit
+        hooks. `cache_dir`: the hub cache, for the fleet side (agent.kube.fleet: ModelPreheats, node
+        labels), which runs when the settings ask for it and a cache is given."""
         # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
         from agent.kube.client import PodWatcher, StatusReporter, make_api_client
+        from agent.kube.fleet import Fleet
 
         self._settings = settings
         self._request_model = request_model
@@ -69,12 +74,24 @@ class PodSync:
         """Models that could not even be requested (e.g. the agent is shutting down)."""
         self._told: dict[tuple[PodKey, ModelRef], str] = {}
         """The last event sent per (pod, model): Started, Ready or Failed; each is sent once per change."""
+        self.fleet = (
+            Fleet(settings, self._api, request_model, cache_dir, self.pod_models, self._update_pins)
+            if cache_dir is not None and (settings.preheat or settings.node_labels)
+            else None
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self, spawn: Spawn) -> None:
         spawn("pod-watcher", self.watcher.run)
         spawn("pod-status", self.run)
+        if self.fleet is not None:
+            self.fleet.start(spawn)
+
+    def pod_models(self) -> dict[ModelRef, Job]:
+        """The models pods on this node asked for, with their jobs."""
+        with self._lock:
+            return dict(self._jobs)
 
     def run(self, stop: threading.Event) -> None:
         """The status loop: until `stop`, look at the jobs and report them on their pods."""
@@ -145,6 +162,8 @@ class PodSync:
     def _update_pins(self) -> None:
         with self._lock:
             pins = {m.key for m in (*self._jobs, *self._errors)}
+        if self.fleet is not None:
+            pins |= self.fleet.pinned()
         # Replaced, never mutated: the evictor copies the set from another thread.
         self._set_pins(pins)
 
@@ -167,16 +186,7 @@ class PodSync:
         error = self._errors.get(model)
         if error is not None:
             return ModelStatus(phase="Failed", error=error)
-        st = self._jobs[model].status()
-        return ModelStatus(
-            phase=st.phase,
-            bytes_done=st.bytes_done,
-            bytes_total=st.bytes_total,
-            bytes_from_peers=st.bytes_from_peers,
-            bytes_from_origin=st.bytes_from_origin,
-            error=st.error,
-            snapshot=st.snapshot,
-        )
+        return ModelStatus.of_job(self._jobs[model].status())
 
     def _events(self, pod: PodKey, model: ModelRef, status: ModelStatus) -> None:
         key = (pod, model)

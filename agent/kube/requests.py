@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agent.core.errors import AnnotationError
+from agent.fetch.jobs import JobStatus
 
 MODELS_ANNOTATION = "weightswarm.io/models"
 STATUS_ANNOTATION = "weightswarm.io/status"
@@ -40,6 +41,8 @@ _SEPARATORS = re.compile(r"[,\n]")
 
 Phase = Literal["Pending", "Downloading", "Ready", "Failed"]
 FINAL_PHASES: frozenset[str] = frozenset({"Ready", "Failed"})
+_PHASE_STAGES = {"Pending": "queued", "Ready": "ready", "Failed": "failed"}
+"""The stage of a status that has no job behind it (a bad annotation, a refused request)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -81,14 +84,40 @@ class ModelStatus:
     bytes_from_origin: int = 0
     error: str | None = None
     snapshot: str | None = None
+    stage: str | None = None
+    """queued, lease, origin, peers, verifying, ready, failed (agent.fetch.jobs.Stage)."""
+    rate: float | None = None
+    """Bytes/s over the last seconds."""
+    eta_seconds: float | None = None
+    commit: str | None = None
+
+    @classmethod
+    def of_job(cls, st: JobStatus) -> ModelStatus:
+        return cls(
+            phase=st.phase,
+            bytes_done=st.bytes_done,
+            bytes_total=st.bytes_total,
+            bytes_from_peers=st.bytes_from_peers,
+            bytes_from_origin=st.bytes_from_origin,
+            error=st.error,
+            snapshot=st.snapshot,
+            stage=st.stage,
+            rate=st.rate,
+            eta_seconds=st.eta_seconds,
+            commit=st.commit,
+        )
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
             "phase": self.phase,
+            "stage": self.stage or _PHASE_STAGES.get(self.phase),
             "bytesDone": self.bytes_done,
             "bytesTotal": self.bytes_total,
             "bytesFromPeers": self.bytes_from_peers,
             "bytesFromOrigin": self.bytes_from_origin,
+            # Whole numbers: a status that changes in the 10th digit would be patched for nothing.
+            "rateBytesPerSecond": None if self.rate is None else round(self.rate),
+            "etaSeconds": None if self.eta_seconds is None else round(self.eta_seconds),
             "error": self.error,
         }
         if self.snapshot is not None:

@@ -58,6 +58,8 @@ HEDGE_AFTER = 1.0
 coming, before a free worker asks for the rest of it on its own connection. One stalled connection (a
 lost segment's retransmit backing off, seen for 8 s under tc shaping) otherwise holds the prefix that
 readers stream (the HF endpoint, the relay to other nodes) while the download front runs far ahead."""
+_TURN_EVERY = 0.1
+"""Seconds between looks at whether background work must step aside (`Turn.due`)."""
 
 
 @dataclass
@@ -84,6 +86,8 @@ class _Job:
     """Chunks a second worker was sent after (at most once each)."""
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
+    pausing: bool = False
+    """Background work stepping aside (`OriginSource._step_aside`): requests were cut, none start."""
     pending: list[int] = field(default_factory=list)
     mode: str | None = None
     """None until the first response: 'ranges' (206) or 'stream' (server ignored Range)."""
@@ -117,14 +121,38 @@ class _Job:
         return n
 
 
+class _Paused(Exception):
+    """A worker gave its connection up to let other work through (`Turn`)."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Lets background work (a preheat) step aside: `due()` says it must stop pulling now, `wait()`
+    blocks until it may go on. A worker then closes its range request and asks for the rest
+    later: pausing reads alone would not do, because the socket buffers (megabytes per
+    connection) keep taking the origin's bandwidth."""
+
+    due: Callable[[], bool]
+    wait: Callable[[], None]
+
+
 class OriginSource:
     """The origin hub as a `BlobSource`."""
 
     name = "origin"
 
-    def __init__(self, client: OriginClient, settings: FetchSettings, *, piece_hashes: bool = True) -> None:
+    def __init__(
+        self,
+        client: OriginClient,
+        settings: FetchSettings,
+        *,
+        piece_hashes: bool = True,
+        turn: Turn | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings
+        self.turn = turn
+        """Background work's turn (None: this fetch never steps aside)."""
         self.piece_hashes = piece_hashes
         """Compute BitTorrent piece sha1s while hashing (the swarm publishes them as metainfo).
 
@@ -227,7 +255,11 @@ class OriginSource:
         view = memoryview(buf)
         pos = flushed = 0
         size = job.entry.size
+        checked = time.monotonic()
         while pos < size:
+            if self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
+                checked = time.monotonic()
+                self._step_aside(job)
             with job.cond:
                 while True:
                     if job.error is not None:
@@ -235,7 +267,11 @@ class OriginSource:
                     avail = job.contiguous_end(pos)
                     if avail > pos:
                         break
-                    job.cond.wait(1.0)
+                    job.cond.wait(1.0 if self.turn is None else _TURN_EVERY)
+                    if self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
+                        break
+            if avail <= pos:
+                continue  # woken to look at the turn, nothing new to hash
             if job.prefix is not None:
                 job.prefix(avail)
             while pos < avail:
@@ -248,6 +284,19 @@ class OriginSource:
                 start_writeback(job.fd, flushed, pos - flushed)
                 flushed = pos
         return hasher.finish()
+
+    def _step_aside(self, job: _Job) -> None:
+        """When background work must step aside: close every range request of the blob now. A worker
+        blocked in a read cannot look at the turn itself (a read returns when its buffer is full, a
+        whole chunk at a shared rate), and an open request keeps taking the origin's bandwidth."""
+        assert self.turn is not None
+        if not self.turn.due():
+            return
+        with job.cond:
+            job.pausing = True
+            reading = [r for rs in job.responses.values() for r in rs]
+        for resp in reading:
+            _cut(resp)
 
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: _Job, probe: bool) -> None:
         buf = memoryview(bytearray(READ_BLOCK))
@@ -333,6 +382,8 @@ class OriginSource:
             with job.cond:
                 if idx in job.done:
                     raise _ChunkDone()
+                if job.pausing:
+                    raise _Paused()  # cut by `_step_aside` (or about to be): no new request now
             resp = self.client.request("GET", job.url, what, {"Range": f"bytes={pos}-{end - 1}"})
             with job.cond:
                 job.responses.setdefault(idx, []).append(resp)
@@ -351,6 +402,7 @@ class OriginSource:
                     if job.mode is None:
                         job.mode = "ranges"
                         job.cond.notify_all()
+                checked = time.monotonic()
                 while pos < end:
                     n = job.write_from(resp, buf, pos, end)
                     if not n:
@@ -359,6 +411,10 @@ class OriginSource:
                     state["pos"] = pos
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
+                    if pos < end and self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
+                        checked = time.monotonic()
+                        if self.turn.due():
+                            raise _Paused()
                 if pos < end:
                     with job.cond:
                         if idx in job.done:  # the other worker finished it and cut this connection
@@ -373,7 +429,24 @@ class OriginSource:
                         reading.remove(resp)
                 _release(resp)
 
-        self.client.retrying(what, attempt)
+        while True:
+            if self.turn is not None:
+                if self.turn.due():
+                    self.turn.wait()  # this chunk's request was cut (or never made): none is open now
+                with job.cond:
+                    if job.pausing:
+                        job.pausing = False
+                        job.moved[idx] = time.monotonic()  # a paused chunk is no stalled one to hedge
+            try:
+                self.client.retrying(what, attempt)
+                return
+            except _Paused:
+                continue
+            except WeightswarmError:
+                with job.cond:
+                    if not job.pausing:
+                        raise
+                # The read failed because `_step_aside` cut it: not an origin failure.
 
     def _stream_whole(
         self, job: _Job, resp: urllib3.BaseHTTPResponse, state: dict[str, int], buf: memoryview

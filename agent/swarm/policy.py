@@ -150,6 +150,8 @@ class SwarmFetcher:
         self._trust = MetainfoTrust(swarm, tracker, node_id)
         self._present: dict[str, Callable[[], int]] = {}
         """blob id -> bytes of it present now, for lease heartbeats (set while it is obtained)."""
+        self._stages: dict[str, Callable[[str], None]] = {}
+        """blob id -> where to say which stage its fetch is in (the job's file, see `obtain`)."""
         self.arrivals = Arrivals()
         """Blobs being obtained, readable while they arrive (agent.cache.arrivals; the HF endpoint
         streams them). One producer per blob: `obtain` holds the blob's lock."""
@@ -190,10 +192,12 @@ class SwarmFetcher:
         progress: Progress,
         present: Callable[[], int] | None = None,
         relay_download: RelayDownload | None = None,
+        stage: Callable[[str], None] | None = None,
     ) -> BlobOutcome:
         """`present`: the bytes of this blob present now, whichever engine writes them (lease
         heartbeats report it); by default the last value passed to `progress`. `relay_download`: how to
-        take the blob from the nodes relaying it while another node holds its origin lease."""
+        take the blob from the nodes relaying it while another node holds its origin lease. `stage`:
+        told where the blob is ("lease", "origin", "peers", "verifying") as that changes."""
         with self._lock_for(blob.blob_id):
             last = [0]
 
@@ -203,6 +207,8 @@ class SwarmFetcher:
 
             with self._locks_guard:
                 self._present[blob.blob_id] = present or (lambda: last[0])
+                if stage is not None:
+                    self._stages[blob.blob_id] = stage
             arrival = self.arrivals.begin(blob.blob_id, blob.size, cache.incomplete_path(blob.blob_id))
             try:
                 outcome = self._obtain(cache, blob, origin_download, web_seed_url, tracked, relay_download)
@@ -215,6 +221,13 @@ class SwarmFetcher:
                 self.arrivals.end(arrival)
                 with self._locks_guard:
                     self._present.pop(blob.blob_id, None)
+                    self._stages.pop(blob.blob_id, None)
+
+    def _at(self, blob: FileEntry, stage: str) -> None:
+        with self._locks_guard:
+            sink = self._stages.get(blob.blob_id)
+        if sink is not None:
+            sink(stage)
 
     def _obtain(
         self,
@@ -305,6 +318,7 @@ class SwarmFetcher:
             if lease.holder != waiting_on:
                 waiting_on = lease.holder
                 log.info("%s: node %s holds the origin lease; waiting for it", blob.path, lease.holder)
+            self._at(blob, "lease")
             wait = min(self.settings.daemon.wait_poll_seconds, left)
             if lease.holder_idle is not None:
                 # Ask again (with stale_after) as soon as the holder could count as stalled.
@@ -452,6 +466,7 @@ class SwarmFetcher:
         publish: bool,
         info: bytes | None = None,
     ) -> BlobOutcome:
+        self._at(blob, "origin")
         self._drop_torrent(blob.blob_id, info if info is not None else self._known_info(blob))
         arrival = self._arrival(blob)
         if arrival is not None:
@@ -471,6 +486,7 @@ class SwarmFetcher:
         self, cache: RepoCache, blob: FileEntry, relay_download: RelayDownload
     ) -> BlobOutcome | None:
         """The blob from the nodes relaying it (agent.fetch.relay); None when they could not finish it."""
+        self._at(blob, "peers")
         self._drop_torrent(blob.blob_id, self._known_info(blob))
         arrival = self._arrival(blob)
         if arrival is not None:
@@ -518,6 +534,7 @@ class SwarmFetcher:
         """`stall`: seconds without progress before _Stalled (default `swarm.stall_timeout`). Raises
         BadMetainfo when the metainfo proves wrong (the finished bytes fail the blob id) or suspect
         (pieces keep failing their hashes, none passing, for `_suspect_wait`)."""
+        self._at(blob, "origin" if web_seed is not None else "peers")
         ih = self._start_download(cache, blob, info, web_seed)
         stall = stall or self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
@@ -599,6 +616,7 @@ class SwarmFetcher:
     def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
         """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks.
         BadMetainfo (proven, naming the seeds that sent the bytes) when the content id differs."""
+        self._at(blob, "verifying")
         hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_READ_BLOCK):

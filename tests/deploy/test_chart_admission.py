@@ -15,9 +15,16 @@ from tests.deploy.chartkit import AGENT_SA_USER, NAMESPACE, VAP_API, VAP_NAME, n
 from tests.support.procs import require_module
 
 
-def policy_objects(chart: Any, values: dict[str, Any], served: bool) -> dict[str, dict[str, Any]]:
+def policy_objects(
+    chart: Any, values: dict[str, Any], served: bool, name: str = VAP_NAME
+) -> dict[str, dict[str, Any]]:
+    """The policy called `name` and its binding, by kind (the node-labels policy: test_chart_fleet.py)."""
     objects = render(chart, values, api_versions=[VAP_API] if served else [])
-    return {kind: obj for (kind, _), obj in objects.items() if kind.startswith("ValidatingAdmissionPolicy")}
+    return {
+        kind: obj
+        for (kind, obj_name), obj in objects.items()
+        if kind.startswith("ValidatingAdmissionPolicy") and obj_name == name
+    }
 
 
 @pytest.mark.parametrize(
@@ -200,7 +207,8 @@ class Admission:
     ) -> tuple[bool, list[str]]:
         """(applies, messages of the failed validations)."""
         to_cel = self.celpy.json_to_cel
-        request = {"operation": "UPDATE", "userInfo": user, "namespace": new["metadata"]["namespace"]}
+        # Cluster-scoped objects (nodes) have no namespace: the request's is then "".
+        request = {"operation": "UPDATE", "userInfo": user, "namespace": new["metadata"].get("namespace", "")}
         activation: dict[str, Any] = {
             "request": to_cel(request),
             "object": to_cel(new),

@@ -6,12 +6,13 @@
   the state dir (only the agent mounts it), the pods' socket in `<hostPathRoot>/run`;
 - NetworkPolicies: BitTorrent and the tracker only from agents, the listener only from the
   release's namespace and listed peers;
-- RBAC: exactly what agent/kube/client.py calls (the admission policy that narrows it further:
-  test_chart_admission.py).
+- RBAC: exactly what agent/kube/ calls (the admission policies that narrow it further:
+  test_chart_admission.py, test_chart_fleet.py).
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import re
 from pathlib import Path
@@ -36,7 +37,7 @@ from tests.deploy.chartkit import (
     volumes_of,
 )
 
-KUBE_CLIENT = Path(__file__).resolve().parents[2] / "agent" / "kube" / "client.py"
+KUBE_DIR = Path(__file__).resolve().parents[2] / "agent" / "kube"
 TOKEN_SECRET, PASSKEY_SECRET, PUBLISHER_SECRET = (
     "ws-weightswarm-tracker-token",
     "ws-weightswarm-announce-passkey",
@@ -364,34 +365,67 @@ def test_host_network_agents_reach_the_tracker_through_listed_node_addresses(cha
 
 # --- RBAC --------------------------------------------------------------------------------------
 
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+POD_WATCHER: set[Rule] = {
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "pods", "patch"),
+    ("", "events", "create"),
+}
+PREHEAT: set[Rule] = {
+    ("weightswarm.io", "modelpreheats", "get"),
+    ("weightswarm.io", "modelpreheats", "list"),
+    ("weightswarm.io", "modelpreheats", "watch"),
+    ("weightswarm.io", "modelpreheats/status", "get"),
+    ("weightswarm.io", "modelpreheats/status", "patch"),
+}
+NODE_LABELS: set[Rule] = {("", "nodes", verb) for verb in ("get", "list", "watch", "patch")}
 _VERBS = {
     "list": "list",
     "read": "get",
+    "get": "get",
     "patch": "patch",
     "create": "create",
     "replace": "update",
     "delete": "delete",
 }
-_RESOURCES = {"pod": "pods", "event": "events"}
+# kubernetes-client methods: CoreV1Api ({verb}_[namespaced_]{kind}[_status][_for_all_namespaces]) and
+# CustomObjectsApi ({verb}_cluster_custom_object[_status]: the ModelPreheats, cluster-scoped).
+_CORE_METHOD = re.compile(
+    r"^(list|read|patch|create|replace|delete)_(?:namespaced_)?(pod|event|node)(_status)?(?:_for_all_namespaces)?$"
+)
+_CUSTOM_METHOD = re.compile(
+    r"^(get|list|patch|create|replace|delete)_(cluster|namespaced)_custom_object(_status)?$"
+)
 
 
-def kube_client_permissions() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) that agent/kube/client.py needs, read from its CoreV1Api calls."""
-    source = KUBE_CLIENT.read_text()
-    assert set(re.findall(r"client\.(\w+Api)\(", source)) == {"CoreV1Api"}, (
-        "a new API group: update the chart"
-    )
-    needed: set[tuple[str, str, str]] = set()
-    for method in set(re.findall(r"_core\.(\w+)", source)):
-        verb = _VERBS[method.split("_")[0]]
-        (resource,) = {r for word, r in _RESOURCES.items() if re.search(rf"_{word}(_|$)", method)}
-        needed.add(("", resource, verb))
-    if "Watch(" in source or ".stream(" in source:
-        needed.add(("", "pods", "watch"))  # the watch streams the pod list call
+def kube_client_permissions() -> set[Rule]:
+    """(apiGroup, resource, verb) that the agent's Kubernetes code (agent/kube/*.py) needs, read from
+    the kubernetes-client methods it names (called, or handed to a watch); a module that watches
+    (`Watch`, `.stream`, a `ListWatch` subclass) also needs watch on what it lists."""
+    needed: set[Rule] = set()
+    for path in sorted(KUBE_DIR.glob("*.py")):
+        source = path.read_text()
+        apis = set(re.findall(r"client\.(\w+Api)\(", source))
+        assert apis <= {"CoreV1Api", "CustomObjectsApi"}, f"{path.name}: new API {apis}: update the chart"
+        names = {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+        found: set[Rule] = set()
+        for name in names:
+            if core := _CORE_METHOD.match(name):
+                verb, kind, status = core.groups()
+                found.add(("", f"{kind}s" + ("/status" if status else ""), _VERBS[verb]))
+            elif custom := _CUSTOM_METHOD.match(name):
+                verb, scope, status = custom.groups()
+                assert scope == "cluster", f"{path.name}: {name}: ModelPreheats are cluster-scoped"
+                assert "modelpreheats" in source, f"{path.name}: {name} on an unknown custom resource"
+                found.add(("weightswarm.io", "modelpreheats" + ("/status" if status else ""), _VERBS[verb]))
+        if names & {"Watch", "stream"} or re.search(r"\(\s*ListWatch\s*\)", source):
+            found |= {(g, r, "watch") for g, r, v in found if v == "list"}
+        needed |= found
     return needed
 
 
-def granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+def granted(role: dict[str, Any]) -> set[Rule]:
     return {
         (g, r, v)
         for rule in role["rules"]
@@ -401,16 +435,29 @@ def granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_rbac_grants_exactly_what_the_kube_client_calls(chart: Any) -> None:
+def check_exactly_what_the_agent_calls(grant: set[Rule]) -> None:
+    """Every call the agent makes is granted; nothing is granted that it never calls. The one
+    exception: `get` where `list` of the same objects is granted (the contract grants it, it reads
+    nothing a list does not). The agent's preheat and node-label code is written alongside the
+    chart: a group the agent code does not call at all yet is only checked for the first half."""
     needed = kube_client_permissions()
-    assert needed == {
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-        ("", "pods", "patch"),
-        ("", "events", "create"),
-    }
+    assert needed <= grant, f"the agent calls what the chart does not grant: {sorted(needed - grant)}"
+    for group in (POD_WATCHER, PREHEAT, NODE_LABELS):
+        if not needed & group:
+            continue  # the agent side of this feature has not landed (yet)
+        unused = (grant & group) - needed
+        listed = {(g, r.partition("/")[0]) for g, r, v in grant if v == "list"}
+        assert all(v == "get" and (g, r.partition("/")[0]) in listed for g, r, v in unused), (
+            f"granted but never called: {sorted(unused)}"
+        )
+
+
+def test_rbac_grants_exactly_what_the_kube_client_calls(chart: Any) -> None:
+    assert POD_WATCHER <= kube_client_permissions()
     objects = render(chart, {})
-    assert granted(objects[("ClusterRole", AGENT)]) == needed
+    role = objects[("ClusterRole", AGENT)]
+    assert granted(role) == POD_WATCHER | PREHEAT | NODE_LABELS
+    check_exactly_what_the_agent_calls(granted(role))
     binding = objects[("ClusterRoleBinding", AGENT)]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -427,13 +474,46 @@ def test_rbac_grants_exactly_what_the_kube_client_calls(chart: Any) -> None:
     assert not [k for k in no_rbac if k[0] in {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}]
 
 
+@pytest.mark.parametrize(
+    ("preheat", "node_labels", "extra"),
+    [(True, False, PREHEAT), (False, True, NODE_LABELS), (False, False, set())],
+    ids=["preheat-only", "node-labels-only", "neither"],
+)
+def test_preheat_and_node_label_rules_follow_their_values(
+    chart: Any, preheat: bool, node_labels: bool, extra: set[Rule]
+) -> None:
+    values = {"preheat": {"enabled": preheat}, "nodeLabels": {"enabled": node_labels}}
+    objects = render(chart, values)
+    assert granted(objects[("ClusterRole", AGENT)]) == POD_WATCHER | extra
+    config = objects[("ConfigMap", AGENT)]["data"]
+    assert config["WEIGHTSWARM_KUBE_PREHEAT"] == ("on" if preheat else "off")
+    assert config["WEIGHTSWARM_KUBE_NODE_LABELS"] == ("on" if node_labels else "off")
+    # With a watched namespace: pods and events in the Role, cluster-scoped rules (if any) in a ClusterRole.
+    scoped = render(chart, {**values, "agent": {"watchNamespace": "inference"}})
+    assert granted(scoped[("Role", AGENT)]) == POD_WATCHER
+    assert (("ClusterRole", AGENT) in scoped) is bool(extra)
+    assert (("ClusterRoleBinding", AGENT) in scoped) is bool(extra)
+    if extra:
+        assert granted(scoped[("ClusterRole", AGENT)]) == extra
+
+
 def test_watch_namespace_narrows_rbac_to_a_role_there(chart: Any) -> None:
     objects = render(chart, {"agent": {"watchNamespace": "inference"}})
-    assert not [k for k in objects if k[0] in {"ClusterRole", "ClusterRoleBinding"}]
     role, binding = objects[("Role", AGENT)], objects[("RoleBinding", AGENT)]
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "inference"
-    assert granted(role) == kube_client_permissions()
+    assert granted(role) == POD_WATCHER
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": AGENT}
     # The service account stays in the release's namespace; the agent watches only "inference".
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": AGENT, "namespace": NAMESPACE}]
     assert objects[("ConfigMap", AGENT)]["data"]["WEIGHTSWARM_WATCH_NAMESPACE"] == "inference"
+    # Nodes and ModelPreheats are cluster-scoped: their rules stay cluster-wide, and only they.
+    cluster_role, cluster_binding = objects[("ClusterRole", AGENT)], objects[("ClusterRoleBinding", AGENT)]
+    assert "namespace" not in cluster_role["metadata"]
+    assert granted(cluster_role) == PREHEAT | NODE_LABELS
+    check_exactly_what_the_agent_calls(granted(role) | granted(cluster_role))
+    assert cluster_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": AGENT,
+    }
+    assert cluster_binding["subjects"] == binding["subjects"]

@@ -447,8 +447,9 @@ def test_status_patches_are_rate_limited_coalesced_and_final_lands(kube: FakeKub
     assert all(p["body"]["metadata"]["uid"] == pod.uid for p in kube.patches)
     shown = json.loads(kube.get_pod("p")["metadata"]["annotations"][STATUS_ANNOTATION])
     assert shown == {"org/a@main": {
-        "phase": "Ready", "bytesDone": total, "bytesTotal": total, "bytesFromPeers": 600,
-        "bytesFromOrigin": 400, "error": None, "snapshot": "/hub/snap"}}
+        "phase": "Ready", "stage": "ready", "bytesDone": total, "bytesTotal": total, "bytesFromPeers": 600,
+        "bytesFromOrigin": 400, "rateBytesPerSecond": None, "etaSeconds": None, "error": None,
+        "snapshot": "/hub/snap"}}
 
 
 def test_status_interval_is_honoured_and_latest_wins(kube: FakeKube, api, settings) -> None:

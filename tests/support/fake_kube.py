@@ -1,31 +1,77 @@
-"""A small fake Kubernetes API server on loopback, enough for agent.kube.client with the real client.
+"""A small fake Kubernetes API server on loopback, for the real `kubernetes` client (point a kubeconfig
+or `kubernetes.client.Configuration(host=fake.url)` at `FakeKube().url`).
 
-Speaks: pod list (all namespaces or one) honouring `fieldSelector=spec.nodeName=X`; watch as a
-chunked stream of JSON lines (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a resourceVersion
-with `timeoutSeconds` and `allowWatchBookmarks`; 410 Gone (as an ERROR event, like the real
-server) for a resourceVersion older than the last `compact()`; pod GET; pod PATCH with
-merge-patch / strategic-merge-patch (applied to the stored pod, bumping the resourceVersion,
-emitting MODIFIED; `metadata.uid` in the patch is a precondition); Event creation (core/v1
-and events.k8s.io/v1). Errors are `Status` objects. resourceVersion is one monotonic counter.
+Resources, each in one generic store (one monotonic resourceVersion counter for all of them; a history
+of changes, each entry naming its resource, so a watch only sees its own resource):
 
-Test controls: add_pod, update_pod, delete_pod, drop_watches, compact, bookmark,
-pause_watches/resume_watches, fail_next, and the records `patches`, `events`, `requests`.
+- pods (core/v1, namespaced): list and watch across all namespaces (`/api/v1/pods`) or one;
+  GET and PATCH `/api/v1/namespaces/{ns}/pods/{name}`. PATCH applies to the whole stored pod
+  (including .status, unlike a real server) and always bumps the resourceVersion.
+- nodes (core/v1, cluster-scoped): list and watch `/api/v1/nodes`; GET and PATCH
+  `/api/v1/nodes/{name}` (.status changes are ignored there, as on a real server) and
+  `/api/v1/nodes/{name}/status` (only .status applies).
+- modelpreheats.weightswarm.io/v1alpha1 `ModelPreheat` (a cluster-scoped custom resource with the
+  status subresource): list and watch `/apis/weightswarm.io/v1alpha1/modelpreheats`; GET and PATCH
+  `.../modelpreheats/{name}` (.status changes ignored; metadata.generation, 1 at creation, grows
+  when anything outside metadata changes) and `.../modelpreheats/{name}/status` (only .status
+  applies, generation unchanged).
+- Event creation (core/v1 and events.k8s.io/v1), recorded in `events`, not stored as a resource.
+
+Lists and watches honour `fieldSelector` (`=`, `==`, `!=`, comma = AND; metadata.name and
+metadata.namespace everywhere, spec.nodeName and status.phase for pods, spec.unschedulable for
+nodes; another field is a 400, as on a real server) and `labelSelector` (`k=v`, `k==v`, `k!=v`,
+`k`, `!k`, `k in (a,b)`, `k notin (a,b)`, comma = AND; `!=`/`notin` match objects without the
+label). A watch is a chunked stream of JSON lines (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a
+resourceVersion (unset or "0": synthetic ADDED events for the current state first) with
+`timeoutSeconds` and `allowWatchBookmarks`; like the real watch cache, an object that starts or
+stops matching the selectors arrives as ADDED or DELETED. A resourceVersion older than the last
+`compact()` gets 410 Gone as an ERROR event, like the real server. A watch ends as soon as its
+client hangs up (so `open_watches()` drops at once).
+
+PATCH content types: application/merge-patch+json and application/json-patch+json (RFC 6902)
+everywhere, application/strategic-merge-patch+json for pods and nodes only (treated as a merge
+patch: right for maps such as labels and annotations, not for lists with merge keys); a custom
+resource refuses strategic merge with 415, as a real server does. In the patched object
+`metadata.uid` and `metadata.resourceVersion` are preconditions (409 Conflict Status with the real
+server's message); null or absent means unconditional. For nodes and modelpreheats a patch (or a
+test control) that changes nothing is a no-op, as on a real server: same resourceVersion, no event.
+Errors are `Status` objects (404 NotFound for unknown objects and routes).
+
+Test controls: add_pod/update_pod/delete_pod/get_pod, add_node/update_node/delete_node/get_node,
+add_preheat/update_preheat/delete_preheat/get_preheat, drop_watches, compact, bookmark,
+pause_watches/resume_watches, fail_next, open_watches/watch_requests/list_requests, and the records
+`patches` (pods), `node_patches`, `preheat_patches`, `events`, `requests` (patches are recorded once
+accepted: after the 404 and precondition checks). open_watches/watch_requests take an optional
+resource plural (default: all); list_requests counts pods unless given one.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
+import select
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+PREHEAT_GROUP = "weightswarm.io"
+PREHEAT_VERSION = "v1alpha1"
+PREHEAT_PLURAL = "modelpreheats"
+
+_CREATED_AT = "2024-01-01T00:00:00Z"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -41,8 +87,102 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
+class PatchError(ValueError):
+    """A JSON patch that cannot be applied (bad operation, missing path, failed test)."""
+
+
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise PatchError(f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]] if path else []
+
+
+def _index(container: list[Any], token: str, for_add: bool) -> int:
+    if for_add and token == "-":
+        return len(container)
+    if not token.isdigit() or (token != "0" and token.startswith("0")):
+        raise PatchError(f"invalid array index {token!r}")
+    index = int(token)
+    if index > len(container) or (index == len(container) and not for_add):
+        raise PatchError(f"array index {index} out of bounds")
+    return index
+
+
+def _resolve(doc: Any, path: list[str]) -> Any:
+    for token in path:
+        if isinstance(doc, dict):
+            if token not in doc:
+                raise PatchError(f"missing key {token!r}")
+            doc = doc[token]
+        elif isinstance(doc, list):
+            doc = doc[_index(doc, token, for_add=False)]
+        else:
+            raise PatchError(f"cannot descend into {type(doc).__name__} at {token!r}")
+    return doc
+
+
+def _add(doc: Any, path: list[str], value: Any) -> Any:
+    if not path:
+        return value
+    parent = _resolve(doc, path[:-1])
+    if isinstance(parent, dict):
+        parent[path[-1]] = value
+    elif isinstance(parent, list):
+        parent.insert(_index(parent, path[-1], for_add=True), value)
+    else:
+        raise PatchError(f"cannot add to {type(parent).__name__}")
+    return doc
+
+
+def _remove(doc: Any, path: list[str]) -> Any:
+    if not path:
+        raise PatchError("cannot remove the whole document")
+    parent = _resolve(doc, path[:-1])
+    if isinstance(parent, dict):
+        if path[-1] not in parent:
+            raise PatchError(f"missing key {path[-1]!r}")
+        del parent[path[-1]]
+    elif isinstance(parent, list):
+        del parent[_index(parent, path[-1], for_add=False)]
+    else:
+        raise PatchError(f"cannot remove from {type(parent).__name__}")
+    return doc
+
+
+def json_patch(target: Any, operations: list[Any]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test); raises PatchError."""
+    doc = copy.deepcopy(target)
+    for op in operations:
+        if not isinstance(op, dict) or "path" not in op:
+            raise PatchError(f"invalid operation {op!r}")
+        name, path = op.get("op"), _pointer(op["path"])
+        if name in ("add", "replace", "test") and "value" not in op:
+            raise PatchError(f"operation {name!r} needs a value")
+        if name == "add":
+            doc = _add(doc, path, copy.deepcopy(op["value"]))
+        elif name == "remove":
+            doc = _remove(doc, path)
+        elif name == "replace":
+            _resolve(doc, path)
+            doc = _add(_remove(doc, path), path, copy.deepcopy(op["value"])) if path else op["value"]
+        elif name in ("move", "copy"):
+            source = _pointer(op.get("from"))
+            value = copy.deepcopy(_resolve(doc, source))
+            if name == "move":
+                doc = _remove(doc, source)
+            doc = _add(doc, path, value)
+        elif name == "test":
+            if _resolve(doc, path) != op["value"]:
+                raise PatchError(f"testing value {op['path']} failed")
+        else:
+            raise PatchError(f"unknown operation {name!r}")
+    return doc
+
+
+def status_object(
+    code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -51,6 +191,153 @@ def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+    if details:
+        status["details"] = dict(details)
+    return status
+
+
+@dataclass(frozen=True)
+class Resource:
+    """How the fake serves one kind of object."""
+
+    plural: str
+    kind: str
+    group: str  # "" for the core group
+    version: str
+    namespaced: bool
+    field_labels: frozenset[str]
+    custom: bool = False  # a CRD: no strategic merge patch; metadata.generation
+    status_subresource: bool = False  # main PATCH keeps .status; PATCH .../status changes only .status
+    strict_updates: bool = True  # a no-op patch keeps the resourceVersion and emits nothing
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def details(self, name: str) -> dict[str, Any]:
+        return {"name": name, **({"group": self.group} if self.group else {}), "kind": self.plural}
+
+    def patch_types(self) -> tuple[str, ...]:
+        if self.custom:
+            return (JSON_PATCH, MERGE_PATCH, APPLY_PATCH)
+        return (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
+
+
+_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+PODS = Resource(
+    "pods", "Pod", "", "v1", namespaced=True,
+    field_labels=_META_FIELDS | {"spec.nodeName", "status.phase"},
+    strict_updates=False,  # as before this store was generic: every PATCH bumps the resourceVersion
+)
+NODES = Resource(
+    "nodes", "Node", "", "v1", namespaced=False,
+    field_labels=_META_FIELDS | {"spec.unschedulable"}, status_subresource=True,
+)
+PREHEATS = Resource(
+    PREHEAT_PLURAL, "ModelPreheat", PREHEAT_GROUP, PREHEAT_VERSION, namespaced=False,
+    field_labels=_META_FIELDS, custom=True, status_subresource=True,
+)
+RESOURCES = {(r.group, r.version, r.plural): r for r in (PODS, NODES, PREHEATS)}
+
+
+class SelectorError(ValueError):
+    pass
+
+
+Predicate = Callable[[Mapping[str, Any]], bool]
+
+_LABEL_KEY = r"[A-Za-z0-9](?:[-A-Za-z0-9_./]*[A-Za-z0-9])?"
+_LABEL_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_EXISTS = re.compile(rf"^(!?)\s*({_LABEL_KEY})$")
+_EQUALITY = re.compile(rf"^({_LABEL_KEY})\s*(==|=|!=)\s*({_LABEL_VALUE})$")
+_SET = re.compile(rf"^({_LABEL_KEY})\s+(in|notin)\s*\(([^()]*)\)$")
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, current = [], 0, ""
+    for ch in selector:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    terms.append(current.strip())
+    return terms
+
+
+def label_selector(selector: str) -> Predicate:
+    """The equality- and set-based label selector syntax; raises SelectorError.
+
+    Each term becomes a requirement as in the apiserver: `k=v` is `k in (v)`, `k!=v` is `k notin (v)`
+    (true without the label), `k` is exists and `!k` does-not-exist.
+    """
+    requirements: list[tuple[str, str, frozenset[str]]] = []
+    for term in _split_terms(selector) if selector.strip() else []:
+        if m := _EXISTS.match(term):
+            requirements.append((m.group(2), "!exists" if m.group(1) else "exists", frozenset()))
+        elif m := _EQUALITY.match(term):
+            key, op, value = m.groups()
+            requirements.append((key, "notin" if op == "!=" else "in", frozenset({value})))
+        elif m := _SET.match(term):
+            key, op, raw = m.groups()
+            values = frozenset(v.strip() for v in raw.split(","))
+            if not all(re.fullmatch(_LABEL_VALUE, v) for v in values):
+                raise SelectorError(f"unable to parse requirement: invalid value in {term!r}")
+            requirements.append((key, op, values))
+        else:
+            raise SelectorError(f"unable to parse requirement: {term!r}")
+
+    def matches(obj: Mapping[str, Any]) -> bool:
+        labels = obj.get("metadata", {}).get("labels") or {}
+        for key, op, values in requirements:
+            ok = {
+                "exists": key in labels,
+                "!exists": key not in labels,
+                "in": key in labels and labels[key] in values,
+                "notin": key not in labels or labels[key] not in values,
+            }[op]
+            if not ok:
+                return False
+        return True
+
+    return matches
+
+
+def _field_value(obj: Mapping[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def field_selector(selector: str, resource: Resource) -> Predicate:
+    """`field=value`, `field==value`, `field!=value`, comma = AND; raises SelectorError."""
+    checks: list[tuple[str, bool, str]] = []
+    for term in [t.strip() for t in selector.split(",")] if selector.strip() else []:
+        m = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", term)
+        if not m:
+            raise SelectorError(f"invalid field selector: {term!r}")
+        label, op, value = m.groups()
+        if label not in resource.field_labels:
+            raise SelectorError(f"field label not supported: {label}")
+        checks.append((label, op == "!=", value))
+
+    def matches(obj: Mapping[str, Any]) -> bool:
+        return all((_field_value(obj, label) == value) != negate for label, negate, value in checks)
+
+    return matches
 
 
 @dataclass
@@ -64,15 +351,52 @@ class Request:
         return self.query.get("watch") in ("true", "1", "True")
 
 
+class _Change(NamedTuple):
+    rv: int
+    resource: str  # the plural, e.g. "pods"
+    type: str  # ADDED / MODIFIED / DELETED
+    obj: dict[str, Any]  # the object after the change (for DELETED: the last state, at the new rv)
+    prev: dict[str, Any] | None  # the object before the change (None for ADDED)
+
+
 @dataclass
 class _Watch:
     sock: socket.socket
-    namespace: str | None
-    node: str | None
+    resource: Resource
+    matches: Predicate
     bookmarks: bool
     dropped: bool = False
     gone: bool = False
     bookmark_at: list[int] = field(default_factory=list)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed its end (a watch client never sends more while it reads)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def _key(resource: Resource, namespace: str | None, name: str) -> tuple[str, str]:
+    return (namespace or "", name) if resource.namespaced else ("", name)
+
+
+def _visible(change: _Change, matches: Predicate) -> dict[str, Any] | None:
+    """The watch event a change is for a watcher with this filter, as the apiserver's watch cache
+    makes it: an object entering the selection is ADDED, one leaving it DELETED (its previous state
+    at the new resourceVersion)."""
+    now = change.type != "DELETED" and matches(change.obj)
+    before = change.prev is not None and matches(change.prev)
+    if now:
+        return {"type": "MODIFIED" if before else "ADDED", "object": copy.deepcopy(change.obj)}
+    if before:
+        assert change.prev is not None
+        gone = copy.deepcopy(change.prev)
+        gone["metadata"]["resourceVersion"] = str(change.rv)
+        return {"type": "DELETED", "object": gone}
+    return None
 
 
 class FakeKube:
@@ -82,13 +406,16 @@ class FakeKube:
         self._cond = threading.Condition()
         self._rv = 100
         self._compacted_rv = 0
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._history: list[tuple[int, str, dict[str, Any]]] = []
+        # resource plural -> (namespace or "", name) -> object
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for _, _, r in RESOURCES}
+        self._history: list[_Change] = []
         self._watches: list[_Watch] = []
         self._failures: list[tuple[str, str, int]] = []
         self._paused = False
         self._closing = False
-        self.patches: list[dict[str, Any]] = []
+        self.patches: list[dict[str, Any]] = []  # pods: {namespace, name, content_type, body, at}
+        self.node_patches: list[dict[str, Any]] = []  # {name, content_type, body, at, subresource}
+        self.preheat_patches: list[dict[str, Any]] = []  # {name, subresource, content_type, body, at}
         self.events: list[dict[str, Any]] = []
         self.requests: list[Request] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -122,7 +449,7 @@ class FakeKube:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- test controls ----------------------------------------------------------------------------
+    # -- test controls: pods ----------------------------------------------------------------------
 
     @property
     def resource_version(self) -> int:
@@ -146,15 +473,15 @@ class FakeKube:
                 "namespace": namespace,
                 "uid": uid or str(uuid.uuid4()),
                 "annotations": dict(annotations or {}),
-                "creationTimestamp": "2024-01-01T00:00:00Z",
+                "creationTimestamp": _CREATED_AT,
             },
             "spec": {"nodeName": node, "containers": [{"name": "main", "image": "vllm/vllm-openai"}]},
             "status": {"phase": phase},
         }
         with self._cond:
-            if (namespace, name) in self._pods:
+            if (namespace, name) in self._objects[PODS.plural]:
                 raise ValueError(f"pod {namespace}/{name} exists")
-            return self._store("ADDED", pod)
+            return self._store(PODS, "ADDED", pod)
 
     def update_pod(
         self,
@@ -173,21 +500,91 @@ class FakeKube:
         if phase is not None:
             patch["status"] = {"phase": phase}
         with self._cond:
-            pod = self._pods[(namespace, name)]
-            return self._store("MODIFIED", merge_patch(pod, patch))
+            pod = self._objects[PODS.plural][(namespace, name)]
+            return self._store(PODS, "MODIFIED", merge_patch(pod, patch))
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
         with self._cond:
-            pod = self._pods.pop((namespace, name))
-            self._rv += 1
-            pod = copy.deepcopy(pod)
-            pod["metadata"]["resourceVersion"] = str(self._rv)
-            self._history.append((self._rv, "DELETED", pod))
-            self._cond.notify_all()
+            self._delete(PODS, (namespace, name))
 
     def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
         with self._cond:
-            return copy.deepcopy(self._pods[(namespace, name)])
+            return copy.deepcopy(self._objects[PODS.plural][(namespace, name)])
+
+    # -- test controls: nodes ---------------------------------------------------------------------
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+        node = {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "uid": str(uuid.uuid4()),
+                "labels": dict(labels or {}),
+                "creationTimestamp": _CREATED_AT,
+            },
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        with self._cond:
+            if ("", name) in self._objects[NODES.plural]:
+                raise ValueError(f"node {name} exists")
+            return self._store(NODES, "ADDED", node)
+
+    def update_node(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+        """Change a node's labels as a user would; a label set to None is removed. No change: no event."""
+        with self._cond:
+            node = self._objects[NODES.plural][("", name)]
+            return self._store(NODES, "MODIFIED", merge_patch(node, {"metadata": {"labels": dict(labels)}}))
+
+    def delete_node(self, name: str) -> None:
+        with self._cond:
+            self._delete(NODES, ("", name))
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        with self._cond:
+            return copy.deepcopy(self._objects[NODES.plural][("", name)])
+
+    # -- test controls: modelpreheats -------------------------------------------------------------
+
+    def add_preheat(
+        self, name: str, model: str, node_selector: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {"model": model}
+        if node_selector is not None:
+            spec["nodeSelector"] = dict(node_selector)
+        preheat = {
+            "apiVersion": PREHEATS.api_version,
+            "kind": PREHEATS.kind,
+            "metadata": {
+                "name": name,
+                "uid": str(uuid.uuid4()),
+                "generation": 1,
+                "creationTimestamp": _CREATED_AT,
+            },
+            "spec": spec,
+        }
+        with self._cond:
+            if ("", name) in self._objects[PREHEATS.plural]:
+                raise ValueError(f"modelpreheat {name} exists")
+            return self._store(PREHEATS, "ADDED", preheat)
+
+    def update_preheat(self, name: str, spec_patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch the spec as a user would (None removes a key); the generation grows if it changed."""
+        with self._cond:
+            current = self._objects[PREHEATS.plural][("", name)]
+            changed = merge_patch(current, {"spec": dict(spec_patch)})
+            return self._store(PREHEATS, "MODIFIED", self._prepare_update(PREHEATS, current, changed, None))
+
+    def delete_preheat(self, name: str) -> None:
+        with self._cond:
+            self._delete(PREHEATS, ("", name))
+
+    def get_preheat(self, name: str) -> dict[str, Any]:
+        with self._cond:
+            return copy.deepcopy(self._objects[PREHEATS.plural][("", name)])
+
+    # -- test controls: watches, failures, records ------------------------------------------------
 
     def drop_watches(self) -> None:
         """Cut every open watch connection mid-stream (no terminating chunk), as a dying LB would."""
@@ -205,13 +602,13 @@ class FakeKube:
     def compact(self) -> None:
         """Forget history: every resourceVersion up to now is too old to watch from (410 Gone).
 
-        Open watches get an ERROR 410 event and end, as when the apiserver's watch cache
-        drops a watcher that fell behind.
+        Open watches (of every resource) get an ERROR 410 event and end, as when the apiserver's
+        watch cache drops a watcher that fell behind.
         """
         with self._cond:
             self._rv += 1  # other objects changed meanwhile; the current list rv is still watchable
             self._compacted_rv = self._rv
-            self._history = [h for h in self._history if h[0] > self._compacted_rv]
+            self._history = [h for h in self._history if h.rv > self._compacted_rv]
             for w in self._watches:
                 w.gone = True
             self._cond.notify_all()
@@ -240,32 +637,86 @@ class FakeKube:
         with self._cond:
             self._failures.append((method, path_contains, code))
 
-    def open_watches(self) -> int:
+    def open_watches(self, resource: str | None = None) -> int:
+        """Open watch streams, of one resource (plural, e.g. "nodes") or of all."""
         with self._cond:
-            return len(self._watches)
+            return len([w for w in self._watches if resource is None or w.resource.plural == resource])
 
-    def watch_requests(self) -> list[Request]:
-        with self._cond:
-            return [r for r in self.requests if r.method == "GET" and r.is_watch]
-
-    def list_requests(self) -> list[Request]:
+    def watch_requests(self, resource: str | None = None) -> list[Request]:
+        """Watch requests so far, of one resource (plural) or of all."""
         with self._cond:
             return [
                 r for r in self.requests
-                if r.method == "GET" and not r.is_watch and r.path.endswith("/pods")
+                if r.method == "GET" and r.is_watch and (resource is None or r.path.endswith("/" + resource))
+            ]
+
+    def list_requests(self, resource: str = "pods") -> list[Request]:
+        """List (not watch) requests so far of one resource (plural): pods unless told."""
+        with self._cond:
+            return [
+                r for r in self.requests
+                if r.method == "GET" and not r.is_watch and r.path.endswith("/" + resource)
             ]
 
     # -- state (hold self._cond) ------------------------------------------------------------------
 
-    def _store(self, kind: str, pod: dict[str, Any]) -> dict[str, Any]:
+    def _store(self, resource: Resource, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        key = _key(resource, meta.get("namespace"), meta["name"])
+        prev = self._objects[resource.plural].get(key)
+        if kind == "MODIFIED" and prev is not None and resource.strict_updates:
+            unchanged = copy.deepcopy(obj)
+            unchanged["metadata"]["resourceVersion"] = prev["metadata"].get("resourceVersion")
+            if unchanged == prev:  # a real apiserver skips the write: same resourceVersion, no event
+                return copy.deepcopy(prev)
         self._rv += 1
-        pod = copy.deepcopy(pod)
-        pod["metadata"]["resourceVersion"] = str(self._rv)
-        meta = pod["metadata"]
-        self._pods[(meta["namespace"], meta["name"])] = pod
-        self._history.append((self._rv, kind, copy.deepcopy(pod)))
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._objects[resource.plural][key] = obj
+        self._history.append(_Change(self._rv, resource.plural, kind, copy.deepcopy(obj), prev))
         self._cond.notify_all()
-        return copy.deepcopy(pod)
+        return copy.deepcopy(obj)
+
+    def _delete(self, resource: Resource, key: tuple[str, str]) -> None:
+        prev = self._objects[resource.plural].pop(key)
+        self._rv += 1
+        obj = copy.deepcopy(prev)
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append(_Change(self._rv, resource.plural, "DELETED", obj, prev))
+        self._cond.notify_all()
+
+    @staticmethod
+    def _prepare_update(
+        resource: Resource, current: Mapping[str, Any], patched: dict[str, Any], subresource: str | None
+    ) -> dict[str, Any]:
+        """What the apiserver's update strategy keeps of a patched object."""
+        if subresource == "status":
+            new = copy.deepcopy(dict(current))
+            if "status" in patched:
+                new["status"] = patched["status"]
+            else:
+                new.pop("status", None)
+            return new
+        new = dict(patched)
+        new["apiVersion"], new["kind"] = current["apiVersion"], current["kind"]
+        meta = new["metadata"] = dict(patched.get("metadata") or {})
+        for name in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion"):
+            if name in current["metadata"]:
+                meta[name] = current["metadata"][name]
+            else:
+                meta.pop(name, None)
+        if resource.status_subresource:
+            if "status" in current:
+                new["status"] = copy.deepcopy(current["status"])
+            else:
+                new.pop("status", None)
+        if resource.custom:
+            def content(obj: Mapping[str, Any]) -> dict[str, Any]:
+                return {k: v for k, v in obj.items() if k != "metadata"}
+
+            if content(new) != content(current):
+                meta["generation"] = int(current["metadata"].get("generation") or 0) + 1
+        return new
 
     def _take_failure(self, method: str, path: str) -> int | None:
         for i, (m, fragment, code) in enumerate(self._failures):
@@ -273,12 +724,6 @@ class FakeKube:
                 del self._failures[i]
                 return code
         return None
-
-    @staticmethod
-    def _matches(pod: Mapping[str, Any], namespace: str | None, node: str | None) -> bool:
-        if namespace is not None and pod["metadata"]["namespace"] != namespace:
-            return False
-        return node is None or pod["spec"].get("nodeName") == node
 
     # -- HTTP -------------------------------------------------------------------------------------
 
@@ -324,47 +769,62 @@ class FakeKube:
             code = self._take_failure(method, parts.path)
         if code is not None:
             return self._error(h, code, f"injected failure {code}")
-        # /api/v1/pods | /api/v1/namespaces/{ns}/pods[/{name}] | .../events
-        if segs[:2] == ["api", "v1"] and segs[2:] == ["pods"] and method == "GET":
-            return self._list_or_watch(h, None, query)
-        if segs[:3] == ["api", "v1", "namespaces"] and len(segs) >= 5:
-            ns, resource, rest = segs[3], segs[4], segs[5:]
-            if resource == "pods" and not rest and method == "GET":
-                return self._list_or_watch(h, ns, query)
-            if resource == "pods" and len(rest) == 1 and method in ("GET", "PATCH"):
-                return self._pod(h, method, ns, rest[0], raw)
-            if resource == "events" and not rest and method == "POST":
-                return self._create_event(h, ns, raw, "v1")
+        # Events: created, recorded, never listed.
+        if segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] == "events":
+            if method == "POST":
+                return self._create_event(h, segs[3], raw, "v1")
         if segs[:3] == ["apis", "events.k8s.io", "v1"] and segs[3:4] == ["namespaces"] and len(segs) == 6:
             if segs[5] == "events" and method == "POST":
                 return self._create_event(h, segs[4], raw, "events.k8s.io/v1")
+        # /api/v1/... or /apis/{group}/{version}/..., then [namespaces/{ns}/]{plural}[/{name}[/status]]
+        if segs[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", segs[2:]
+        elif segs[:1] == ["apis"] and len(segs) >= 3:
+            group, version, rest = segs[1], segs[2], segs[3:]
+        else:
+            rest = []
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        resource = RESOURCES.get((group, version, rest[0])) if rest else None
+        if resource is not None and (namespace is None or resource.namespaced):
+            name = rest[1] if len(rest) >= 2 else None
+            sub = rest[2] if len(rest) == 3 else None
+            if len(rest) == 1 and method == "GET":
+                return self._list_or_watch(h, resource, namespace, query)
+            ok_sub = sub is None or (sub == "status" and resource.status_subresource)
+            ok_ns = namespace is not None or not resource.namespaced  # a namespaced object needs its ns
+            if name is not None and len(rest) <= 3 and ok_sub and ok_ns and method in ("GET", "PATCH"):
+                return self._object(h, method, resource, namespace, name, sub, raw)
         message = f"the server could not find the requested resource ({method} {parts.path})"
         return self._error(h, 404, message)
 
-    def _node_selector(self, query: Mapping[str, str]) -> tuple[bool, str | None]:
-        selector = query.get("fieldSelector")
-        if not selector:
-            return True, None
-        key, _, value = selector.replace("==", "=").partition("=")
-        if key != "spec.nodeName":
-            return False, None
-        return True, value
+    def _list_or_watch(
+        self, h: BaseHTTPRequestHandler, resource: Resource, ns: str | None, query: Mapping[str, str]
+    ) -> None:
+        try:
+            by_field = field_selector(query.get("fieldSelector") or "", resource)
+            by_label = label_selector(query.get("labelSelector") or "")
+        except SelectorError as e:
+            return self._error(h, 400, str(e))
 
-    def _list_or_watch(self, h: BaseHTTPRequestHandler, ns: str | None, query: Mapping[str, str]) -> None:
-        ok, node = self._node_selector(query)
-        if not ok:
-            return self._error(h, 400, f"unsupported field selector {query.get('fieldSelector')!r}")
+        def matches(obj: Mapping[str, Any]) -> bool:
+            if ns is not None and obj["metadata"].get("namespace") != ns:
+                return False
+            return by_field(obj) and by_label(obj)
+
         if query.get("watch") in ("true", "1", "True"):
-            return self._watch(h, ns, node, query)
+            return self._watch(h, resource, matches, query)
         with self._cond:
-            items = [copy.deepcopy(p) for p in self._pods.values() if self._matches(p, ns, node)]
+            items = [copy.deepcopy(o) for o in self._objects[resource.plural].values() if matches(o)]
             rv = self._rv
         self._send_json(h, 200, {
-            "kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}, "items": items,
+            "kind": f"{resource.kind}List", "apiVersion": resource.api_version,
+            "metadata": {"resourceVersion": str(rv)}, "items": items,
         })
 
     def _watch(
-        self, h: BaseHTTPRequestHandler, ns: str | None, node: str | None, query: Mapping[str, str]
+        self, h: BaseHTTPRequestHandler, resource: Resource, matches: Predicate, query: Mapping[str, str]
     ) -> None:
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
@@ -377,7 +837,7 @@ class FakeKube:
             data = json.dumps(obj).encode() + b"\n"
             h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
-        w = _Watch(h.connection, ns, node, query.get("allowWatchBookmarks") in ("true", "1", "True"))
+        w = _Watch(h.connection, resource, matches, query.get("allowWatchBookmarks") in ("true", "1", "True"))
         with self._cond:
             self._watches.append(w)
             rv_param = query.get("resourceVersion") or "0"
@@ -385,8 +845,8 @@ class FakeKube:
             if rv_param == "0":  # "any": synthetic ADDED for the current state, as the real server
                 cursor = self._rv
                 initial = [
-                    {"type": "ADDED", "object": copy.deepcopy(p)}
-                    for p in self._pods.values() if self._matches(p, ns, node)
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for o in self._objects[resource.plural].values() if matches(o)
                 ]
             else:
                 cursor = int(rv_param)
@@ -409,29 +869,30 @@ class FakeKube:
                             out = [{"type": "ERROR", "object": expired}]
                             break
                         fresh = [] if self._paused else [
-                            (rv, kind, pod) for rv, kind, pod in self._history
-                            if rv > cursor and self._matches(pod, ns, node)
+                            c for c in self._history if c.rv > cursor and c.resource == resource.plural
                         ]
                         # A bookmark must not move the cursor past events that are held back.
                         marks = [] if self._paused else w.bookmark_at[:]
                         if marks:
                             w.bookmark_at.clear()
-                        if fresh or marks:
-                            out = [{"type": kind, "object": copy.deepcopy(pod)} for _, kind, pod in fresh]
-                            if fresh:
-                                cursor = max(cursor, fresh[-1][0])
-                            for mark in marks:
-                                cursor = max(cursor, mark)
-                                out.append({"type": "BOOKMARK", "object": {
-                                    "kind": "Pod", "apiVersion": "v1",
-                                    "metadata": {"resourceVersion": str(cursor)},
-                                }})
+                        if fresh:
+                            cursor = max(cursor, fresh[-1].rv)
+                        out = [e for e in (_visible(c, matches) for c in fresh) if e is not None]
+                        for mark in marks:
+                            cursor = max(cursor, mark)
+                            out.append({"type": "BOOKMARK", "object": {
+                                "kind": resource.kind, "apiVersion": resource.api_version,
+                                "metadata": {"resourceVersion": str(cursor)},
+                            }})
+                        if out:
                             break
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
-                            out = []
                             break
-                        self._cond.wait(min(remaining, 1.0))
+                        if _hung_up(h.connection):  # the client went away: end, as the apiserver does
+                            h.close_connection = True
+                            return
+                        self._cond.wait(min(remaining, 0.2))
                 for event in out:
                     send(event)
                 if not out or out[-1]["type"] == "ERROR":
@@ -446,36 +907,80 @@ class FakeKube:
     def _end(h: BaseHTTPRequestHandler) -> None:
         h.wfile.write(b"0\r\n\r\n")
 
-    def _pod(self, h: BaseHTTPRequestHandler, method: str, ns: str, name: str, raw: bytes) -> None:
+    def _object(
+        self,
+        h: BaseHTTPRequestHandler,
+        method: str,
+        resource: Resource,
+        ns: str | None,
+        name: str,
+        sub: str | None,
+        raw: bytes,
+    ) -> None:
         with self._cond:
-            pod = self._pods.get((ns, name))
-            if pod is None:
-                code, body = 404, status_object(404, "NotFound", f'pods "{name}" not found')
+            obj = self._objects[resource.plural].get(_key(resource, ns, name))
+            if obj is None:
+                message = f'{resource.qualified} "{name}" not found'
+                code, body = 404, status_object(404, "NotFound", message, resource.details(name))
             elif method == "GET":
-                code, body = 200, copy.deepcopy(pod)
+                code, body = 200, copy.deepcopy(obj)
             else:
-                code, body = self._apply_patch(pod, h.headers.get("Content-Type", ""), raw)
+                code, body = self._apply_patch(resource, obj, sub, h.headers.get("Content-Type", ""), raw)
         self._send_json(h, code, body)
 
-    def _apply_patch(self, pod: dict[str, Any], content_type: str, raw: bytes) -> tuple[int, dict[str, Any]]:
-        kind = content_type.split(";")[0].strip()
-        if kind not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-            return 415, status_object(415, "UnsupportedMediaType", f"patch type {kind!r} not supported")
+    def _apply_patch(
+        self, resource: Resource, current: dict[str, Any], sub: str | None, content_type: str, raw: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        kind = content_type.split(";")[0].strip().lower()
+        if kind not in resource.patch_types() or kind == APPLY_PATCH:
+            accepted = ", ".join(resource.patch_types())
+            message = (
+                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
+            )
+            if kind == APPLY_PATCH:
+                message = "server-side apply (application/apply-patch+yaml) is not implemented by this fake"
+            return 415, status_object(415, "UnsupportedMediaType", message)
         try:
             patch = json.loads(raw)
         except ValueError:
             return 400, status_object(400, "BadRequest", "patch body is not JSON")
-        if not isinstance(patch, dict):
-            return 400, status_object(400, "BadRequest", "patch body is not an object")
-        meta = patch.get("metadata") or {}
-        if "uid" in meta and meta["uid"] != pod["metadata"]["uid"]:
-            message = "Precondition failed: UID in precondition does not match"
-            return 409, status_object(409, "Conflict", message)
-        self.patches.append({
-            "namespace": pod["metadata"]["namespace"], "name": pod["metadata"]["name"],
-            "content_type": kind, "body": patch, "at": time.monotonic(),
-        })
-        return 200, self._store("MODIFIED", merge_patch(pod, patch))
+        if kind == JSON_PATCH:
+            if not isinstance(patch, list):
+                return 400, status_object(400, "BadRequest", "a JSON patch must be a list of operations")
+            try:
+                patched = json_patch(current, patch)
+            except PatchError as e:
+                return 422, status_object(422, "Invalid", f"the server rejected our request: {e}")
+            if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
+                return 422, status_object(422, "Invalid", "the patched object is not an object with metadata")
+        else:
+            if not isinstance(patch, dict):
+                return 400, status_object(400, "BadRequest", "patch body is not an object")
+            patched = merge_patch(current, patch)
+        meta, name = patched.get("metadata") or {}, current["metadata"]["name"]
+        uid = meta.get("uid")
+        if uid is not None and uid != current["metadata"]["uid"]:
+            if resource is PODS:
+                message = "Precondition failed: UID in precondition does not match"
+            else:
+                message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: " + (
+                    current["metadata"]["uid"])
+            return 409, status_object(409, "Conflict", message, resource.details(name))
+        rv = meta.get("resourceVersion")
+        if rv is not None and str(rv) != current["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on {resource.qualified} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )
+            return 409, status_object(409, "Conflict", message, resource.details(name))
+        record: dict[str, Any] = {"name": name, "content_type": kind, "body": patch, "at": time.monotonic()}
+        if resource is PODS:
+            self.patches.append({"namespace": current["metadata"]["namespace"], **record})
+            return 200, self._store(resource, "MODIFIED", patched)
+        (self.node_patches if resource is NODES else self.preheat_patches).append(
+            {**record, "subresource": sub}
+        )
+        return 200, self._store(resource, "MODIFIED", self._prepare_update(resource, current, patched, sub))
 
     def _create_event(self, h: BaseHTTPRequestHandler, ns: str, raw: bytes, api: str) -> None:
         try:

@@ -290,3 +290,56 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The node label that says "this node holds model REF", as the agents set it on their own Node
+(value: the 40-hex commit the node holds), for node affinities in your own templates:
+
+  {{ include "weightswarm.modelLabel" "Qwen/Qwen2.5-72B-Instruct" }}
+  -> model.weightswarm.io/Qwen2.5-72B-Instruct.<first 10 hex of sha256("Qwen/Qwen2.5-72B-Instruct@main")>
+
+Call it with the ref string "org/name" or "org/name@rev" (no @rev: @main), exactly as the pod or
+the ModelPreheat asks for it. The name is <slug>.<h>: h = the first 10 hex characters of the
+sha256 of "org/name@rev"; slug = the name part with every character outside [A-Za-z0-9._-]
+replaced by "-", non-alphanumerics stripped from both ends, cut to 52 characters and stripped
+again at the end (52 + 1 + 10 = 63, the limit of a label name); a name with no letter or digit
+at all gives just <h>. The same rule as the agent's agent/kube/labels.py model_label_key.
+*/}}
+{{- define "weightswarm.modelLabel" -}}
+{{- $ref := toString . }}
+{{- if not (contains "@" $ref) }}
+{{- $ref = printf "%s@main" $ref }}
+{{- end }}
+{{- $repo := index (splitList "@" $ref) 0 }}
+{{- $name := regexReplaceAll "^[^/]*/" $repo "" }}
+{{- $slug := regexReplaceAll "[^A-Za-z0-9._-]" $name "-" }}
+{{- $slug = regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $slug "" | trunc 52 }}
+{{- $slug = regexReplaceAll "[^A-Za-z0-9]+$" $slug "" }}
+{{- $h := sha256sum $ref | trunc 10 }}
+{{- if $slug }}model.weightswarm.io/{{ $slug }}.{{ $h }}{{ else }}model.weightswarm.io/{{ $h }}{{ end }}
+{{- end }}
+
+{{/*
+The agent's RBAC rules on cluster-scoped objects, in a ClusterRole even with agent.watchNamespace:
+- preheat.enabled: ModelPreheats (cluster-scoped) get/list/watch, and a merge patch of their
+  status subresource, where each agent writes its own node's entry (get: to read it back);
+- nodeLabels.enabled: nodes get/list/watch (its own Node, watched with the field selector
+  metadata.name=$NODE_NAME; nodes listed by a preheat's label selector to count the nodes it
+  wants) and patch (its own `model.weightswarm.io/` labels; the admission policy allows nothing
+  else). Empty when both are off.
+*/}}
+{{- define "weightswarm.agent.clusterRules" -}}
+{{- if .Values.preheat.enabled }}
+- apiGroups: ["weightswarm.io"]
+  resources: ["modelpreheats"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["weightswarm.io"]
+  resources: ["modelpreheats/status"]
+  verbs: ["get", "patch"]
+{{- end }}
+{{- if .Values.nodeLabels.enabled }}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
