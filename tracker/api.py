@@ -445,40 +445,67 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         return {"commit": commit}
 
     @app.get("/v1/models", tags=["manifests"], dependencies=read)
-    async def models() -> dict[str, Any]:
+    async def models(
+        request: Request,
+        holders: Annotated[
+            bool,
+            Query(
+                description="Also list, per file and per commit, the BitTorrent listen addresses "
+                "(ip:port) of the peers seeding it (per commit: every file with an infohash). "
+                "Agent role only, as /v1/peers: where the agents are is theirs to know."
+            ),
+        ] = False,
+    ) -> dict[str, Any]:
         """Every registered model with its revisions (the publisher's refs; a hub model has none),
         files and swarm health per commit (seeders/leechers per blob; complete_copies = fewest
-        seeders over its blobs)."""
+        seeders over its blobs). With holders=true (agent role; 403 for the others): `holders`, the
+        sorted "ip:port" of the seeders, per file and per commit (those seeding all its hashed files)."""
+        role: Role = request.state.role
+        if holders and role is not Role.AGENT:
+            metrics.refusals["role"].inc()
+            raise HTTPException(
+                403,
+                f"holders=true needs the agent role ({Role.AGENT.option}): peer addresses are the "
+                f"agents' alone; the token given has the {role.value} role (leave holders out)",
+            )
         entries = await store.list_models()
-        hashes = {
-            bytes.fromhex(f["infohash"])
-            for e in entries
-            for m in e.manifests.values()
-            for f in m["files"]
-            if f["infohash"]
-        }
-        counts = await store.scrape(sorted(hashes)) if hashes else {}
+        hashes = sorted(
+            {
+                bytes.fromhex(f["infohash"])
+                for e in entries
+                for m in e.manifests.values()
+                for f in m["files"]
+                if f["infohash"]
+            }
+        )
+        counts = await store.scrape(hashes) if hashes else {}
+        seeders = await store.seeder_addresses(hashes) if holders and hashes else {}
         out = []
         for entry in entries:
             commits = []
             for commit, manifest in entry.manifests.items():
                 files = []
+                everyone: set[str] | None = None
                 for f in manifest["files"]:
-                    c = (
-                        counts.get(bytes.fromhex(f["infohash"]), SwarmCounts())
-                        if f["infohash"]
-                        else SwarmCounts()
-                    )
-                    files.append({**f, "seeders": c.complete, "leechers": c.incomplete})
+                    ih = bytes.fromhex(f["infohash"]) if f["infohash"] else None
+                    c = counts.get(ih, SwarmCounts()) if ih else SwarmCounts()
+                    row = {**f, "seeders": c.complete, "leechers": c.incomplete}
+                    if holders:
+                        addrs = sorted({_hostport(*a) for a in seeders.get(ih, [])}) if ih else []
+                        row["holders"] = addrs
+                        if ih:
+                            everyone = set(addrs) if everyone is None else everyone & set(addrs)
+                    files.append(row)
                 copies = min((f["seeders"] for f in files), default=0)
-                commits.append(
-                    {
-                        "commit": commit,
-                        "published": bool(manifest.get("published")),
-                        "files": files,
-                        "complete_copies": copies,
-                    }
-                )
+                item: dict[str, Any] = {
+                    "commit": commit,
+                    "published": bool(manifest.get("published")),
+                    "files": files,
+                    "complete_copies": copies,
+                }
+                if holders:
+                    item["holders"] = sorted(everyone or ())
+                commits.append(item)
             out.append(
                 {
                     "repo_id": entry.repo_id,
@@ -490,6 +517,12 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         return {"models": out}
 
     return app
+
+
+def _hostport(ip: bytes, port: int) -> str:
+    """A BitTorrent listen address as "ip:port" ("[ip]:port" for IPv6)."""
+    address = ipaddress.ip_address(ip)
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
 def _state_key(state: dict[str, Any]) -> tuple[Any, ...]:

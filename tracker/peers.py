@@ -88,6 +88,14 @@ class PeerTable:
         live_l = sum(1 for e in swarm.leechers.values() if e[2] > now)
         return SwarmCounts(live_s, live_l, swarm.downloaded)
 
+    def seeders(self, infohash: bytes) -> list[tuple[bytes, int]]:
+        """(packed ip, port) of the swarm's unexpired seeders, sorted (the rule of `counts`)."""
+        swarm = self._swarms.get(infohash)
+        if swarm is None:
+            return []
+        now = time.monotonic()
+        return sorted({(ip, port) for ip, port, expires in swarm.seeders.values() if expires > now})
+
     def stats(self) -> StoreStats:
         self.sweep(time.monotonic())
         seeders = sum(len(s.seeders) for s in self._swarms.values())

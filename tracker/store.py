@@ -108,6 +108,11 @@ class Store(abc.ABC):
         """Counts per infohash; unknown ones are all zeros."""
 
     @abc.abstractmethod
+    async def seeder_addresses(self, infohashes: list[bytes]) -> dict[bytes, list[tuple[bytes, int]]]:
+        """(packed IP, listen port) of each live seeder per infohash, sorted; unknown ones: empty.
+        Live as for `scrape`: an entry past its expiry is not counted."""
+
+    @abc.abstractmethod
     async def stats(self) -> StoreStats:
         """Totals for the metrics."""
 

@@ -279,6 +279,25 @@ class RedisStore(Store):
             for i, ih in enumerate(infohashes)
         }
 
+    async def seeder_addresses(self, infohashes: list[bytes]) -> dict[bytes, list[tuple[bytes, int]]]:
+        # The seeders' zset is scored by expiry (as scrape counts them); their addresses (packed ip +
+        # 2-byte port) are in the swarm's hash. One seeder dropped between the two reads is skipped.
+        now = _now_ms()
+        async with self._r.pipeline(transaction=False) as pipe:
+            for ih in infohashes:
+                pipe.zrangebyscore(self._k(b"s", ih), f"({now}", "+inf")
+            ids = await pipe.execute()
+        async with self._r.pipeline(transaction=False) as pipe:
+            for ih, peers in zip(infohashes, ids, strict=True):
+                if peers:
+                    pipe.hmget(self._k(b"a", ih), peers)
+            found = iter(await pipe.execute())
+        out: dict[bytes, list[tuple[bytes, int]]] = {}
+        for ih, peers in zip(infohashes, ids, strict=True):
+            addrs = {_b(a) for a in next(found) if a is not None} if peers else set()
+            out[ih] = sorted((a[:-2], int.from_bytes(a[-2:], "big")) for a in addrs if len(a) > 2)
+        return out
+
     async def stats(self) -> StoreStats:
         now = _now_ms()
         key = self._p + b"torrents"

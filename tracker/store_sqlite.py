@@ -88,6 +88,9 @@ class SqliteStore(Store):
     async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:
         return {ih: self._peers.counts(ih) for ih in infohashes}
 
+    async def seeder_addresses(self, infohashes: list[bytes]) -> dict[bytes, list[tuple[bytes, int]]]:
+        return {ih: self._peers.seeders(ih) for ih in infohashes}
+
     async def stats(self) -> StoreStats:
         return self._peers.stats()
 

@@ -267,17 +267,44 @@ def label_key_command(model: str) -> None:
 @main.command("ls")
 @env_option("--agent", "agent_url", metavar="URL",
             help="The agent daemon to ask [default: the admin socket of the default state dir].")
-@env_option("--json", "as_json", is_flag=True, default=False, help="Print the daemon's JSON answer.")
+@env_option("--json", "as_json", is_flag=True, default=False,
+            help="Print the daemon's (with --cluster: the tracker's) JSON answer.")
 @env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
             help="List this hub cache directly, without a daemon [default: ask the daemon, else the "
                  "default cache].")
+@env_option("--cluster", is_flag=True, default=False,
+            help="List every model the tracker knows and which nodes (BitTorrent ip:port) hold it, "
+                 "instead of this node's cache (--agent and --cache-dir are then unused).")
+@env_option("--tracker", metavar="URL", help="With --cluster: the tracker's base URL, e.g. http://tracker:6969.")
+@env_option("--tracker-token-file", type=click.Path(path_type=Path, dir_okay=False),
+            help="With --cluster: file holding the tracker's agent-role token (node addresses are "
+                 "the agents' alone).")
 @handle_errors
-def ls_command(agent_url: str | None, as_json: bool, cache_dir: Path | None) -> None:
-    """List the models in the agent's cache: repo, revision -> commit, files, size, blobs seeded."""
+def ls_command(agent_url: str | None, as_json: bool, cache_dir: Path | None, cluster: bool,
+               tracker: str | None, tracker_token_file: Path | None) -> None:
+    """List the models in the agent's cache: repo, revision -> commit, files, size, blobs seeded.
+
+    With --cluster, the models the tracker knows instead: per commit its complete copies in the swarm
+    and the nodes holding every file (HOLDERS, their BitTorrent ip:port)."""
     import json
 
-    from agent.cli.ops import list_models
     from agent.core.progress import human_bytes
+
+    if cluster:
+        from agent.cli.ops import cluster_models, cluster_rows
+
+        known = cluster_models(tracker, tracker_token_file)
+        if as_json:
+            click.echo(json.dumps({"models": known}, indent=2))
+            return
+        click.echo(f"{'REPO':<40} {'REVISIONS':<12} {'COMMIT':<12} {'FILES':>5} {'SIZE':>11} {'COPIES':>6} "
+                   "HOLDERS")
+        for repo, refs, commit, files, size, copies, holders in cluster_rows(known):
+            click.echo(f"{repo:<40} {refs:<12} {commit:<12} {files:>5} {human_bytes(size):>11} {copies:>6} "
+                       f"{holders}")
+        return
+
+    from agent.cli.ops import list_models
 
     models = list_models(agent_url, cache_dir)
     if as_json:

@@ -92,6 +92,43 @@ def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str,
     return models
 
 
+def cluster_models(tracker: str | None, token_file: Path | None) -> list[dict[str, Any]]:
+    """`agent ls --cluster`: every model the tracker knows, with the seeders ("ip:port") per commit."""
+    from agent.daemon.node import read_secret
+    from agent.swarm.tracker_client import TrackerClient
+
+    if not tracker:
+        raise ConfigError("--cluster asks the tracker: give --tracker URL (or WEIGHTSWARM_TRACKER)")
+    token = read_secret(token_file, "--tracker-token-file")
+    daemon = dataclasses.replace(_local_settings(None, None).daemon, tracker_url=tracker, tracker_token=token)
+    client = TrackerClient(tracker, token, daemon)
+    try:
+        return client.models(holders=True)
+    finally:
+        client.close()
+
+
+def cluster_rows(models: list[dict[str, Any]]) -> list[tuple[str, str, str, int, int, int, str]]:
+    """One row per commit: repo, the publisher's revisions pointing at it ("-": none), commit, files,
+    bytes, complete copies and holders ("ip:port, ..." or "-")."""
+    rows = []
+    for m in models:
+        revisions = m.get("revisions") or {}
+        for c in m.get("commits") or []:
+            refs = ",".join(sorted(r for r, commit in revisions.items() if commit == c["commit"])) or "-"
+            files = c.get("files") or []
+            rows.append((
+                str(m["repo_id"]),
+                refs,
+                str(c["commit"])[:12],
+                len(files),
+                sum(int(f.get("size") or 0) for f in files),
+                int(c.get("complete_copies") or 0),
+                ",".join(c.get("holders") or []) or "-",
+            ))
+    return rows
+
+
 def register(main: click.Group) -> None:
     main.add_command(rm_command)
     main.add_command(verify_command)

@@ -90,6 +90,8 @@ class JobStatus:
     eta_seconds: float | None
     """At `rate`, seconds until every byte is here; None without a rate."""
     background: bool
+    partial: bool
+    """--include/--exclude narrowed it (the HF endpoint's one-file jobs): not a whole model's time."""
     error: str | None
     exit_code: int | None
     """The CLI exit code of the failure (3 not found, 4 access refused, ...; agent.core.errors)."""
@@ -287,6 +289,7 @@ class Job:
                 rate=rate,
                 eta_seconds=(total - done) / rate if rate else None,
                 background=self._background,
+                partial=bool(self.key.include or self.key.exclude),
                 error=self._error,
                 exit_code=self._exit_code,
                 snapshot=self._snapshot,

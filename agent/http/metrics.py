@@ -197,9 +197,10 @@ class AgentMetrics:
             }
             for source, n in by_source.items():
                 self.model_bytes.labels(model, source).inc(n)
-            # Ties (a model of empty files) count as cache: nothing was fetched.
-            main = max(("cache", "peers", "origin"), key=lambda k: by_source[k])
-            self.time_to_ready.labels(model, main).observe(took)
+            if not status.partial:
+                # Ties (a model of empty files) count as cache: nothing was fetched.
+                main = max(("cache", "peers", "origin"), key=lambda k: by_source[k])
+                self.time_to_ready.labels(model, main).observe(took)
         elif status.phase == "Failed":
             self.fetches.labels("failed").inc()
             self.fetch_failures.inc()

@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from agent.cache.layout import repo_folder_name
+from agent.cache.layout import is_commit, repo_folder_name
 from agent.core.errors import AnnotationError, WeightswarmError
 from agent.core.settings import KubeSettings
 from agent.fetch.jobs import Job, RequestModel
@@ -375,7 +375,8 @@ class Fleet:
         held = dict(self._held)
         for ref, job in refs.items():
             st = job.status()
-            if st.phase == "Ready" and st.commit:
+            # A label value is the commit, which the origin named: only a real one becomes a label.
+            if st.phase == "Ready" and st.commit and is_commit(st.commit):
                 held[model_label_key(ref.key)] = (ref.key, st.commit)
         # A label stays while the snapshot it names is still in the cache (eviction may take it).
         held = {k: v for k, v in held.items() if self._in_cache(*v)}

@@ -331,6 +331,17 @@ class TrackerClient:
         data = self._json(resp) if resp is not None else {}
         return [str(a) for a in data.get("addresses", [])]
 
+    def models(self, holders: bool = False) -> list[dict[str, Any]]:
+        """Every model the tracker knows (`GET /v1/models`): revisions, and per commit its files with
+        seeders/leechers and `complete_copies`. holders=True adds `holders` ("ip:port" of the seeders)
+        per file and per commit; the tracker grants that to the agent role only (TrackerError, 403)."""
+        resp = self._request("GET", "/v1/models", params={"holders": "true"} if holders else None)
+        data = self._json(resp) if resp is not None else {}
+        models = data.get("models")
+        if not isinstance(models, list):
+            raise TrackerError(f"tracker {self.base_url} sent no model list for GET /v1/models")
+        return [m for m in models if isinstance(m, dict)]
+
     def get_manifest(self, repo_id: str, commit: str) -> dict[str, Any] | None:
         resp = self._request("GET", f"/v1/manifests/{repo_id}/{commit}", ok_404=True)
         return None if resp is None else self._json(resp)

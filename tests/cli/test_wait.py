@@ -61,6 +61,7 @@ def test_wait_through_the_agent_requests_and_reports(origin, make_agent, tmp_pat
     # The agent fetched it because `wait` asked (no pod annotation involved), with progress on stderr.
     assert [j.key.repo_id for j in daemon.jobs.all()] == [REPO]
     assert "fetching model-00001-of-00003.safetensors" in res.stderr
+    assert f"{REPO}@main: downloading from the origin" in res.stderr  # the stage, as it changed
     assert f"{REPO}@main ready" in res.stderr and "from the origin" in res.stderr
     assert snapshot not in res.stderr.splitlines()  # the path is stdout's business
 
@@ -76,6 +77,7 @@ def test_wait_times_out_with_a_clear_line(slow_origin, make_agent) -> None:
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {REPO}@main not complete after 1.5s: the agent reports ")
     assert " of 3.0 MiB" in last or "Pending" in last
+    assert "(downloading from the origin)" in last or "(queued" in last  # which stage is slow
 
 
 def test_wait_for_an_unknown_repo_fails(origin, make_agent) -> None:

@@ -53,6 +53,24 @@ def test_snapshot_download_through_the_agent_takes_no_file_bytes_from_the_origin
     assert metric(b.api_url, "weightswarm_agent_cache_bytes") >= origin.size
     assert metric(a.api_url, "weightswarm_agent_upload_bytes_total") >= origin.size * 0.99
     assert metric(b.api_url, "weightswarm_agent_served_bytes_total") >= origin.size
+    # Per model: time-to-ready of whole models by the source most bytes came from (the HF endpoint's
+    # one-file jobs are not a model's time), bytes by source, peers per blob.
+    model = f"{origin.repo_id}@main"
+    ready_count = "weightswarm_agent_time_to_ready_seconds_count"
+    assert metric(a.api_url, ready_count, model=model, source="origin") == 1
+    origin_bytes = metric(a.api_url, "weightswarm_agent_model_bytes_total", model=model, source="origin")
+    assert origin_bytes >= origin.size
+    text = httpx.get(f"{b.api_url}/metrics", timeout=10).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "weightswarm_agent_model_bytes"]
+    from_peers = sum(
+        s.value for s in family.samples if s.name.endswith("_total") and s.labels["source"] == "peers"
+    )
+    assert from_peers >= origin.size * 0.99
+    assert ready_count not in text
+    shard = next(p for p in origin.files if p.endswith(".safetensors"))
+    blob = hashlib.sha256(origin.files[shard]).hexdigest()
+    assert metric(a.api_url, "weightswarm_agent_blob_peers", blob=blob) >= 0
+    assert metric(b.api_url, "weightswarm_agent_fetch_stage", stage="origin") == 0  # nothing running
 
     # A second client on the same node: every byte from the node's cache, nothing fetched again.
     before = metric(b.api_url, "weightswarm_agent_fetches_total", outcome="ready")
