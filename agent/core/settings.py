@@ -163,6 +163,11 @@ class DaemonSettings:
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
+    tracker_outage_grace: float = 30.0
+    """Seconds a tracker outage may last before a blob with no peer progress goes to the origin. Until
+    then the node keeps swarming with the peers it knows and asks the tracker again: a tracker restart
+    must not send every node to the origin (N nodes x the model, and a likely 429)."""
+
     shutdown_timeout: float = 10.0
     """Seconds each component gets to stop at shutdown before the next one is stopped anyway."""
 

@@ -243,11 +243,38 @@ class SwarmFetcher:
             return BlobOutcome("cache")
         if self.tracker is None:
             return self._from_origin(cache, blob, origin_download, publish=False)
-        try:
-            return self._via_tracker(cache, blob, origin_download, web_seed_url, progress, relay_download)
-        except TrackerUnavailableError as exc:
-            log.warning("%s; fetching %s from the origin", exc, blob.path)
-            return self._from_origin(cache, blob, origin_download, publish=False, info=self._known_info(blob))
+        said = False
+        while True:
+            try:
+                return self._via_tracker(cache, blob, origin_download, web_seed_url, progress, relay_download)
+            except TrackerUnavailableError as exc:
+                outcome = self._through_outage(cache, blob, progress, exc, said)
+                if outcome is not None:
+                    return outcome
+                said = True
+                down = self.tracker.outage
+                if down >= self.settings.daemon.tracker_outage_grace:
+                    log.warning("%s for %.0fs; fetching %s from the origin", exc, down, blob.path)
+                    return self._from_origin(
+                        cache, blob, origin_download, publish=False, info=self._known_info(blob)
+                    )
+
+    def _through_outage(
+        self, cache: RepoCache, blob: FileEntry, progress: Progress, exc: TrackerUnavailableError, said: bool
+    ) -> BlobOutcome | None:
+        """While the tracker is down (at most `daemon.tracker_outage_grace`): go on with the peers this
+        node already knows for the blob (libtorrent keeps its connections; None when they stall), else
+        wait a little and let the caller ask the tracker again. The lease holder's origin download
+        runs on meanwhile, and the others still take its pieces."""
+        assert self.tracker is not None
+        if not said:
+            log.warning("%s; going on with the peers this node knows for %s and asking again", exc, blob.path)
+        info = self._known_info(blob)
+        if info is not None:
+            left = self.settings.daemon.tracker_outage_grace - self.tracker.outage
+            return self._swarm_or_none(cache, blob, info, progress, stall=max(left, 1.0))
+        time.sleep(min(1.0, self.settings.daemon.tracker_probe_interval))
+        return None
 
     def _via_tracker(
         self,

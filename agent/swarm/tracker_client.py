@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote_from_bytes, urlencode
@@ -80,6 +81,8 @@ class TrackerClient:
         self._publisher_auth = (
             {"Authorization": f"Bearer {settings.publisher_token}"} if settings.publisher_token else None
         )
+        self._down_since: float | None = None
+        """Monotonic time of the first failure of the current outage; None while the tracker answers."""
 
     def __repr__(self) -> str:
         return f"TrackerClient({self.base_url!r})"
@@ -114,15 +117,18 @@ class TrackerClient:
         try:
             resp = self._http.request(method, path, timeout=request_timeout, **kw)
         except httpx.TransportError as exc:
+            self._note_down()
             raise TrackerUnavailableError(
                 f"tracker {self.base_url} unreachable ({type(exc).__name__}) for {method} {path}"
             ) from None
-        if resp.status_code == 404 and ok_404:
-            return None
         if resp.status_code >= 500:
+            self._note_down()
             raise TrackerUnavailableError(
                 f"tracker {self.base_url} failed {method} {path}: HTTP {resp.status_code}", resp.status_code
             )
+        self._down_since = None
+        if resp.status_code == 404 and ok_404:
+            return None
         if resp.status_code == 401:
             raise TrackerError(
                 f"tracker {self.base_url} refused the token for {method} {path} (401); check {token_option}",
@@ -149,6 +155,16 @@ class TrackerClient:
         if not isinstance(data, dict):
             raise TrackerError(f"tracker {self.base_url} sent an unexpected answer: {snippet(resp.content)}")
         return data
+
+    def _note_down(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+
+    @property
+    def outage(self) -> float:
+        """Seconds the tracker has failed every request since (0.0 while it answers)."""
+        since = self._down_since
+        return 0.0 if since is None else time.monotonic() - since
 
     # -- health ---------------------------------------------------------------------------
 

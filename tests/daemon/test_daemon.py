@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 
 import httpx
 
@@ -52,9 +53,12 @@ def test_three_cold_agents_take_each_blob_from_the_origin_once(origin, tracker, 
 
 
 def test_tracker_down_fetch_from_origin_then_reregister(origin, tracker, make_agent):
-    a = make_agent("a", origin, tracker)
+    # A node that knows no peer goes to the origin once the outage outlasts the grace (short here).
+    a = make_agent("a", origin, tracker, daemon={"tracker_outage_grace": 2.0})
     tracker.stop()
+    started = time.monotonic()
     status = fetch_and_wait(a, origin.repo_id)
+    assert time.monotonic() - started >= 2.0  # it asked the tracker again before giving up on it
     assert_snapshot_verifies(status["snapshot"], origin)
     assert origin.size * 0.99 <= status["bytes_from_origin"] <= origin.size * 1.01
 

@@ -115,6 +115,13 @@ class TrackerProcess:
             stop_process(self.proc, grace=10)
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a lost node would: no shutdown handler runs."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
     @property
     def auth(self) -> dict[str, str]:
         """Headers with the agent-role token: /v1 reads need a token."""

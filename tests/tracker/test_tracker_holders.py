@@ -54,20 +54,34 @@ def test_seeder_addresses_are_the_live_seeders_per_torrent(store_settings: Track
             got = await store.seeder_addresses([one, two])
             assert got == {one: [(ten, 7001), (LOOPBACK, 7003)], two: []}
 
-            # Expiry, as scrape counts it: peer 1 goes silent, peer 3 keeps announcing; in the other
-            # swarm nothing announces again (so nothing sweeps it), and its silent seeder must go too.
-            await store.announce(two, (peer_id(5), ten, 7005), True, "started", 0)
-            deadline = asyncio.get_running_loop().time() + 15
+            # Expiry, as scrape counts it: peer 1 goes silent, peer 3 keeps announcing.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15
             while True:
                 await store.announce(one, (peer_id(3), LOOPBACK, 7003), True, "", 0)
-                got = await store.seeder_addresses([one, two])
-                counts = await store.scrape([one, two])
-                for ih in (one, two):
-                    assert counts[ih].complete == len(got[ih]), "holders and scrape disagree on expiry"
-                if got == {one: [(LOOPBACK, 7003)], two: []}:
+                got = await store.seeder_addresses([one])
+                assert (await store.scrape([one]))[one].complete == len(got[one]), "scrape disagrees"
+                if got[one] == [(LOOPBACK, 7003)]:
                     break
-                assert asyncio.get_running_loop().time() < deadline, f"silent seeders never expired: {got}"
+                assert loop.time() < deadline, f"silent seeder never expired: {got}"
                 await asyncio.sleep(0.2)
+
+            # With no announce in between (so nothing sweeps the swarm, and its keys stay alive for
+            # the later peer), the earlier peer must drop out at its own expiry, the later one after.
+            three = infohash(24)
+            await store.announce(three, (peer_id(5), ten, 7005), True, "started", 0)
+            await asyncio.sleep(0.5)
+            await store.announce(three, (peer_id(6), ten, 7006), True, "started", 0)
+            seen = []
+            deadline = loop.time() + 10
+            while not seen or seen[-1]:
+                got = await store.seeder_addresses([three])
+                assert (await store.scrape([three]))[three].complete == len(got[three]), "scrape disagrees"
+                if not seen or seen[-1] != got[three]:
+                    seen.append(got[three])
+                assert loop.time() < deadline, f"silent seeders never expired: {seen}"
+                await asyncio.sleep(0.05)
+            assert seen == [[(ten, 7005), (ten, 7006)], [(ten, 7006)], []], seen
         finally:
             await store.close()
 
