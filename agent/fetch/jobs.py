@@ -66,7 +66,7 @@ class JobKey:
     client: str | None = field(default=None, compare=False)
     """Who asked first (the per-client job limit); not part of the identity: others may join."""
     background: bool = field(default=False, compare=False)
-    """Preheat work: it yields to every other job (agent.fetch.priority); a request for the same model
+    """Preheat work: it yields to every other job (`JobTable.must_yield`); a request for the same model
     that someone waits for joins it and makes it foreground (`Job.promote`)."""
 
 

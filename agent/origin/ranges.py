@@ -366,6 +366,10 @@ class OriginSource:
         # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read takes 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
         quiet = max(HEDGE_AFTER, 3 * job.read_gap)
+        if not job.read_gap:
+            # No read has returned yet, so nothing says how long one takes here: a slow start (a loaded
+            # node, a far origin) is no stall, and a hedge now asks for the whole chunk again.
+            return None
         if head in job.hedged or now - job.moved[head] < quiet:
             return None
         if not any(now - job.moved[i] < quiet for i in in_flight if i != head) and job.pending:
