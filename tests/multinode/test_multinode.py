@@ -47,7 +47,6 @@ def stack(tmp_path: Path):
     )
     with Cluster(nodes=3, node_rate=50e6, origin_rate=10e6) as cluster:
         s = Stack(cluster, tmp_path, hub)
-        s.env["WEIGHTSWARM_LOG_LEVEL"] = "INFO"  # a failure's logs say which node pulled what, and why
         s.start_origin()
         s.start_tracker(tmp_path / "tracker.db")
         s.start_agents(cluster.nodes)
