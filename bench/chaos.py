@@ -6,6 +6,7 @@
 Each scenario starts from empty caches and a fresh tracker database, runs `agent fetch` (through each
 node's agent) on every node at once, and injects its fault while the bytes flow:
 
+    none             no fault: the same run's baseline
     agents-killed    two agents SIGKILLed at random moments, each started again 5 s later
     holder-killed    the node holding the largest blob's origin lease SIGKILLed (back 5 s later)
     tracker-restart  the tracker SIGKILLed and started again 3 s later (same SQLite file)
@@ -42,7 +43,9 @@ from bench.netns import Cluster, cleanup_stale, have_netns_support
 from bench.stack import BIN, ORIGIN_PORT, Model, Stack, wait_for
 from bench.swarm import lower_bound, parse_size, tmpfs
 
-SCENARIOS = ("agents-killed", "holder-killed", "tracker-restart", "origin-429", "netem", "disk-full", "all")
+SCENARIOS = (
+    "none", "agents-killed", "holder-killed", "tracker-restart", "origin-429", "netem", "disk-full", "all",
+)
 REPO = "bench/chaos-model"
 ATTEMPTS = 10
 """`agent fetch` runs per node at most (an init container restarting after its agent died)."""
@@ -183,6 +186,7 @@ class Chaos:
             mounts.append(tmpfs(s.node_dir(small) / "cache", self.model.size // 2))
             mounts[0].__enter__()
         faults: list[Callable[[], None]] = {
+            "none": [],
             "agents-killed": [self.agents_killed],
             "holder-killed": [self.holder_killed],
             "tracker-restart": [self.tracker_restart],

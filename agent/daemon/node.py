@@ -272,9 +272,21 @@ class Daemon:
         could stay unlisted long after the tracker is back, and metainfo published while it
         was down would be missing.
         """
+        again = False
+        seen = tracker.outages
         while True:
             up = tracker.healthy()
-            if up and not self._tracker_up:
+            if up and again:
+                # A restarted tracker forgot every peer, and the nodes re-register at their own probe
+                # ticks: a download that announced first was told of no seeder. Once more, one probe
+                # later, every torrent hears of the seeders that came back meanwhile.
+                self.swarm.force_reannounce()
+            # An outage between two probes counts too: this node's requests saw it (libtorrent's own
+            # announces then back off, and its seeds would stay unlisted for a while).
+            missed = up and self._tracker_up and tracker.outages != seen
+            again = up and (missed or (not self._tracker_up and self._tracker_up is not None))
+            if up and (not self._tracker_up or missed):
+                seen = tracker.outages
                 self.seeder.reregister(tracker)
             if self._tracker_up is not None and up != self._tracker_up:
                 log.warning("tracker %s is %s", tracker.base_url, "back" if up else "unreachable")

@@ -132,8 +132,12 @@ class RelayReceiver:
     def _from_sources(self, r: _Receiving) -> None:
         size = r.entry.size
         first_ask = last_progress = time.monotonic()
+        known: list[str] = []
         while r.pos < size:
-            sources = self.directory.join(r.entry.blob_id, size - r.pos)
+            found = self.directory.join(r.entry.blob_id, size - r.pos)
+            # The tracker down (None): the sources it named are agents, and they still relay.
+            sources = known if found is None else found
+            known = sources
             random.shuffle(sources)
             busy = gone = 0
             for url in sources:

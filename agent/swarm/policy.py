@@ -271,8 +271,10 @@ class SwarmFetcher:
             log.warning("%s; going on with the peers this node knows for %s and asking again", exc, blob.path)
         info = self._known_info(blob)
         if info is not None:
+            # Back to the tracker after a short quiet spell: it may be up again, with new peers.
             left = self.settings.daemon.tracker_outage_grace - self.tracker.outage
-            return self._swarm_or_none(cache, blob, info, progress, stall=max(left, 1.0))
+            quiet = min(left, self.settings.daemon.tracker_probe_interval)
+            return self._swarm_or_none(cache, blob, info, progress, stall=max(quiet, 1.0))
         time.sleep(min(1.0, self.settings.daemon.tracker_probe_interval))
         return None
 

@@ -72,15 +72,16 @@ class RelayDirectory:
             self._port = self._port_of()
         return self._port
 
-    def join(self, blob_id: str, left: int) -> list[str]:
-        """Announce this node as a source of `blob_id`; the other sources' base URLs (may be empty)."""
+    def join(self, blob_id: str, left: int) -> list[str] | None:
+        """Announce this node as a source of `blob_id`; the other sources' base URLs (may be empty), or
+        None when the tracker could not be asked (the sources it named before may still relay)."""
         try:
             peers = self.tracker.announce(
                 relay_infohash(blob_id), self._peer_id, self.port, max(1, left), "started"
             )
         except TrackerError as exc:
             log.info("relay announce for %s failed: %s", blob_id[:16], exc)
-            return []
+            return None
         with self._lock:
             self._joined.add(blob_id)
         return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]

@@ -83,6 +83,9 @@ class TrackerClient:
         )
         self._down_since: float | None = None
         """Monotonic time of the first failure of the current outage; None while the tracker answers."""
+        self.outages = 0
+        """Outages this client has seen (a request failing after one that worked): the daemon's probe
+        re-registers after each, also one shorter than its probe interval."""
 
     def __repr__(self) -> str:
         return f"TrackerClient({self.base_url!r})"
@@ -159,6 +162,7 @@ class TrackerClient:
     def _note_down(self) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
+            self.outages += 1
 
     @property
     def outage(self) -> float:
