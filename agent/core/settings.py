@@ -163,6 +163,11 @@ class DaemonSettings:
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
+    rate_limit_patience: float = 600.0
+    """Seconds a daemon job keeps asking an origin that answers 429 (each file and the plan, after the
+    origin client's own bounded retries): a rate limit is a wait, not a failure, for a job that pods
+    wait on. A lone `agent fetch` has no such patience; it reports the 429."""
+
     tracker_outage_grace: float = 30.0
     """Seconds a tracker outage may last before a blob with no peer progress goes to the origin. Until
     then the node keeps swarming with the peers it knows and asks the tracker again: a tracker restart

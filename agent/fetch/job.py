@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agent.cache.layout import RepoCache, StateDir
-from agent.core.errors import AuthError, NotFoundError, TrackerError
+from agent.core.errors import AuthError, NotFoundError, RateLimitedError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
@@ -31,6 +33,10 @@ from agent.swarm.policy import BlobOutcome, SwarmFetcher
 from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_RATE_LIMIT_PAUSE = 10.0
+"""Seconds between a job's attempts on a rate-limited origin (its client already honoured Retry-After)."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,24 @@ class SwarmFetchEngine(FetchEngine):
         self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
-            self.source.fetch_blob(plan, entry, cache, fp)
+            patiently(self.settings, entry.path, lambda: self.source.fetch_blob(plan, entry, cache, fp))
         finally:
             fp.finish()
+
+
+def patiently(settings: Settings, what: str, attempt: Callable[[], T]) -> T:
+    """`attempt()` again while the origin rate-limits it, for `daemon.rate_limit_patience` seconds."""
+    deadline = time.monotonic() + settings.daemon.rate_limit_patience
+    while True:
+        try:
+            return attempt()
+        except RateLimitedError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            wait = min(_RATE_LIMIT_PAUSE, settings.daemon.rate_limit_patience / 10, left)
+            log.warning("%s; asking again for %s in %.0fs", exc, what, wait)
+            time.sleep(wait)
 
 
 def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tuple[OriginSettings, str]:
@@ -119,7 +140,7 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
     settings = ctx.settings
     f = settings.fetch
     key = job.key
-    plan = plan_fetch(
+    plan = patiently(settings, f"{key.repo_id}@{key.revision}", lambda: plan_fetch(
         client,
         ctx.tracker,
         key.repo_id,
@@ -128,7 +149,7 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
         key.exclude,
         entitlements=ctx.entitlements,
         publisher_key=settings.daemon.publisher_public_key,
-    )
+    ))
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]

@@ -162,6 +162,8 @@ class Fleet:
         self._jobs: dict[str, Job] = {}
         """uid -> the job of each preheat that selects this node."""
         self._errors: dict[str, str] = {}
+        self._refused: dict[str, float] = {}
+        """uid -> when the node last refused to start the preheat's job (monotonic)."""
         self._written: dict[str, tuple[str, float]] = {}
         """uid -> (this node's entry as last written, when), to write only what changed."""
         self._leaving: dict[str, str] = {}
@@ -226,6 +228,10 @@ class Fleet:
                 job = self._jobs.get(uid)
                 if job is not None and self._keep(job, preheat.model):
                     continue
+                refused = self._refused.get(uid)
+                recently = refused is not None and time.monotonic() - refused < self._settings.preheat_retry
+                if job is None and recently:
+                    continue  # the node refused it a moment ago (busy, shutting down): not at every sync
                 self._leaving.pop(uid, None)
                 changed = True
                 try:
@@ -239,6 +245,7 @@ class Fleet:
                 except WeightswarmError as exc:
                     self._jobs.pop(uid, None)
                     self._errors[uid] = str(exc)
+                    self._refused[uid] = time.monotonic()
         if changed:
             self._on_pins()
 
