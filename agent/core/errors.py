@@ -76,10 +76,6 @@ class OriginError(WeightswarmError):
     """The origin failed in a way retries did not fix (5xx, dropped connections, bad answers)."""
 
 
-class OriginUnavailableError(OriginError):
-    """The origin kept answering 5xx (500, 502, 503, 504) through the bounded retries: likely to pass."""
-
-
 class IntegrityError(WeightswarmError):
     """Downloaded bytes do not match what the origin or the manifest promised."""
 

@@ -164,9 +164,9 @@ class DaemonSettings:
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
     rate_limit_patience: float = 600.0
-    """Seconds a daemon job keeps asking an origin that answers 429 or 5xx (each file and the plan, after
-    the origin client's own bounded retries): for a job pods wait on, a rate limit or a short outage is a
-    wait, not a failure. A lone `agent fetch` has no such patience; it reports the error."""
+    """Seconds a daemon job keeps asking an origin that answers 429 (each file and the plan, after the
+    origin client's own bounded retries): a rate limit is a wait, not a failure, for a job that pods
+    wait on. A lone `agent fetch` has no such patience; it reports the 429."""
 
     tracker_outage_grace: float = 30.0
     """Seconds a tracker outage may last before a blob with no peer progress goes to the origin. Until

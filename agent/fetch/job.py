@@ -17,13 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.cache.layout import RepoCache, StateDir
-from agent.core.errors import (
-    AuthError,
-    NotFoundError,
-    OriginUnavailableError,
-    RateLimitedError,
-    TrackerError,
-)
+from agent.core.errors import AuthError, NotFoundError, RateLimitedError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
@@ -101,13 +95,12 @@ class SwarmFetchEngine(FetchEngine):
 
 
 def patiently(settings: Settings, what: str, attempt: Callable[[], T]) -> T:
-    """`attempt()` again while the origin rate-limits it or answers 5xx, for `daemon.rate_limit_patience`
-    seconds (the origin client has already retried each request a bounded number of times)."""
+    """`attempt()` again while the origin rate-limits it, for `daemon.rate_limit_patience` seconds."""
     deadline = time.monotonic() + settings.daemon.rate_limit_patience
     while True:
         try:
             return attempt()
-        except (RateLimitedError, OriginUnavailableError) as exc:
+        except RateLimitedError as exc:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise

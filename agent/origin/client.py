@@ -28,7 +28,6 @@ from agent.core.errors import (
     AuthError,
     NotFoundError,
     OriginError,
-    OriginUnavailableError,
     RateLimitedError,
     WeightswarmError,
     snippet,
@@ -275,7 +274,7 @@ def raise_for_status(status: int, headers: object, body: bytes, what: str) -> No
         raise Retryable(RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing"),
                         _retry_after(get("Retry-After")))
     if status in _RETRY_STATUSES:
-        error = OriginUnavailableError(f"{what}: origin error {status}{suffix}")
+        error = OriginError(f"{what}: origin error {status}{suffix}")
         raise Retryable(error, _retry_after(get("Retry-After")))
     if status == 401 and not code and "credential" in detail.lower():
         raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")
