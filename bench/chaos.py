@@ -25,7 +25,6 @@ bound, origin egress ÷ S, agent restarts, errors surfaced, and whether the chec
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.netns import Cluster, cleanup_stale, have_netns_support
-from bench.stack import BIN, ORIGIN_PORT, Model, Stack, wait_for
+from bench.stack import BIN, ORIGIN_PORT, Model, Stack, sha256_file, wait_for
 from bench.swarm import lower_bound, parse_size, tmpfs
 
 SCENARIOS = (
@@ -256,7 +255,7 @@ class Chaos:
     def _verify(self, ok: set[str], small: str | None) -> list[str]:
         """Byte for byte against the origin's files; no snapshot entry resolving to a partial blob."""
         problems = []
-        want = {f.path: _sha256(self.s.hub_root / self.model.repo_id / f.path) for f in self.model.files}
+        want = {f.path: sha256_file(self.s.hub_root / self.model.repo_id / f.path) for f in self.model.files}
         folder = "models--" + self.model.repo_id.replace("/", "--")
         for node in self.nodes:
             snap = self.s.node_dir(node) / "cache" / folder / "snapshots" / self.model.commit
@@ -270,17 +269,9 @@ class Chaos:
                 continue
             for path, digest in want.items():
                 f = snap / path
-                if not f.exists() or _sha256(f) != digest:
+                if not f.exists() or sha256_file(f) != digest:
                     problems.append(f"{node}: {path} differs from the origin")
         return problems
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def print_table(outcomes: list[Outcome]) -> None:

@@ -147,7 +147,6 @@ class Fleet:
         on_pins: Callable[[], None],
     ) -> None:
         self._settings = settings
-        self._api = api
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._request_model = request_model

@@ -131,9 +131,9 @@ class _Paused(Exception):
 @dataclass(frozen=True)
 class Turn:
     """Lets background work (a preheat) step aside: `due()` says it must stop pulling now, `wait()`
-    blocks until it may go on. A worker then closes its range request and asks for the rest
-    later: pausing reads alone would not do, because the socket buffers (megabytes per
-    connection) keep taking the origin's bandwidth."""
+    blocks until it may go on. The blob's open range requests are then closed (`_step_aside`) and
+    asked for the rest later: pausing reads alone would not do, because the socket buffers
+    (megabytes per connection) keep taking the origin's bandwidth."""
 
     due: Callable[[], bool]
     wait: Callable[[], None]
@@ -412,7 +412,6 @@ class OriginSource:
                     if job.mode is None:
                         job.mode = "ranges"
                         job.cond.notify_all()
-                checked = time.monotonic()
                 while pos < end:
                     n = job.write_from(resp, buf, pos, end)
                     if not n:
@@ -421,10 +420,6 @@ class OriginSource:
                     state["pos"] = pos
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
-                    if pos < end and self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
-                        checked = time.monotonic()
-                        if self.turn.due():
-                            raise _Paused()
                 if pos < end:
                     with job.cond:
                         if idx in job.done:  # the other worker finished it and cut this connection

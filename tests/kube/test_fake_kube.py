@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,19 +17,6 @@ from tests.support.procs import loop_until
 
 GROUP, VERSION, PLURAL = "weightswarm.io", "v1alpha1", "modelpreheats"
 MERGE = "application/merge-patch+json"
-
-
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture
-def api(kube: FakeKube) -> Iterator[client.ApiClient]:
-    api_client = client.ApiClient(client.Configuration(host=kube.url))
-    yield api_client
-    api_client.close()
 
 
 @pytest.fixture

@@ -30,12 +30,6 @@ CRD = Path(__file__).parents[2] / "charts/weightswarm/crds/modelpreheats.yaml"
 
 
 @pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture
 def fleet_agent(tmp_path: Path, kube: FakeKube) -> Iterator[Callable[..., Daemon]]:
     """Start an agent for one node of the fake cluster; stopped at teardown."""
     started: list[Daemon] = []

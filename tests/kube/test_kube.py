@@ -107,20 +107,6 @@ def test_request_tracker_fetches_each_model_once() -> None:
 
 
 @pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
-
-
-@pytest.fixture
-def api(kube: FakeKube) -> Iterator[client.ApiClient]:
-    configuration = client.Configuration(host=kube.url)
-    api_client = client.ApiClient(configuration)
-    yield api_client
-    api_client.close()
-
-
-@pytest.fixture
 def settings() -> KubeSettings:
     # watch_timeout well above the test length: a prompt stop must come from closing the socket.
     return KubeSettings(

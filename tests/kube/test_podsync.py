@@ -36,12 +36,6 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
         yield o
 
 
-@pytest.fixture
-def kube() -> Iterator[FakeKube]:
-    with FakeKube() as server:
-        yield server
-
-
 def write_kubeconfig(path: Path, server: str) -> Path:
     config = {
         "apiVersion": "v1",
