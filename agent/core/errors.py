@@ -76,6 +76,11 @@ class OriginError(WeightswarmError):
     """The origin failed in a way retries did not fix (5xx, dropped connections, bad answers)."""
 
 
+class OriginUnavailableError(OriginError):
+    """The origin kept failing in a way that passes (5xx, refused or dropped connections) through the
+    bounded retries: a daemon job waits it out (`OriginSettings.patience`)."""
+
+
 class IntegrityError(WeightswarmError):
     """Downloaded bytes do not match what the origin or the manifest promised."""
 

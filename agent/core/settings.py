@@ -81,6 +81,11 @@ class OriginSettings:
     backoff_max: float = 30.0
     """Longest delay between retries, seconds; a server's Retry-After is honoured up to this."""
 
+    patience: float = 0.0
+    """Seconds a request keeps being asked again after its bounded retries while the origin stays
+    unavailable (429, 5xx, refused or dropped connections), counted from its last progress. 0 for a
+    lone `agent fetch` (it reports the error); a daemon job gets `daemon.origin_patience`."""
+
     user_agent: str = "weightswarm/0.1"
     """User-Agent sent to the origin."""
 
@@ -163,10 +168,11 @@ class DaemonSettings:
     tracker_probe_interval: float = 5.0
     """Seconds between tracker health probes; a down→up transition re-registers what this node holds."""
 
-    rate_limit_patience: float = 600.0
-    """Seconds a daemon job keeps asking an origin that answers 429 (each file and the plan, after the
-    origin client's own bounded retries): a rate limit is a wait, not a failure, for a job that pods
-    wait on. A lone `agent fetch` has no such patience; it reports the 429."""
+    origin_patience: float = 600.0
+    """Seconds a daemon job's origin requests keep asking an origin that rate-limits (429) or is
+    unavailable (5xx, dropped connections) after the client's own bounded retries, counted from the
+    request's last progress (`OriginSettings.patience`): for a job pods wait on, that is a wait, not a
+    failure, and a lease holder keeps its partial blob and its lease meanwhile."""
 
     tracker_outage_grace: float = 30.0
     """Seconds a tracker outage may last before a blob with no peer progress goes to the origin. Until

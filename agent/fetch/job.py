@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from agent.cache.layout import RepoCache, StateDir
-from agent.core.errors import AuthError, NotFoundError, RateLimitedError, TrackerError
+from agent.core.errors import AuthError, NotFoundError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
@@ -33,10 +31,6 @@ from agent.swarm.policy import BlobOutcome, SwarmFetcher
 from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-_RATE_LIMIT_PAUSE = 10.0
-"""Seconds between a job's attempts on a rate-limited origin (its client already honoured Retry-After)."""
 
 
 @dataclass(frozen=True)
@@ -89,24 +83,9 @@ class SwarmFetchEngine(FetchEngine):
         self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
-            patiently(self.settings, entry.path, lambda: self.source.fetch_blob(plan, entry, cache, fp))
+            self.source.fetch_blob(plan, entry, cache, fp)
         finally:
             fp.finish()
-
-
-def patiently(settings: Settings, what: str, attempt: Callable[[], T]) -> T:
-    """`attempt()` again while the origin rate-limits it, for `daemon.rate_limit_patience` seconds."""
-    deadline = time.monotonic() + settings.daemon.rate_limit_patience
-    while True:
-        try:
-            return attempt()
-        except RateLimitedError as exc:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise
-            wait = min(_RATE_LIMIT_PAUSE, settings.daemon.rate_limit_patience / 10, left)
-            log.warning("%s; asking again for %s in %.0fs", exc, what, wait)
-            time.sleep(wait)
 
 
 def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tuple[OriginSettings, str]:
@@ -115,11 +94,12 @@ def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tup
     The requester's own token wins; without one the node's token is lent only where the channel
     the request came through allows it (`lend`: the admin socket and pod annotations, see
     docs/security.md), else the request is anonymous."""
+    patient = dataclasses.replace(settings.origin, patience=settings.daemon.origin_patience)
     if token:
-        return dataclasses.replace(settings.origin, token=token), "the requester's token"
+        return dataclasses.replace(patient, token=token), "the requester's token"
     if lend and settings.origin.token:
-        return settings.origin, "the node's token (the request brought none)"
-    return dataclasses.replace(settings.origin, token=None), "no token (pass one with --token or HF_TOKEN)"
+        return patient, "the node's token (the request brought none)"
+    return dataclasses.replace(patient, token=None), "no token (pass one with --token or HF_TOKEN)"
 
 
 def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: bool = False) -> None:
@@ -140,7 +120,9 @@ def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
     settings = ctx.settings
     f = settings.fetch
     key = job.key
-    plan = patiently(settings, f"{key.repo_id}@{key.revision}", lambda: plan_fetch(
+    # Planning asks the origin without patience (an unavailable origin sends it to the tracker's
+    # manifest at once); only when neither can plan it does the job wait for the origin.
+    plan = client.patiently(lambda: plan_fetch(
         client,
         ctx.tracker,
         key.repo_id,

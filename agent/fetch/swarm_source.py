@@ -103,7 +103,8 @@ class SwarmSource:
             return received
 
         def web_seed_url() -> str:
-            return self.origin.client.file_metadata(plan.repo_id, plan.commit, entry.path).url
+            client = self.origin.client
+            return client.patiently(lambda: client.file_metadata(plan.repo_id, plan.commit, entry.path)).url
 
         # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report it.
         outcome = self.fetcher.obtain(

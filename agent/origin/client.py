@@ -28,6 +28,7 @@ from agent.core.errors import (
     AuthError,
     NotFoundError,
     OriginError,
+    OriginUnavailableError,
     RateLimitedError,
     WeightswarmError,
     snippet,
@@ -40,6 +41,8 @@ T = TypeVar("T")
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _MAX_REDIRECTS = 5
 _MAX_PAGES = 10_000
+_PATIENT_PAUSE = 5.0
+"""Most seconds between asks while waiting out an unavailable origin (the retries honoured Retry-After)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,35 @@ class OriginClient:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
+    def patiently(
+        self,
+        call: Callable[[], T],
+        moved: Callable[[], object] = lambda: None,
+        pause: Callable[[float], bool] = lambda seconds: time.sleep(seconds) is None,
+    ) -> T:
+        """`call()` (requests with their bounded retries) again while the origin stays unavailable (429,
+        5xx, refused or dropped connections), for up to `settings.patience` seconds without progress: a
+        change of `moved()` (a range's position) starts the count again. Waiting in place keeps a lease
+        holder's partial blob and its lease; failing hands the lease to a node that starts the blob over
+        (measured at 1.5 x S of origin egress through 503 bursts). `pause(seconds)` waits between asks
+        and says whether to go on (False: raise the error now)."""
+        patience = self.settings.patience
+        mark, since = moved(), time.monotonic()
+        while True:
+            try:
+                return call()
+            except (RateLimitedError, OriginUnavailableError) as exc:
+                now = time.monotonic()
+                if moved() != mark:
+                    mark, since = moved(), now
+                left = since + patience - now
+                if left <= 0:
+                    raise
+                wait = min(_PATIENT_PAUSE, left)
+                log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
+                if not pause(wait):
+                    raise
+
     def request(
         self,
         method: str,
@@ -187,8 +219,7 @@ class OriginClient:
             except Urllib3Error as exc:
                 stale = isinstance(exc, ProtocolError) and not fresh_try
                 if not stale:
-                    error = OriginError(f"{what}: connection to {_host(url)} failed ({_reason(exc)})")
-                    raise Retryable(error) from None
+                    raise _unavailable(f"{what}: connection to {_host(url)} failed", exc) from None
         raise AssertionError("unreachable")
 
     def get_json(self, url: str, what: str) -> tuple[object, urllib3.BaseHTTPResponse]:
@@ -197,7 +228,7 @@ class OriginClient:
             try:
                 body = resp.read()
             except Urllib3Error as exc:
-                raise Retryable(OriginError(f"{what}: connection dropped ({_reason(exc)})")) from None
+                raise _unavailable(f"{what}: connection dropped", exc) from None
             finally:
                 resp.release_conn()
             try:
@@ -274,7 +305,7 @@ def raise_for_status(status: int, headers: object, body: bytes, what: str) -> No
         raise Retryable(RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing"),
                         _retry_after(get("Retry-After")))
     if status in _RETRY_STATUSES:
-        error = OriginError(f"{what}: origin error {status}{suffix}")
+        error = OriginUnavailableError(f"{what}: origin error {status}{suffix}")
         raise Retryable(error, _retry_after(get("Retry-After")))
     if status == 401 and not code and "credential" in detail.lower():
         raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")
@@ -322,6 +353,10 @@ def _host(url: str) -> str:
     return urlsplit(url).netloc
 
 
+def _unavailable(what: str, exc: BaseException) -> Retryable:
+    return Retryable(OriginUnavailableError(f"{what} ({_reason(exc)})"))
+
+
 def _reason(exc: BaseException) -> str:
     """A short cause without URLs' query strings (signed CDN URLs carry credentials)."""
     reason = getattr(exc, "reason", None) or exc
@@ -342,13 +377,13 @@ def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:
         try:
             data = resp.read(len(view))
         except Urllib3Error as exc:
-            raise Retryable(OriginError(f"connection dropped ({_reason(exc)})")) from None
+            raise _unavailable("connection dropped", exc) from None
         view[: len(data)] = data
         return len(data)
     try:
         return raw.readinto(view)
     except (OSError, http.client.HTTPException) as exc:
-        raise Retryable(OriginError(f"connection dropped ({_reason(exc)})")) from None
+        raise _unavailable("connection dropped", exc) from None
 
 
 def body_complete(resp: urllib3.BaseHTTPResponse) -> bool:

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 import urllib3
 
 from agent.cache.layout import RepoCache, start_writeback, write_atomic
-from agent.core.errors import CacheError, DiskSpaceError, IntegrityError, OriginError, WeightswarmError
+from agent.core.errors import (
+    CacheError,
+    DiskSpaceError,
+    IntegrityError,
+    OriginError,
+    OriginUnavailableError,
+    WeightswarmError,
+)
 from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
@@ -89,6 +96,9 @@ class _Job:
     so on a slow shared origin every chunk goes quiet that long between bytes without being stalled."""
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
+    waiting: set[int] = field(default_factory=set)
+    """Chunks waiting out an unavailable origin (`OriginClient.patiently`): failing, not stalled, so
+    not hedged (a hedge would only wait beside it, and then both would fetch the chunk)."""
     pausing: bool = False
     """Background work stepping aside (`OriginSource._step_aside`): requests were cut, none start."""
     pending: list[int] = field(default_factory=list)
@@ -182,7 +192,7 @@ class OriginSource:
         prefix: Callable[[int], None] | None = None,
     ) -> BlobHashes:
         """`prefix`: called with the contiguous written prefix as it grows (a reader may serve it)."""
-        meta = self.client.file_metadata(plan.repo_id, plan.commit, entry.path)
+        meta = self.client.patiently(lambda: self.client.file_metadata(plan.repo_id, plan.commit, entry.path))
         if meta.commit and meta.commit.lower() != plan.commit:
             raise OriginError(
                 f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
@@ -370,7 +380,7 @@ class OriginSource:
             # No read has returned yet, so nothing says how long one takes here: a slow start (a loaded
             # node, a far origin) is no stall, and a hedge now asks for the whole chunk again.
             return None
-        if head in job.hedged or now - job.moved[head] < quiet:
+        if head in job.hedged or head in job.waiting or now - job.moved[head] < quiet:
             return None
         if not any(now - job.moved[i] < quiet for i in in_flight if i != head) and job.pending:
             return None  # everything is slow: a second request would only share the same link
@@ -424,7 +434,8 @@ class OriginSource:
                     with job.cond:
                         if idx in job.done:  # the other worker finished it and cut this connection
                             raise _ChunkDone()
-                    raise Retryable(OriginError(f"{what}: body ended at byte {pos} of {start}-{end - 1}"))
+                    ended = f"{what}: body ended at byte {pos} of {start}-{end - 1}"
+                    raise Retryable(OriginUnavailableError(ended))
                 if not body_complete(resp):
                     raise OriginError(f"{what}: origin sent more bytes than the range asked for")
             finally:
@@ -443,7 +454,11 @@ class OriginSource:
                         job.pausing = False
                         job.moved[idx] = time.monotonic()  # a paused chunk is no stalled one to hedge
             try:
-                self.client.retrying(what, attempt)
+                self.client.patiently(
+                    lambda: self.client.retrying(what, attempt),
+                    moved=lambda: state["pos"],
+                    pause=lambda seconds: self._wait_out(job, idx, seconds),
+                )
                 return
             except _Paused:
                 continue
@@ -452,6 +467,21 @@ class OriginSource:
                     if not job.pausing:
                         raise
                 # The read failed because `_step_aside` cut it: not an origin failure.
+
+    @staticmethod
+    def _wait_out(job: _Job, idx: int, seconds: float) -> bool:
+        """Chunk `idx`'s pause while the origin is unavailable; over early (False) when the blob fails or
+        steps aside."""
+        end = time.monotonic() + seconds
+        with job.cond:
+            job.waiting.add(idx)
+            try:
+                while job.error is None and not job.pausing and time.monotonic() < end:
+                    job.cond.wait(end - time.monotonic())
+                return job.error is None and not job.pausing
+            finally:
+                job.waiting.discard(idx)
+                job.moved[idx] = time.monotonic()
 
     def _stream_whole(
         self, job: _Job, resp: urllib3.BaseHTTPResponse, state: dict[str, int], buf: memoryview
@@ -481,7 +511,7 @@ class OriginSource:
             with job.cond:
                 job.done.clear()
                 job.written.clear()
-            raise Retryable(OriginError(f"{job.entry.path}: body ended at byte {pos} of {size}"))
+            raise Retryable(OriginUnavailableError(f"{job.entry.path}: body ended at byte {pos} of {size}"))
         if not body_complete(resp):
             raise OriginError(f"{job.entry.path}: origin sent more than {size} bytes")
 

@@ -177,16 +177,19 @@ def test_tracker_credentials_reach_no_file_and_no_log_and_a_restart_announces(
         b.stop()
 
 
-def test_a_rate_limited_origin_is_a_wait_for_a_daemon_job(origin, make_agent, caplog):
-    """More 429s than the origin client retries one request: the job waits them out (Retry-After
-    honoured by the client, then the job's patience) and ends Ready, with no byte fetched twice."""
-    a = make_agent("a", origin, None, daemon={"rate_limit_patience": 20.0})
+def test_a_rate_limited_then_failing_origin_is_a_wait_for_a_daemon_job(origin, make_agent, caplog):
+    """More 429s, then 503s, than the origin client retries one request: the job waits them out
+    (Retry-After honoured by the client, then the origin patience) and ends Ready, no byte fetched twice.
+    With `origin_patience` 0 the same job fails (checked)."""
+    quick = {"max_retries": 2, "backoff_base": 0.05}  # the client's own retries spent at once
+    a = make_agent("a", origin, None, daemon={"origin_patience": 60.0}, origin_client=quick)
     limited = (429, {"Retry-After": "0", "X-Error-Code": "RateLimited"})
-    origin.hub.faults.status_queue = [limited] * 60
+    origin.hub.faults.status_queue = [limited] * 40 + [(503, {})] * 30
     origin.hub.reset_counters()
-    with caplog.at_level(logging.WARNING, logger="agent.fetch.job"):
+    with caplog.at_level(logging.WARNING, logger="agent.origin.client"):
         status = fetch_and_wait(a, origin.repo_id, timeout=120)
     assert_snapshot_verifies(status["snapshot"], origin)
-    assert origin.hub.faults.status_queue == []  # every 429 was answered
-    assert any("asking again" in r.getMessage() for r in caplog.records)  # beyond the client's retries
+    assert origin.hub.faults.status_queue == []  # every fault was answered
+    waits = [r.getMessage() for r in caplog.records if "asking again" in r.getMessage()]
+    assert any("429" in w for w in waits) and any("503" in w for w in waits)  # beyond the client's retries
     assert origin.hub.egress_bytes <= origin.size * 1.01

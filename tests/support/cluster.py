@@ -225,12 +225,17 @@ def make_agent(tmp_path: Path) -> Iterator:
         origin: Origin,
         tracker: TrackerProcess | None,
         daemon: dict[str, Any] | None = None,
+        origin_client: dict[str, Any] | None = None,
         **swarm: object,
     ) -> Daemon:
-        """An in-process agent on the origin (and tracker); `daemon` / `swarm`: settings overrides."""
+        """An in-process agent on the origin (and tracker); `daemon` / `origin_client` / `swarm`: settings
+        overrides."""
         settings = agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm)
         if daemon:
             settings = dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **daemon))
+        if origin_client:
+            origin_settings = dataclasses.replace(settings.origin, **origin_client)
+            settings = dataclasses.replace(settings, origin=origin_settings)
         d = Daemon(settings)
         started.append(d)
         d.start()

@@ -1,0 +1,54 @@
+"""The origin answering 503 in the middle of a cluster's cold fetch, for longer than the origin client
+retries one request: the lease holders wait it out where they stand, keeping their partial blobs and
+their leases, and no node starts a blob over from the origin."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tests.support.cluster import fetch_all_and_verify, model_origin
+from tests.support.procs import loop_until
+
+MODEL_BYTES = 24 * 2**20
+ORIGIN_RATE = 4 * 2**20
+OUTAGE = 6.0
+"""Seconds of 503s: beyond the agents' origin retries (below), within a lease holder's stall limit."""
+
+
+def test_a_503_burst_mid_fetch_is_waited_out_by_the_lease_holders(tmp_path, tracker, make_agent, caplog):
+    with model_origin(
+        tmp_path / "hub", "acme/down", total_bytes=MODEL_BYTES, shards=4, seed=5, rate_total=ORIGIN_RATE
+    ) as origin:
+        quick = {"max_retries": 3, "backoff_base": 0.05, "backoff_max": 0.2}  # retries spent in < 1 s
+        agents = [
+            make_agent(n, origin, tracker, daemon={"origin_patience": 30.0}, origin_client=quick)
+            for n in ("a", "b", "c")
+        ]
+        origin.hub.reset_counters()
+        outage: list[float] = []
+        burst = threading.Thread(target=unavailable_when_busy, args=(origin, outage), daemon=True)
+        burst.start()
+        with caplog.at_level(logging.WARNING, logger="agent.origin.client"):
+            fetch_all_and_verify(agents, origin)
+        burst.join(30)
+        assert outage and outage[0] < origin.size * 0.8, "the origin did not fail mid-fetch"
+        assert any("503" in r.getMessage() and "asking again" in r.getMessage() for r in caplog.records)
+        # Failing instead hands the holder's lease to a node that starts the blob over (1.5 x S measured).
+        assert origin.hub.egress_bytes <= 1.05 * origin.size, origin.hub.egress_bytes / origin.size
+
+
+def unavailable_when_busy(origin, outage: list[float]) -> None:
+    """Once a quarter of the model has left the origin, answer every file request 503 for `OUTAGE`
+    seconds. `outage`: origin egress when it began."""
+    loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
+    faults = origin.hub.faults
+    outage.append(origin.hub.egress_bytes)
+    end = time.monotonic() + OUTAGE
+    while time.monotonic() < end:
+        with faults._lock:
+            faults.status_queue[:] = [(503, {})] * 64
+        time.sleep(0.05)
+    with faults._lock:
+        faults.status_queue.clear()
