@@ -41,10 +41,17 @@ from tracker.store import (
     SwarmCounts,
 )
 
-_ANNOUNCE = """
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+"""Lua: `now`, in ms, by Redis's clock. Every expiry and stall age is on that one clock: replicas' own
+clocks may differ, or be stepped, and a peer one replica stores would expire at once for another."""
+
+_ANNOUNCE = _NOW + """
 local s, l, a, d, t, ips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local numwant, now, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local numwant, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 for _, key in ipairs({s, l}) do
   local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 1000)
   if #dead > 0 then
@@ -66,7 +73,7 @@ redis.call('HSET', a, pid, addr)
 if event == 'completed' then redis.call('INCR', d) end
 for _, key in ipairs({s, l, a, d}) do redis.call('PEXPIRE', key, ttl) end
 redis.call('ZADD', t, now + ttl, ih)
-if ARGV[9] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
+if ARGV[8] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
 local out, n = {}, 0
 if numwant > 0 then
   local sources = {s, l}
@@ -89,15 +96,15 @@ end
 return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
 """
 
-_LEASE_ACQUIRE = """
+_LEASE_ACQUIRE = _NOW + """
 -- KEYS[1]: the blob's progress hash (holder -> '<bytes>:<ms when they last changed>'); the rest: slots.
 local prog, node, ttl, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local now, stale, progress = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local stale, progress = tonumber(ARGV[4]), ARGV[5]
 local function keep()
   if redis.call('PTTL', prog) < ttl then redis.call('PEXPIRE', prog, ttl) end
 end
 local function holders(granted, taken)
-  local out = {granted, taken}
+  local out = {granted, taken, now}
   for i = 2, #KEYS do
     local v = redis.call('GET', KEYS[i])
     if v then
@@ -254,7 +261,6 @@ class RedisStore(Store):
             b"1" if seeder else b"0",
             event,
             numwant,
-            _now_ms(),
             self._ttl_ms,
             infohash,
             b"1" if agent else b"0",
@@ -267,7 +273,7 @@ class RedisStore(Store):
         return AnnounceResult(int(complete), int(incomplete), peers)
 
     async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:
-        now = _now_ms()
+        now = await self._now_ms()
         async with self._r.pipeline(transaction=False) as pipe:
             for ih in infohashes:
                 pipe.zcount(self._k(b"s", ih), f"({now}", "+inf")
@@ -282,7 +288,7 @@ class RedisStore(Store):
     async def seeder_addresses(self, infohashes: list[bytes]) -> dict[bytes, list[tuple[bytes, int]]]:
         # The seeders' zset is scored by expiry (as scrape counts them); their addresses (packed ip +
         # 2-byte port) are in the swarm's hash. One seeder dropped between the two reads is skipped.
-        now = _now_ms()
+        now = await self._now_ms()
         async with self._r.pipeline(transaction=False) as pipe:
             for ih in infohashes:
                 pipe.zrangebyscore(self._k(b"s", ih), f"({now}", "+inf")
@@ -299,7 +305,7 @@ class RedisStore(Store):
         return out
 
     async def stats(self) -> StoreStats:
-        now = _now_ms()
+        now = await self._now_ms()
         key = self._p + b"torrents"
         await self._r.zremrangebyscore(key, "-inf", now)
         torrents = [_b(t) for t in await self._r.zrange(key, 0, -1)]
@@ -309,8 +315,13 @@ class RedisStore(Store):
 
     async def peer_addresses(self) -> list[bytes]:
         key = self._p + b"addresses"
-        await self._r.zremrangebyscore(key, "-inf", _now_ms())
+        await self._r.zremrangebyscore(key, "-inf", await self._now_ms())
         return [_b(a) for a in await self._r.zrange(key, 0, -1)]
+
+    async def _now_ms(self) -> int:
+        """Redis's clock, in ms (`_NOW`)."""
+        seconds, micros = await self._r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     # -- metainfo ------------------------------------------------------------------------
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
@@ -375,18 +386,17 @@ class RedisStore(Store):
         stale_after: float | None = None,
         progress: int | None = None,
     ) -> LeaseState:
-        now = _now_ms()
         args: list[str | int] = [
             node_id,
             int(ttl * 1000),
             mode,
-            now,
             int(stale_after * 1000) if stale_after else 0,
             "" if progress is None else str(progress),
         ]
         raw = await self._lease(keys=self._slots(blob_id, slots), args=args)
         holders = []
-        for i in range(2, len(raw), 3):
+        now = int(raw[2])
+        for i in range(3, len(raw), 3):
             done, _, at = _b(raw[i + 2]).decode().partition(":")
             holders.append(
                 LeaseHolder(
@@ -504,8 +514,6 @@ def _manifest(body: Any) -> dict[str, Any]:
     return manifest
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _redact(url: str) -> str:

@@ -1,5 +1,11 @@
 """The embedded default store: SQLite (WAL) for what must survive a restart, memory for peers.
 
+Leases expire and go stale by the monotonic clock, which a wall-clock step (NTP, a VM resumed, an
+operator's `date -s`) does not move: on wall time, a 10-minute step forward would expire every lease at
+once and hand each blob to a second origin download. Monotonic time is since boot, so the file records
+the boot it was written in (`/proc/sys/kernel/random/boot_id`) and its leases are dropped when the
+tracker opens it in another boot or on another host (holders ask again; a lease lives 30 s anyway).
+
 One process owns the file, so live peers can stay in a dict (see `tracker.peers`) and
 several uvicorn workers are deliberately not supported with this store: each would see
 only its own peers. Scale out with --redis instead. SQLite calls are short, indexed
@@ -52,6 +58,7 @@ CREATE TABLE IF NOT EXISTS metainfo_quarantine (
     blob_id TEXT NOT NULL, infohash TEXT NOT NULL, info BLOB NOT NULL, reason TEXT NOT NULL,
     reporter TEXT, address TEXT, created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS metainfo_quarantine_blob ON metainfo_quarantine(blob_id, infohash);
+CREATE TABLE IF NOT EXISTS lease_clock (boot_id TEXT NOT NULL);
 """
 _LEASE_PROGRESS = (("progress", "INTEGER"), ("progressed", "REAL"))
 """Columns added to `leases` after its first release (ALTER TABLE for older files): the holder's
@@ -74,10 +81,22 @@ class SqliteStore(Store):
             for name, kind in _LEASE_PROGRESS:
                 if name not in columns:
                     self._db.execute(f"ALTER TABLE leases ADD COLUMN {name} {kind}")
+            self._same_clock()
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open SQLite store {path}: {exc}") from None
         self._peers = PeerTable(settings.peer_ttl)
         self._quarantine_hold = settings.quarantine_hold
+
+    def _same_clock(self) -> None:
+        """Drop leases timed by another boot's monotonic clock (or, in files from before, by wall time)."""
+        boot = _boot_id()
+        row = self._db.execute("SELECT boot_id FROM lease_clock").fetchone()
+        if row is not None and boot and row[0] == boot:
+            return
+        with self._db:
+            self._db.execute("DELETE FROM leases")
+            self._db.execute("DELETE FROM lease_clock")
+            self._db.execute("INSERT INTO lease_clock (boot_id) VALUES (?)", (boot,))
 
     # -- swarm ---------------------------------------------------------------------------
     async def announce(
@@ -174,7 +193,7 @@ class SqliteStore(Store):
     async def acquire_lease(
         self, blob_id: str, node_id: str, ttl: float, max_holders: int, stale_after: float | None = None
     ) -> LeaseState:
-        now = time.time()
+        now = time.monotonic()
         taken = 0
         with self._db:
             expired = self._expire(blob_id, now)
@@ -205,7 +224,7 @@ class SqliteStore(Store):
     async def renew_lease(
         self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
     ) -> LeaseState:
-        now = time.time()
+        now = time.monotonic()
         with self._db:
             expired = self._expire(blob_id, now)
             renewed = self._db.execute(
@@ -223,12 +242,12 @@ class SqliteStore(Store):
             return bool(
                 self._db.execute(
                     "DELETE FROM leases WHERE blob_id = ? AND node_id = ? AND expires > ?",
-                    (blob_id, node_id, time.time()),
+                    (blob_id, node_id, time.monotonic()),
                 ).rowcount
             )
 
     async def lease_holders(self, blob_id: str) -> list[LeaseHolder]:
-        return self._holders(blob_id, time.time())
+        return self._holders(blob_id, time.monotonic())
 
     # -- manifests -----------------------------------------------------------------------
     async def put_manifest(
@@ -322,3 +341,12 @@ def _manifest(body: str) -> dict[str, Any]:
     manifest.setdefault("published", False)
     manifest.setdefault("signature", None)
     return manifest
+
+
+def _boot_id() -> str:
+    """This boot's id ("" where the kernel does not say: then leases never outlive the process)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -150,6 +150,8 @@ class Job:
         self._cached = 0
         self._created = time.time()
         self._finished: float | None = None
+        self._ended: float | None = None
+        """When it finished, by the monotonic clock (`since_finished`; `_finished` is for people)."""
         self._background = key.background
         self._claimed = False
         self._samples: deque[tuple[float, int]] = deque()
@@ -205,7 +207,7 @@ class Job:
             for f in self._files.values():
                 f.done = f.size
             self._phase = "Ready"
-            self._finished = time.time()
+            self._finished, self._ended = time.time(), time.monotonic()
             self._changed.notify_all()
 
     def fail(self, error: str, exit_code: int = 1) -> None:
@@ -213,8 +215,13 @@ class Job:
             self._error = error
             self._exit_code = exit_code
             self._phase = "Failed"
-            self._finished = time.time()
+            self._finished, self._ended = time.time(), time.monotonic()
             self._changed.notify_all()
+
+    def since_finished(self) -> float | None:
+        """Seconds since the job finished (None while it runs), immune to wall-clock steps."""
+        with self._lock:
+            return None if self._ended is None else time.monotonic() - self._ended
 
     def _sample(self) -> None:
         """Record bytes done now (hold the lock)."""

@@ -253,10 +253,9 @@ class Fleet:
         (a preheat keeps trying, as the operator asked; the error shows in its status meanwhile)."""
         if (job.key.repo_id, job.key.revision) != (model.repo_id, model.revision):
             return False
-        st = job.status()
-        return not (
-            st.phase == "Failed" and time.time() - (st.finished or 0) >= self._settings.preheat_retry
-        )
+        ago = job.since_finished()
+        retry = ago is not None and ago >= self._settings.preheat_retry
+        return not (retry and job.status().phase == "Failed")
 
     # -- views ------------------------------------------------------------------------------------
 

@@ -143,8 +143,11 @@ def test_a_sqlite_file_from_before_lease_progress_is_upgraded(tmp_path) -> None:
     old.close()
     with run_server(replace(SETTINGS, db_path=db)) as t:
         url = f"/v1/leases/{'cd' * 32}"
-        # A lease granted before progress was kept has no idle clock: it is never taken over.
-        denied = t.http.post(url, json={"node_id": "n", "stale_after": 1}, headers=AUTH).json()
-        assert not denied["granted"] and denied["leases"][0]["idle"] is None
-        beat = t.http.post(f"{url}/heartbeat", json={"node_id": "old-holder", "progress": 5}, headers=AUTH)
+        # Its lease was timed by the wall clock (leases are monotonic now): dropped, not misread as a
+        # lease for decades. The holder's next heartbeat says so, and it asks again like any node.
+        lost = t.http.post(f"{url}/heartbeat", json={"node_id": "old-holder", "progress": 5}, headers=AUTH)
+        assert lost.status_code == 404
+        granted = t.http.post(url, json={"node_id": "n", "stale_after": 1}, headers=AUTH).json()
+        assert granted["granted"] and granted["holders"] == ["n"]
+        beat = t.http.post(f"{url}/heartbeat", json={"node_id": "n", "progress": 5}, headers=AUTH)
         assert beat.json()["leases"][0]["progress"] == 5

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -156,6 +157,34 @@ def test_leases_one_holder_idempotent_release_and_expiry(store_settings: Tracker
             what="expired lease to be granted again",
         )
         assert t.http.get(f"/v1/blobs/{blob_id}").json()["holders"] == ["node-c"]
+
+
+@pytest.mark.parametrize("step", [600.0, -600.0])
+def test_a_wall_clock_step_moves_no_lease_and_no_peer(
+    store_settings: TrackerSettings, step: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tracker host's clock is stepped by 10 minutes mid-lease (NTP, a resumed VM). On wall time a
+    step forward expired every lease at once (a second origin download per blob), a step back kept
+    dead ones 10 minutes, and with Redis a peer a replica with a slow clock stored was expired for the
+    others. Leases and peers are timed by a clock no step moves (monotonic; Redis's own TIME)."""
+    real, offset = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + offset[0])
+    with run_server(store_settings) as t:
+        blob_id, ih = "ef" * 32, infohash(9)
+        url = f"/v1/leases/{blob_id}"
+        assert t.http.post(url, json={"node_id": "node-a", "ttl": 3}, headers=AUTH).json()["granted"]
+        t.announce(ih, peer_id(1), 4101, left=0)
+        offset[0] = step
+        assert not t.http.post(url, json={"node_id": "node-b", "ttl": 30}, headers=AUTH).json()["granted"]
+        t.announce(ih, peer_id(2), 4102, left=0)
+        loop_until(  # node-a's lease lapses after its 3 s, not 10 minutes later
+            lambda: t.http.post(url, json={"node_id": "node-c", "ttl": 30}, headers=AUTH).json()["granted"],
+            timeout=15,
+            interval=0.3,
+            what="the lease to lapse after its TTL",
+        )
+        offset[0] = 0.0  # stepped back (or: the other replica's clock)
+        assert t.scrape(ih)[b"files"][ih][b"complete"] == 2
 
 
 def test_max_lease_holders(store_settings: TrackerSettings) -> None:
@@ -382,6 +411,23 @@ def test_sqlite_store_keeps_manifests_and_leases_across_restarts(tmp_path) -> No
             "granted"
         ]
         assert bdecode(t.http.get(f"/v1/blobs/{blob_id}/metainfo").content)[b"name"] == blob_id.encode()
+
+
+def test_sqlite_leases_do_not_outlive_their_boot(tmp_path) -> None:
+    """Lease times are monotonic, which counts from boot: a file opened in another boot (or on another
+    host, or written by a tracker that timed leases by wall clock) loses its leases, nothing else."""
+    import sqlite3
+
+    settings = replace(SETTINGS, db_path=tmp_path / "t.db")
+    blob_id, info = make_info(b"r" * 17_000)
+    with run_server(settings) as t:
+        t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).raise_for_status()
+        assert t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n1"}, headers=AUTH).json()["granted"]
+    with sqlite3.connect(settings.db_path) as db:
+        db.execute("UPDATE lease_clock SET boot_id = 'another-boot'")
+    with run_server(settings) as t:
+        assert t.http.post(f"/v1/leases/{blob_id}", json={"node_id": "n2"}, headers=AUTH).json()["granted"]
+        assert t.http.get(f"/v1/blobs/{blob_id}/metainfo").content == info
 
 
 @pytest.mark.parametrize("event", ["started", "completed", "stopped", "update"])
