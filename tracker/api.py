@@ -66,6 +66,11 @@ class HeartbeatRequest(BaseModel):
         description="Bytes of the blob the holder has now. While it stays the same the holder is idle, "
         "and after `stale_after` another node may take the lease over. Omitted: counts as progress.",
     )
+    reclaim: bool = Field(
+        default=False,
+        description="A lease this node no longer holds (it lapsed while the tracker was unreachable, or "
+        "was lost with the store's state) is granted again while a slot is free, instead of a 404.",
+    )
 
 
 class MetainfoReport(BaseModel):
@@ -97,9 +102,35 @@ class ManifestRequest(BaseModel):
     )
 
 
+class StateLoss:
+    """Notices the store losing the swarm state under this running tracker (`Store.epoch` changed
+    since it last looked) and says whether that was under `settings.lease_amnesty` seconds ago."""
+
+    def __init__(self, store: Store, amnesty: float) -> None:
+        self._store = store
+        self._amnesty = amnesty
+        self._seen: str | None = None
+        self._at: float | None = None
+
+    async def check(self) -> str:
+        """The store's epoch now (noting a change)."""
+        epoch = await self._store.epoch()
+        if self._seen is not None and epoch != self._seen:
+            self._at = time.monotonic()
+        self._seen = epoch
+        return epoch
+
+    async def recent(self) -> bool:
+        await self.check()
+        return self._at is not None and time.monotonic() - self._at < self._amnesty
+
+
 def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> FastAPI:
+    state_loss = StateLoss(store, settings.lease_amnesty)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state_loss.check()  # the epoch this tracker starts with: a later change is a loss
         yield
         await store.close()
 
@@ -202,12 +233,13 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
 
     @app.get("/readyz", tags=["ops"])
     async def readyz() -> JSONResponse:
-        """The store answers."""
+        """The store answers; `epoch` changes when the swarm state was lost (`Store.epoch`)."""
         try:
             await store.ping()
+            epoch = await state_loss.check()
         except StoreUnavailableError as exc:
             return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "epoch": epoch})
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
     async def prometheus() -> Response:
@@ -352,6 +384,11 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         holder's reported bytes and idle seconds), unless `stale_after` lets them take over the lease
         of a holder that made no progress for that long."""
         ttl = min(body.ttl, settings.max_lease_ttl)
+        if await state_loss.recent():
+            holders = await store.lease_holders(check_blob_id(blob_id))
+            if all(h.node_id != body.node_id for h in holders):  # the holders reclaim theirs first
+                metrics.lease_denials.inc()
+                return lease_json(LeaseState(False, holders), body.node_id)
         state = await store.acquire_lease(
             check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders, body.stale_after
         )
@@ -360,11 +397,12 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
 
     @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=agent_only)
     async def heartbeat(blob_id: str, body: HeartbeatRequest) -> dict[str, Any]:
-        """Keep a held lease alive, reporting the bytes the holder has (`progress`). 404 if nobody
-        holds it any more, 409 if others hold it now (e.g. took it over from an idle holder)."""
-        state = await store.renew_lease(
-            check_blob_id(blob_id), body.node_id, min(body.ttl, settings.max_lease_ttl), body.progress
-        )
+        """Keep a held lease alive, reporting the bytes the holder has (`progress`); with `reclaim`, a
+        lease the node lost while a slot is free is its own again. 404 if nobody holds it any more, 409
+        if others hold it now (e.g. took it over from an idle holder)."""
+        ttl = min(body.ttl, settings.max_lease_ttl)
+        reclaim = settings.max_lease_holders if body.reclaim else 0
+        state = await store.renew_lease(check_blob_id(blob_id), body.node_id, ttl, body.progress, reclaim)
         if not state.granted:
             metrics.lease_expiries.inc(state.expired)
             if state.holders:

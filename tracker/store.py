@@ -156,10 +156,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def renew_lease(
-        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None, reclaim: int = 0
     ) -> LeaseState:
         """Extend node_id's lease; granted=False if it no longer holds one. `progress`: the bytes it
-        has now; a change (or None: a holder that does not report bytes) restarts its idle clock."""
+        has now; a change (or None: a holder that does not report bytes) restarts its idle clock.
+        `reclaim` > 0: a node that holds none gets one while fewer than that many nodes hold the blob's
+        (its lease lapsed while the tracker was unreachable, or was lost with the store's state)."""
 
     @abc.abstractmethod
     async def release_lease(self, blob_id: str, node_id: str) -> bool:
@@ -207,6 +209,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StoreUnavailableError if the store cannot serve."""
+
+    @abc.abstractmethod
+    async def epoch(self) -> str:
+        """An id of the swarm state this store holds, new whenever that state was lost (a tracker
+        process whose peers lived in its memory; a Redis restarted without its data). Agents that see
+        it change register again what they hold (`/readyz` reports it)."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

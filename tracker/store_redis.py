@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
 from typing import Any
 
@@ -99,7 +100,7 @@ return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
 _LEASE_ACQUIRE = _NOW + """
 -- KEYS[1]: the blob's progress hash (holder -> '<bytes>:<ms when they last changed>'); the rest: slots.
 local prog, node, ttl, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local stale, progress = tonumber(ARGV[4]), ARGV[5]
+local stale, progress, reclaim = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local function keep()
   if redis.call('PTTL', prog) < ttl then redis.call('PEXPIRE', prog, ttl) end
 end
@@ -133,7 +134,16 @@ for i = 2, #KEYS do
     return holders(1, 0)
   end
 end
-if mode == 'renew' then return holders(0, 0) end
+if mode == 'renew' then
+  for i = 2, math.min(#KEYS, reclaim + 1) do
+    if redis.call('SET', KEYS[i], node, 'NX', 'PX', ttl) then
+      redis.call('HSET', prog, node, (progress ~= '' and progress or '0') .. ':' .. now)
+      keep()
+      return holders(1, 0)
+    end
+  end
+  return holders(0, 0)
+end
 for i = 2, #KEYS do
   if redis.call('SET', KEYS[i], node, 'NX', 'PX', ttl) then started(); return holders(1, 0) end
 end
@@ -385,6 +395,7 @@ class RedisStore(Store):
         mode: str,
         stale_after: float | None = None,
         progress: int | None = None,
+        reclaim: int = 0,
     ) -> LeaseState:
         args: list[str | int] = [
             node_id,
@@ -392,6 +403,7 @@ class RedisStore(Store):
             mode,
             int(stale_after * 1000) if stale_after else 0,
             "" if progress is None else str(progress),
+            reclaim,
         ]
         raw = await self._lease(keys=self._slots(blob_id, slots), args=args)
         holders = []
@@ -415,9 +427,11 @@ class RedisStore(Store):
         return await self._lease_call(blob_id, node_id, ttl, max_holders, "acquire", stale_after=stale_after)
 
     async def renew_lease(
-        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None, reclaim: int = 0
     ) -> LeaseState:
-        return await self._lease_call(blob_id, node_id, ttl, _MAX_SLOTS, "renew", progress=progress)
+        return await self._lease_call(
+            blob_id, node_id, ttl, _MAX_SLOTS, "renew", progress=progress, reclaim=reclaim
+        )
 
     async def release_lease(self, blob_id: str, node_id: str) -> bool:
         return bool(await self._release(keys=self._slots(blob_id, _MAX_SLOTS), args=[node_id]))
@@ -493,6 +507,16 @@ class RedisStore(Store):
     async def ping(self) -> None:
         try:
             await self._r.ping()
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
+
+    async def epoch(self) -> str:
+        # The key lives as long as Redis keeps its data: a restart without persistence (or a flush)
+        # loses it with the swarm state, and the first replica to ask writes a new one.
+        key = self._p + b"epoch"
+        try:
+            await self._r.set(key, secrets.token_hex(8), nx=True)
+            return _b(await self._r.get(key)).decode()
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
 

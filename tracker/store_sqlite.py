@@ -15,6 +15,7 @@ single-row statements; running them on the event loop costs less than a thread h
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
 from typing import Any
@@ -85,6 +86,8 @@ class SqliteStore(Store):
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open SQLite store {path}: {exc}") from None
         self._peers = PeerTable(settings.peer_ttl)
+        self._epoch = secrets.token_hex(8)
+        """Peers live in this process's memory: each process is a new epoch."""
         self._quarantine_hold = settings.quarantine_hold
 
     def _same_clock(self) -> None:
@@ -222,7 +225,7 @@ class SqliteStore(Store):
         return LeaseState(granted, holders, expired, taken)
 
     async def renew_lease(
-        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None
+        self, blob_id: str, node_id: str, ttl: float, progress: int | None = None, reclaim: int = 0
     ) -> LeaseState:
         now = time.monotonic()
         with self._db:
@@ -234,6 +237,12 @@ class SqliteStore(Store):
                 " progress = COALESCE(?2, progress) WHERE blob_id = ?4 AND node_id = ?5",
                 (now + ttl, progress, now, blob_id, node_id),
             ).rowcount
+            if not renewed and len(self._holders(blob_id, now)) < reclaim:
+                renewed = self._db.execute(
+                    "INSERT INTO leases (blob_id, node_id, expires, progress, progressed)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (blob_id, node_id, now + ttl, progress or 0, now),
+                ).rowcount
             holders = self._holders(blob_id, now)
         return LeaseState(renewed > 0, holders, expired)
 
@@ -329,6 +338,9 @@ class SqliteStore(Store):
             self._db.execute("SELECT 1").fetchone()
         except sqlite3.Error as exc:
             raise StoreUnavailableError(f"SQLite store unusable: {exc}") from None
+
+    async def epoch(self) -> str:
+        return self._epoch
 
     async def close(self) -> None:
         self._db.close()

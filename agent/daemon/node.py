@@ -273,7 +273,7 @@ class Daemon:
         was down would be missing.
         """
         again = False
-        seen = tracker.outages
+        seen, epoch = tracker.outages, None
         while True:
             up = tracker.healthy()
             if up and again:
@@ -282,11 +282,13 @@ class Daemon:
                 # later, every torrent hears of the seeders that came back meanwhile.
                 self.swarm.force_reannounce()
             # An outage between two probes counts too: this node's requests saw it (libtorrent's own
-            # announces then back off, and its seeds would stay unlisted for a while).
-            missed = up and self._tracker_up and tracker.outages != seen
+            # announces then back off, and its seeds would stay unlisted for a while). So does a new
+            # epoch: the tracker lost its state (a Redis restarted without its data) with no request
+            # of this node failing.
+            missed = up and self._tracker_up and (tracker.outages != seen or tracker.epoch != epoch)
             again = up and (missed or (not self._tracker_up and self._tracker_up is not None))
             if up and (not self._tracker_up or missed):
-                seen = tracker.outages
+                seen, epoch = tracker.outages, tracker.epoch
                 self.seeder.reregister(tracker)
             if self._tracker_up is not None and up != self._tracker_up:
                 log.warning("tracker %s is %s", tracker.base_url, "back" if up else "unreachable")

@@ -470,12 +470,16 @@ class SwarmFetcher:
 
     def _heartbeat(self, blob_id: str, stop: threading.Event) -> None:
         """Renew the lease every ttl/3 with the bytes present: while they stay the same for
-        `holder_stall`, another node may take the lease over."""
+        `holder_stall`, another node may take the lease over. After a failed heartbeat the next comes
+        within a second: a lease the tracker lost (a Redis restart) is the holder's again on its next
+        heartbeat only while no other node took it (`lease_amnesty` at the tracker)."""
         assert self.tracker is not None
         ttl = self.settings.daemon.lease_ttl
-        while not stop.wait(ttl / 3):
+        wait = ttl / 3
+        while not stop.wait(wait):
             with self._locks_guard:
                 present = self._present.get(blob_id)
+            wait = ttl / 3
             try:
                 if not self.tracker.heartbeat(
                     blob_id, self.node_id, ttl=ttl, progress=present() if present else None
@@ -484,6 +488,7 @@ class SwarmFetcher:
                     return
             except TrackerError as exc:
                 log.info("lease heartbeat for %s failed: %s", blob_id, exc)
+                wait = 1.0
 
     # -- sources --------------------------------------------------------------------------
 

@@ -86,6 +86,9 @@ class TrackerClient:
         self.outages = 0
         """Outages this client has seen (a request failing after one that worked): the daemon's probe
         re-registers after each, also one shorter than its probe interval."""
+        self.epoch: str | None = None
+        """The tracker's state epoch at the last `healthy()` (`/readyz`): it changes when the tracker lost
+        its swarm state (a restart, a Redis that lost its data), even with no request failing here."""
 
     def __repr__(self) -> str:
         return f"TrackerClient({self.base_url!r})"
@@ -178,7 +181,14 @@ class TrackerClient:
             resp = self._http.get("/readyz", timeout=self._timeout)
         except httpx.TransportError:
             return False
-        return resp.status_code == 200
+        if resp.status_code != 200:
+            return False
+        try:
+            epoch = resp.json().get("epoch")
+        except (ValueError, AttributeError):
+            epoch = None
+        self.epoch = epoch if isinstance(epoch, str) else None
+        return True
 
     # -- blobs ----------------------------------------------------------------------------
 
@@ -255,8 +265,9 @@ class TrackerClient:
         self, blob_id: str, node_id: str, ttl: float | None = None, progress: int | None = None
     ) -> bool:
         """Renew our lease (for `ttl` seconds), reporting the bytes we have (`progress`): while they stay
-        the same other nodes may take the lease over. False when it was lost (expired, or taken)."""
-        body: dict[str, Any] = {"node_id": node_id}
+        the same other nodes may take the lease over. A lease that lapsed, or that the tracker lost, is
+        ours again while no other node took it (`reclaim`). False when it was taken."""
+        body: dict[str, Any] = {"node_id": node_id, "reclaim": True}
         if ttl is not None:
             body["ttl"] = ttl
         if progress is not None:

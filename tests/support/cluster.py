@@ -65,9 +65,10 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
 
 
 class TrackerProcess:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, redis_url: str | None = None) -> None:
         self.port = free_port()
         self.db = tmp / "tracker.db"
+        self.store = ["--redis", redis_url] if redis_url else ["--db", str(self.db)]
         self.token_file = tmp / "tracker.token"
         self.token_file.write_text(TOKEN + "\n")
         self.passkey_file = tmp / "tracker.passkey"
@@ -88,8 +89,7 @@ class TrackerProcess:
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--db",
-            str(self.db),
+            *self.store,
             "--token-file",
             str(self.token_file),
             "--announce-passkey-file",

@@ -1,13 +1,16 @@
-"""A tracker restart in the middle of a cluster's cold fetch: the agents keep swarming with the peers
-they know and ask the tracker again, instead of each pulling the rest of the model from the origin."""
+"""A tracker restart, or its Redis restarting without its data, in the middle of a cluster's cold fetch:
+the agents keep swarming with the peers they know and ask the tracker again, instead of each pulling the
+rest of the model from the origin, and the swarm state is rebuilt with no process restarted for it."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from tests.support.cluster import fetch_all_and_verify, model_origin
-from tests.support.procs import loop_until
+import pytest
+
+from tests.support.cluster import TrackerProcess, fetch_all_and_verify, model_origin
+from tests.support.procs import RedisProcess, loop_until
 
 MODEL_BYTES = 24 * 2**20
 ORIGIN_RATE = 4 * 2**20
@@ -38,3 +41,55 @@ def restart_when_busy(tracker, origin, restarted: list[float]) -> None:
     tracker.kill()
     time.sleep(3)
     tracker.start()
+
+
+@pytest.mark.redis
+def test_a_redis_restart_mid_fetch_is_recovered_without_restarting_anything(tmp_path, make_agent) -> None:
+    redis = RedisProcess(tmp_path)
+    redis.start()
+    tracker = TrackerProcess(tmp_path, redis.url)
+    tracker.start()
+    try:
+        with model_origin(
+            tmp_path / "hub", "acme/redis", total_bytes=MODEL_BYTES, shards=4, seed=4, rate_total=ORIGIN_RATE
+        ) as origin:
+            agents = [make_agent(n, origin, tracker) for n in ("a", "b", "c")]
+            origin.hub.reset_counters()
+            restarted: list[float] = []
+            blip = threading.Thread(
+                target=restart_redis_when_busy, args=(redis, origin, restarted), daemon=True
+            )
+            blip.start()
+            fetch_all_and_verify(agents, origin)
+            blip.join(30)
+            assert restarted and restarted[0] < origin.size * 0.9, "Redis was not restarted mid-fetch"
+            assert origin.hub.egress_bytes <= 1.1 * origin.size, (origin.hub.egress_bytes / origin.size)
+            # Redis came back empty: every blob's metainfo and all three seeders are known again, from
+            # the agents' own re-registration (the tracker's epoch changed), with no process restarted.
+            blobs = list(agents[0].seeder.held())
+            assert len(blobs) >= 4
+
+            def rebuilt(blob_id: str) -> bool:
+                state = tracker.blob(blob_id)
+                return state["infohash"] is not None and state["seeders"] == 3
+
+            loop_until(
+                lambda: all(rebuilt(b) for b in blobs),
+                timeout=30,
+                interval=0.5,
+                what="the swarm state rebuilt in the restarted Redis",
+            )
+            assert tracker.proc is not None and tracker.proc.poll() is None
+    finally:
+        tracker.stop()
+        redis.stop()
+
+
+def restart_redis_when_busy(redis: RedisProcess, origin, restarted: list[float]) -> None:
+    """SIGKILL redis-server once a quarter of the model has left the origin; start it again, empty,
+    2 s later. `restarted`: origin egress at the kill."""
+    loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
+    restarted.append(origin.hub.egress_bytes)
+    redis.kill()
+    time.sleep(2)
+    redis.start()

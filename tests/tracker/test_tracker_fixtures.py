@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.support.procs import free_port, loop_until, require
+from tests.support.procs import RedisProcess, free_port, loop_until
 from tracker.app import TrackerApp, create_app
 from tracker.bencode import bdecode, bencode
 from tracker.settings import TrackerSettings
@@ -103,46 +101,12 @@ def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
 @contextlib.contextmanager
 def redis_server(workdir: Path) -> Iterator[str]:
     """A private redis-server on a free port (no persistence), stopped by PID at the end."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        require("redis-server", "Debian package redis-server (./dev installs it)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-            "--protected-mode",
-            "yes",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    server = RedisProcess(workdir)
     try:
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=port)
-
-        def ready() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.ConnectionError:
-                assert proc.poll() is None, "redis-server exited"
-                return False
-
-        loop_until(ready, timeout=30, what="redis-server")
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
+        server.start()
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 @pytest.fixture(scope="session")

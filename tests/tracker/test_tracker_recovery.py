@@ -144,10 +144,12 @@ def test_a_sqlite_file_from_before_lease_progress_is_upgraded(tmp_path) -> None:
     with run_server(replace(SETTINGS, db_path=db)) as t:
         url = f"/v1/leases/{'cd' * 32}"
         # Its lease was timed by the wall clock (leases are monotonic now): dropped, not misread as a
-        # lease for decades. The holder's next heartbeat says so, and it asks again like any node.
+        # lease for decades. The lease is free: the old holder's next heartbeat reclaims it.
+        assert t.http.get(f"/v1/blobs/{'cd' * 32}").json()["holders"] == []
         lost = t.http.post(f"{url}/heartbeat", json={"node_id": "old-holder", "progress": 5}, headers=AUTH)
         assert lost.status_code == 404
-        granted = t.http.post(url, json={"node_id": "n", "stale_after": 1}, headers=AUTH).json()
-        assert granted["granted"] and granted["holders"] == ["n"]
-        beat = t.http.post(f"{url}/heartbeat", json={"node_id": "n", "progress": 5}, headers=AUTH)
-        assert beat.json()["leases"][0]["progress"] == 5
+        body = {"node_id": "old-holder", "progress": 5, "reclaim": True}
+        beat = t.http.post(f"{url}/heartbeat", json=body, headers=AUTH)
+        assert beat.status_code == 200 and beat.json()["leases"][0]["progress"] == 5
+        denied = t.http.post(url, json={"node_id": "n", "stale_after": 60}, headers=AUTH).json()
+        assert not denied["granted"] and denied["holders"] == ["old-holder"]

@@ -187,6 +187,46 @@ def test_a_wall_clock_step_moves_no_lease_and_no_peer(
         assert t.scrape(ih)[b"files"][ih][b"complete"] == 2
 
 
+def test_a_holder_reclaims_a_lapsed_lease_unless_another_took_it(store_settings: TrackerSettings) -> None:
+    with run_server(store_settings) as t:
+        url = f"/v1/leases/{'5a' * 32}"
+        assert t.http.post(url, json={"node_id": "node-a", "ttl": 0.5}, headers=AUTH).json()["granted"]
+        beat = {"node_id": "node-a", "ttl": 30, "reclaim": True}
+        loop_until(lambda: not t.http.get(f"/v1/blobs/{'5a' * 32}").json()["holders"], timeout=10)
+        assert t.http.post(f"{url}/heartbeat", json={"node_id": "node-a"}, headers=AUTH).status_code == 404
+        assert t.http.post(f"{url}/heartbeat", json=beat, headers=AUTH).json()["holders"] == ["node-a"]
+        assert not t.http.post(url, json={"node_id": "node-b", "ttl": 30}, headers=AUTH).json()["granted"]
+        t.http.delete(url, params={"node_id": "node-a"}, headers=AUTH)
+        assert t.http.post(url, json={"node_id": "node-b", "ttl": 30}, headers=AUTH).json()["granted"]
+        lost = t.http.post(f"{url}/heartbeat", json=beat, headers=AUTH)
+        assert lost.status_code == 409, "node-b holds it now"
+
+
+@pytest.mark.redis
+def test_after_redis_lost_its_data_leases_go_back_to_their_holders_first(redis_url: str) -> None:
+    """Redis restarted empty under a running tracker: for `lease_amnesty` seconds a node asking for a
+    lease is refused, so the holder still downloading reclaims it (else: 2 x S of origin egress)."""
+    import redis
+
+    flush_redis(redis_url)
+    with run_server(replace(SETTINGS, redis_url=redis_url, lease_amnesty=3.0)) as t:
+        url = f"/v1/leases/{'6b' * 32}"
+        assert t.http.post(url, json={"node_id": "holder", "ttl": 30}, headers=AUTH).json()["granted"]
+        assert t.http.get("/readyz").json()["epoch"]
+        with redis.Redis.from_url(redis_url) as r:
+            r.flushall()  # what a restart without persistence leaves
+        waiter = t.http.post(url, json={"node_id": "waiter", "ttl": 30}, headers=AUTH).json()
+        assert not waiter["granted"] and waiter["holder"] is None
+        beat = t.http.post(f"{url}/heartbeat", json={"node_id": "holder", "reclaim": True}, headers=AUTH)
+        assert beat.status_code == 200 and beat.json()["holders"] == ["holder"]
+        other = f"/v1/leases/{'7c' * 32}"
+        loop_until(  # after the amnesty, leases are granted as before
+            lambda: t.http.post(other, json={"node_id": "waiter", "ttl": 30}, headers=AUTH).json()["granted"],
+            timeout=15,
+            interval=0.5,
+        )
+
+
 def test_max_lease_holders(store_settings: TrackerSettings) -> None:
     with run_server(replace(store_settings, max_lease_holders=2)) as t:
         url = f"/v1/leases/{'cd' * 20}"
