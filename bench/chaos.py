@@ -10,9 +10,17 @@ node's agent) on every node at once, and injects its fault while the bytes flow:
     agents-killed    two agents SIGKILLed at random moments, each started again 5 s later
     holder-killed    the node holding the largest blob's origin lease SIGKILLed (back 5 s later)
     tracker-restart  the tracker SIGKILLed and started again 3 s later (same SQLite file)
+    redis-restart    the tracker on Redis; redis-server SIGKILLed, started again empty 2 s later
+    tracker-replicas two tracker replicas on one Redis behind a balancer (nftables, as kube-proxy
+                     does for a Service); one SIGKILLed, its endpoint removed 2 s later
     origin-429       the origin answers 429 with Retry-After for 30 s, then bursts of 503s
     netem            2 % loss and 50 ms added latency on every link, from the start
     disk-full        one node's cache is a tmpfs smaller than the model: it must fail clearly alone
+    corrupt-peer     one node fetches first; then the last, running stock libtorrent with the tracker's
+                     credentials instead of an agent, seeds the model with a byte flipped in every
+                     16 KiB block (bench/chaos_peer.py) while the other six fetch
+    clock-jump       the tracker's and one agent's wall clock stepped +10 min, then -20 min (an
+                     LD_PRELOAD, bench/clockjump.c; their monotonic clocks run on, as in a real step)
     all              agents-killed + tracker-restart + origin-429 + netem at once
 
 A node's `agent fetch` that fails (its agent was killed under it) is run again, as an init
@@ -38,16 +46,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.netns import Cluster, cleanup_stale, have_netns_support
-from bench.stack import BIN, ORIGIN_PORT, Model, Stack, sha256_file, wait_for
+from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
+from bench.stack import BIN, ORIGIN_PORT, TRACKER_PORT, Model, Stack, sha256_file, wait_for
 from bench.swarm import lower_bound, parse_size, tmpfs
 
 SCENARIOS = (
-    "none", "agents-killed", "holder-killed", "tracker-restart", "origin-429", "netem", "disk-full", "all",
+    "none", "agents-killed", "holder-killed", "tracker-restart", "redis-restart", "tracker-replicas",
+    "origin-429", "netem", "disk-full", "corrupt-peer", "clock-jump", "all",
 )
 REPO = "bench/chaos-model"
 ATTEMPTS = 10
 """`agent fetch` runs per node at most (an init container restarting after its agent died)."""
+REDIS_PORT = 6379
+REPLICA_PORTS = (TRACKER_PORT + 1, TRACKER_PORT + 2)
+CLOCK_STEPS = (600, -600)
+"""Seconds the wall clock reads off true time: first 10 min ahead, then 10 min behind."""
 
 
 @dataclass
@@ -76,6 +89,13 @@ class Chaos:
         self.restarts = 0
         self.events: list[str] = []
         self._t0 = 0.0
+        self.redis: Proc | None = None
+        self.peer: Proc | None = None
+        """The corrupt peer (bench/chaos_peer.py)."""
+        self.replicas: list[Proc] = []
+        self.clock_file = stack.workdir / "clockjump"
+        self.clockjump: Path | None = None
+        """The built bench/clockjump.c (the clock-jump scenario)."""
 
     # -- faults -----------------------------------------------------------------------------------
 
@@ -169,6 +189,124 @@ class Chaos:
                                   "netem", "loss", "2%", "delay", "50ms"])
         self._note("netem: 2% loss, 50 ms on every link")
 
+    def _start_redis(self) -> None:
+        argv = ["redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.s.workdir), "--protected-mode", "yes"]
+        self.redis = self.s.c.spawn("tracker", argv, self.s.env, self.s.log("redis"))
+        ping = ["redis-cli", "-p", str(REDIS_PORT), "ping"]
+        wait_for(lambda: self.s.c.run("tracker", ping, 5).stdout.strip() == "PONG", 30, "redis-server")
+
+    def redis_restart(self) -> None:
+        if not self._when_egress(0.25) or self.redis is None:
+            return
+        os.kill(self.redis.pid, signal.SIGKILL)
+        self.redis.wait(10)
+        self._note("SIGKILL redis-server")
+        time.sleep(2)
+        self._start_redis()
+        self._note("redis-server started again, empty (no persistence)")
+
+    def _balance(self, ports: tuple[int, ...]) -> None:
+        """The tracker address's port goes round-robin to `ports` (DNAT keeps the client's address, which
+        the tracker hands out as the peer's, as a Service's kube-proxy rules do)."""
+        mapping = ", ".join(f"{i} : {port}" for i, port in enumerate(ports))
+        rule = f"tcp dport {TRACKER_PORT} redirect to :numgen inc mod {len(ports)} map {{ {mapping} }}"
+        rules = self.s.workdir / "balance.nft"
+        rules.write_text(
+            "flush ruleset\ntable ip ws {\n"
+            f"  chain pre {{ type nat hook prerouting priority -100; {rule}; }}\n"
+            f"  chain out {{ type nat hook output priority -100; {rule}; }}\n}}\n"
+        )
+        res = self.s.c.run("tracker", ["nft", "-f", str(rules)])
+        if res.returncode != 0:
+            raise RuntimeError(f"nft: {res.stderr.strip()}")
+
+    def replica_killed(self) -> None:
+        if not self._when_egress(0.25):
+            return
+        os.kill(self.replicas[0].pid, signal.SIGKILL)
+        self.replicas[0].wait(10)
+        self._note(f"SIGKILL tracker replica :{REPLICA_PORTS[0]}")
+        time.sleep(2)
+        self._balance(REPLICA_PORTS[1:])
+        self._note("its endpoint removed from the balancer (readiness failed)")
+
+    def clock_jump(self) -> None:
+        for step, at in zip(CLOCK_STEPS, (0.25, 0.6), strict=True):
+            if not self._when_egress(at):
+                return
+            self.clock_file.write_text(f"{step}\n")
+            self._note(f"wall clock of the tracker and {self.nodes[0]} now {step:+d} s off")
+
+    def _clock_env(self) -> dict[str, str]:
+        if self.clockjump is None:
+            self.clockjump = self.s.workdir / "libclockjump.so"
+            source = Path(__file__).with_name("clockjump.c")
+            subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(self.clockjump), str(source), "-ldl"],
+                           check=True, timeout=120)
+        self.clock_file.write_text("0\n")
+        return {**self.s.env, "LD_PRELOAD": str(self.clockjump), "CLOCKJUMP_FILE": str(self.clock_file)}
+
+    def _start_tracker(self, scenario: str) -> None:
+        s = self.s
+        if scenario in ("redis-restart", "tracker-replicas"):
+            self._start_redis()
+            store = ["--redis", f"redis://127.0.0.1:{REDIS_PORT}/0"]
+            if scenario == "redis-restart":
+                s.tracker = s.spawn_tracker(store)
+                return
+            self.replicas = [s.spawn_tracker(store, port=port, host="0.0.0.0") for port in REPLICA_PORTS]
+            self._balance(REPLICA_PORTS)
+        elif scenario == "clock-jump":
+            env = self._clock_env()
+            s.node_env[self.nodes[0]] = env
+            s.tracker = s.spawn_tracker(["--db", str(self.db)], env=env)
+        else:
+            s.start_tracker(self.db)
+
+    def _stop_tracker(self) -> None:
+        s = self.s
+        s.stop_tracker()
+        for proc in self.replicas:
+            s.c.stop(proc)
+        if self.replicas:
+            s.c.run("tracker", ["nft", "flush", "ruleset"])
+        self.replicas = []
+        if self.redis is not None:
+            s.c.stop(self.redis)
+            self.redis = None
+        s.node_env.clear()
+
+    def _corrupt_peer(self, bad: str) -> None:
+        """One node fetches the model first (an honest seed); then `bad`, which runs no agent, seeds it
+        through stock libtorrent with a byte flipped in every 16 KiB block (bench/chaos_peer.py)."""
+        s = self.s
+        honest = self.nodes[-2]
+        proc = s.c.spawn(honest, s.fetch_agent_argv(honest, self.model), s.env, s.log(f"prefetch-{honest}"))
+        if proc.wait(self.a.timeout) != 0:
+            raise RuntimeError(f"{honest}: the fetch before the corrupt peer failed: {proc.output()[-400:]}")
+        blobs = s.workdir / "corrupt-blobs.json"
+        blobs.write_text(json.dumps([{"path": f.path, "blob_id": f.blob_id} for f in self.model.files]))
+        argv = [sys.executable, "-m", "bench.chaos_peer", str(blobs), "--hub", str(s.hub_root), "--repo",
+                self.model.repo_id, "--tracker", s.tracker_url, "--token-file", str(s.token_file),
+                "--passkey-file", str(s.passkey_file), "--listen", f"{s.c.ip(bad)}:6881",
+                "--dir", str(s.node_dir(bad) / "corrupt")]
+        self.peer = peer = s.c.spawn(bad, argv, s.env, s.log(f"corrupt-peer-{bad}"))
+        wait_for(lambda: "seeding corrupt pieces" in peer.output(), 60, "the corrupt peer")
+        self._note(f"{honest} seeds the model; {bad} (stock libtorrent) seeds it, a byte flipped per 16 KiB")
+
+    def _check_banned(self, bad: str, out: Outcome) -> None:
+        logs = [self.s.log(f"agent-{n}").read_text(errors="replace") for n in self.nodes if n != bad]
+        bans = sum(text.count(f"banned peer {self.s.c.ip(bad)}:") for text in logs)
+        fails = sum(text.count("failed its hash check") for text in logs)
+        out.notes.append(f"{bad} banned {bans} times; {fails} pieces failed their hash check")
+        if not bans:
+            out.checks.append(f"no node banned the corrupt peer {bad}")
+
+    def _snapshot(self, node: str) -> Path:
+        folder = "models--" + self.model.repo_id.replace("/", "--")
+        return self.s.node_dir(node) / "cache" / folder / "snapshots" / self.model.commit
+
     # -- one scenario -----------------------------------------------------------------------------
 
     def run(self, scenario: str, run: int) -> Outcome:
@@ -192,14 +330,24 @@ class Chaos:
             "origin-429": [self.origin_429],
             "netem": [self.netem],
             "disk-full": [],
+            "redis-restart": [self.redis_restart],
+            "tracker-replicas": [self.replica_killed],
+            "corrupt-peer": [],
+            "clock-jump": [self.clock_jump],
             "all": [self.netem, self.agents_killed, self.tracker_restart, self.origin_429],
         }[scenario]
+        bad = self.nodes[-1] if scenario == "corrupt-peer" else None
         try:
-            s.start_tracker(self.db)
-            s.start_agents(self.nodes, self.serve_args)
+            self._start_tracker(scenario)
+            s.start_agents([n for n in self.nodes if n != bad], self.serve_args)
+            self._t0 = time.monotonic()
+            if bad is not None:
+                self._corrupt_peer(bad)
             self.e0 = s.egress()
             self._t0 = time.monotonic()
-            procs = {n: s.c.spawn(n, self._fetch_loop(n), s.env, s.log(f"fetch-{n}")) for n in self.nodes}
+            fetching = [n for n in self.nodes if n != bad]
+            out.total = len(fetching)
+            procs = {n: s.c.spawn(n, self._fetch_loop(n), s.env, s.log(f"fetch-{n}")) for n in fetching}
             injectors = [threading.Thread(target=f, daemon=True) for f in faults]
             for t in injectors:
                 t.start()
@@ -224,7 +372,9 @@ class Chaos:
                 bound = lower_bound(self.model.size, len(self.nodes), len(self.nodes), self.a.node_rate,
                                     self.a.origin_rate, warm=False)
                 out.ratio = max(times[n] for n in ok) / bound
-            out.checks = self._verify(ok, small)
+            out.checks = self._verify(ok, small, bad)
+            if bad is not None:
+                self._check_banned(bad, out)
             if small is not None:
                 text = procs[small].output()
                 if "disk" not in text.lower() and "space" not in text.lower():
@@ -235,7 +385,10 @@ class Chaos:
             out.notes.extend(self.events)
         finally:
             s.stop_agents()
-            s.stop_tracker()
+            if self.peer is not None:
+                s.c.stop(self.peer)
+                self.peer = None
+            self._stop_tracker()
             for m in mounts:
                 m.__exit__(None, None, None)
             if scenario in ("netem", "all"):
@@ -252,13 +405,15 @@ class Chaos:
         )
         return ["bash", "-c", script]
 
-    def _verify(self, ok: set[str], small: str | None) -> list[str]:
-        """Byte for byte against the origin's files; no snapshot entry resolving to a partial blob."""
+    def _verify(self, ok: set[str], small: str | None, bad: str | None) -> list[str]:
+        """Byte for byte against the origin's files; no snapshot entry resolving to a partial blob. The
+        corrupt peer (`bad`) is the attacker: its own bytes are known wrong."""
         problems = []
         want = {f.path: sha256_file(self.s.hub_root / self.model.repo_id / f.path) for f in self.model.files}
-        folder = "models--" + self.model.repo_id.replace("/", "--")
         for node in self.nodes:
-            snap = self.s.node_dir(node) / "cache" / folder / "snapshots" / self.model.commit
+            if node == bad:
+                continue
+            snap = self._snapshot(node)
             entries = [p for p in snap.rglob("*") if p.is_symlink() or p.is_file()] if snap.is_dir() else []
             for p in entries:
                 if os.path.realpath(p).endswith(".incomplete") or not p.exists():

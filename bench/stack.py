@@ -112,6 +112,8 @@ class Stack:
         self.origin: Proc | None = None
         self.tracker: Proc | None = None
         self.agents: dict[str, Proc] = {}
+        self.node_env: dict[str, dict[str, str]] = {}
+        """Extra environment for one node's agent (e.g. the chaos run's clock step)."""
         self.logdir.mkdir(parents=True, exist_ok=True)
 
     # -- helpers -------------------------------------------------------------------------
@@ -186,29 +188,34 @@ class Stack:
 
     # -- tracker -------------------------------------------------------------------------
     def start_tracker(self, db: Path) -> None:
+        self.tracker = self.spawn_tracker(["--db", str(db)])
+
+    def spawn_tracker(
+        self,
+        store: Sequence[str],
+        port: int = TRACKER_PORT,
+        host: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """A `tracker serve` in the tracker namespace on `store` (`--db PATH` or `--redis URL`), ready."""
         argv = [
             str(BIN / "tracker"),
             "serve",
             "--host",
-            self.c.ip("tracker"),
+            host or self.c.ip("tracker"),
             "--port",
-            str(TRACKER_PORT),
-            "--db",
-            str(db),
+            str(port),
+            *store,
             "--token-file",
             str(self.token_file),
             "--announce-passkey-file",
             str(self.passkey_file),
         ]
-        self.tracker = self.c.spawn("tracker", argv, self.env, self.log("tracker"))
-        wait_for(
-            lambda: (
-                self._alive(self.tracker, "tracker")
-                and self.curl("tracker", f"{self.tracker_url}/healthz", 2)
-            ),
-            60,
-            "the tracker (tracker serve)",
-        )
+        log = self.log("tracker" if port == TRACKER_PORT else f"tracker-{port}")
+        proc = self.c.spawn("tracker", argv, env or self.env, log)
+        url = f"http://{self.c.ip('tracker')}:{port}/healthz"
+        wait_for(lambda: self._alive(proc, "tracker") and self.curl("tracker", url, 2), 60, "the tracker")
+        return proc
 
     def stop_tracker(self) -> None:
         if self.tracker is not None:
@@ -247,7 +254,8 @@ class Stack:
                 node,
                 *extra,
             ]
-            self.agents[node] = self.c.spawn(node, argv, self.env, self.log(f"agent-{node}"))
+            env = {**self.env, **self.node_env.get(node, {})}
+            self.agents[node] = self.c.spawn(node, argv, env, self.log(f"agent-{node}"))
         for node in nodes:
             wait_for(
                 lambda n=node: (

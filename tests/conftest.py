@@ -58,14 +58,22 @@ def mounted_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
 
 
 _OPT_IN_MARKERS = ("slow", "multinode")
+_CHAOS = "chaos"
+"""The short chaos run (tests/multinode/test_chaos.py): opt-in everywhere, CI included (its minutes
+do not fit CI's budget); deselected, not skipped, unless `-m` names it."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow` and `multinode` tests are opt-in on a developer's machine: they run only when `-m` names
-    their marker. CI (`CI` set, see tests.support.procs.in_ci) runs them all."""
+    their marker. CI (`CI` set, see tests.support.procs.in_ci) runs them all. `chaos`: see `_CHAOS`."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if _CHAOS not in markexpr:
+        chaos = [item for item in items if item.get_closest_marker(_CHAOS) is not None]
+        if chaos:
+            config.hook.pytest_deselected(items=chaos)
+            items[:] = [item for item in items if item.get_closest_marker(_CHAOS) is None]
     if in_ci():
         return
-    markexpr = config.getoption("markexpr", "") or ""
     for name in _OPT_IN_MARKERS:
         if name in markexpr:
             continue
