@@ -146,7 +146,7 @@ class OriginClient:
         self,
         call: Callable[[], T],
         moved: Callable[[], object] = lambda: None,
-        pause: Callable[[float], bool] = lambda seconds: time.sleep(seconds) is None,
+        pause: Callable[[float], bool] | None = None,
     ) -> T:
         """`call()` (requests with their bounded retries) again while the origin stays unavailable (429,
         5xx, refused or dropped connections), for up to `settings.patience` seconds without progress: a
@@ -168,7 +168,9 @@ class OriginClient:
                     raise
                 wait = min(_PATIENT_PAUSE, left)
                 log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
-                if not pause(wait):
+                if pause is None:
+                    time.sleep(wait)
+                elif not pause(wait):
                     raise
 
     def request(
