@@ -81,6 +81,10 @@ class OriginUnavailableError(OriginError):
     bounded retries: a daemon job waits it out (`OriginSettings.patience`)."""
 
 
+class OriginOverloadedError(OriginUnavailableError):
+    """The origin itself kept answering 5xx: it is reachable and says "later" (so would it to any node)."""
+
+
 class IntegrityError(WeightswarmError):
     """Downloaded bytes do not match what the origin or the manifest promised."""
 

@@ -106,14 +106,18 @@ class SwarmSource:
             client = self.origin.client
             return client.patiently(lambda: client.file_metadata(plan.repo_id, plan.commit, entry.path)).url
 
-        # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report it.
+        def present() -> int | None:
+            # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report
+            # it, or no count (progress) while the origin itself says "later" (`told_to_wait`).
+            return None if self.origin.client.told_to_wait else progress.done
+
         outcome = self.fetcher.obtain(
             cache,
             entry,
             from_origin,
             web_seed_url,
             on_progress,
-            present=lambda: progress.done,
+            present=present,
             relay_download=from_relay if relay is not None else None,
             stage=progress.set_stage,
         )

@@ -14,6 +14,7 @@ import http.client
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from agent.core.errors import (
     AuthError,
     NotFoundError,
     OriginError,
+    OriginOverloadedError,
     OriginUnavailableError,
     RateLimitedError,
     WeightswarmError,
@@ -104,6 +106,9 @@ class OriginClient:
             timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
         )
         self._public: dict[str, bool] = {}
+        self._lock = threading.Lock()
+        self._told = 0
+        """Requests waiting out the origin's 429 or 5xx now (`told_to_wait`)."""
 
     def __repr__(self) -> str:
         return f"OriginClient({self.endpoint!r})"
@@ -142,6 +147,15 @@ class OriginClient:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
+    @property
+    def told_to_wait(self) -> bool:
+        """Whether a request of this client is waiting because the origin answered 429 or 5xx. A lease
+        holder then reports no stall (agent.swarm.policy): another node taking its lease over would be
+        told the same, and both would then pull the blob (1.5 x S measured through a 30-s rate limit).
+        Refused or dropped connections do not count: they may be this node's own trouble."""
+        with self._lock:
+            return self._told > 0
+
     def patiently(
         self,
         call: Callable[[], T],
@@ -168,10 +182,18 @@ class OriginClient:
                     raise
                 wait = min(_PATIENT_PAUSE, left)
                 log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
-                if pause is None:
-                    time.sleep(wait)
-                elif not pause(wait):
-                    raise
+                # The origin's own "later" (429, 5xx) would be every node's: see `told_to_wait`.
+                told = isinstance(exc, RateLimitedError | OriginOverloadedError)
+                with self._lock:
+                    self._told += told
+                try:
+                    if pause is None:
+                        time.sleep(wait)
+                    elif not pause(wait):
+                        raise
+                finally:
+                    with self._lock:
+                        self._told -= told
 
     def request(
         self,
@@ -307,7 +329,7 @@ def raise_for_status(status: int, headers: object, body: bytes, what: str) -> No
         raise Retryable(RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing"),
                         _retry_after(get("Retry-After")))
     if status in _RETRY_STATUSES:
-        error = OriginUnavailableError(f"{what}: origin error {status}{suffix}")
+        error = OriginOverloadedError(f"{what}: origin error {status}{suffix}")
         raise Retryable(error, _retry_after(get("Retry-After")))
     if status == 401 and not code and "credential" in detail.lower():
         raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")

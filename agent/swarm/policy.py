@@ -148,7 +148,7 @@ class SwarmFetcher:
         self._blob_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._trust = MetainfoTrust(swarm, tracker, node_id)
-        self._present: dict[str, Callable[[], int]] = {}
+        self._present: dict[str, Callable[[], int | None]] = {}
         """blob id -> bytes of it present now, for lease heartbeats (set while it is obtained)."""
         self._stages: dict[str, Callable[[str], None]] = {}
         """blob id -> where to say which stage its fetch is in (the job's file, see `obtain`)."""
@@ -190,12 +190,13 @@ class SwarmFetcher:
         origin_download: OriginDownload,
         web_seed_url: WebSeedUrl,
         progress: Progress,
-        present: Callable[[], int] | None = None,
+        present: Callable[[], int | None] | None = None,
         relay_download: RelayDownload | None = None,
         stage: Callable[[str], None] | None = None,
     ) -> BlobOutcome:
         """`present`: the bytes of this blob present now, whichever engine writes them (lease
-        heartbeats report it); by default the last value passed to `progress`. `relay_download`: how to
+        heartbeats report it), or None while the origin told the download to wait (that is no stall);
+        by default the last value passed to `progress`. `relay_download`: how to
         take the blob from the nodes relaying it while another node holds its origin lease. `stage`:
         told where the blob is ("lease", "origin", "peers", "verifying") as that changes."""
         with self._lock_for(blob.blob_id):

@@ -1,6 +1,7 @@
-"""The origin answering 503 in the middle of a cluster's cold fetch, for longer than the origin client
-retries one request: the lease holders wait it out where they stand, keeping their partial blobs and
-their leases, and no node starts a blob over from the origin."""
+"""The origin answering 503, or 429, in the middle of a cluster's cold fetch, for longer than the origin
+client retries one request: the lease holders wait it out where they stand, keeping their partial blobs
+and their leases (also past the time after which a holder that brings no bytes counts as stalled), and
+no node starts a blob over from the origin."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import logging
 import threading
 import time
 
+import pytest
+
 from tests.support.cluster import fetch_all_and_verify, model_origin
 from tests.support.procs import loop_until
 
 MODEL_BYTES = 24 * 2**20
 ORIGIN_RATE = 4 * 2**20
-OUTAGE = 6.0
-"""Seconds of 503s: beyond the agents' origin retries (below), within a lease holder's stall limit."""
+OUTAGE = {503: 6.0, 429: 20.0}
+"""Seconds of each answer: beyond the agents' origin retries (below); the 429s also beyond the 15 s after
+which a holder whose bytes do not move counts as stalled (`holder_stall`)."""
 
 
-def test_a_503_burst_mid_fetch_is_waited_out_by_the_lease_holders(tmp_path, tracker, make_agent, caplog):
+@pytest.mark.parametrize("status", sorted(OUTAGE))
+def test_the_lease_holders_wait_out_an_unavailable_origin(status, tmp_path, tracker, make_agent, caplog):
     with model_origin(
         tmp_path / "hub", "acme/down", total_bytes=MODEL_BYTES, shards=4, seed=5, rate_total=ORIGIN_RATE
     ) as origin:
@@ -28,27 +33,29 @@ def test_a_503_burst_mid_fetch_is_waited_out_by_the_lease_holders(tmp_path, trac
         ]
         origin.hub.reset_counters()
         outage: list[float] = []
-        burst = threading.Thread(target=unavailable_when_busy, args=(origin, outage), daemon=True)
+        burst = threading.Thread(target=unavailable_when_busy, args=(origin, status, outage), daemon=True)
         burst.start()
         with caplog.at_level(logging.WARNING, logger="agent.origin.client"):
             fetch_all_and_verify(agents, origin)
         burst.join(30)
         assert outage and outage[0] < origin.size * 0.8, "the origin did not fail mid-fetch"
-        assert any("503" in r.getMessage() and "asking again" in r.getMessage() for r in caplog.records)
-        # Failing instead hands the holder's lease to a node that starts the blob over (1.5 x S measured).
+        assert any(str(status) in r.getMessage() and "asking again" in r.getMessage() for r in caplog.records)
+        # Failing instead hands the holder's lease to a node that starts the blob over (1.5 x S measured),
+        # and so does a holder that looks stalled while it waits (1.5 x S through a 30-s rate limit).
         assert origin.hub.egress_bytes <= 1.05 * origin.size, origin.hub.egress_bytes / origin.size
 
 
-def unavailable_when_busy(origin, outage: list[float]) -> None:
-    """Once a quarter of the model has left the origin, answer every file request 503 for `OUTAGE`
-    seconds. `outage`: origin egress when it began."""
+def unavailable_when_busy(origin, status: int, outage: list[float]) -> None:
+    """Once a quarter of the model has left the origin, answer every file request `status` for
+    `OUTAGE[status]` seconds. `outage`: origin egress when it began."""
     loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
     faults = origin.hub.faults
     outage.append(origin.hub.egress_bytes)
-    end = time.monotonic() + OUTAGE
+    answer = (429, {"Retry-After": "1", "X-Error-Code": "RateLimited"}) if status == 429 else (503, {})
+    end = time.monotonic() + OUTAGE[status]
     while time.monotonic() < end:
         with faults._lock:
-            faults.status_queue[:] = [(503, {})] * 64
+            faults.status_queue[:] = [answer] * 64
         time.sleep(0.05)
     with faults._lock:
         faults.status_queue.clear()
