@@ -379,8 +379,9 @@ class Chaos:
                                     self.a.origin_rate, warm=False)
                 out.ratio = max(times[n] for n in ok) / bound
             out.checks = self._verify(ok, small, bad)
-            if out.egress > EGRESS_BOUND.get(scenario, 1.1):
-                out.checks.append(f"origin egress {out.egress:.2f} S over {EGRESS_BOUND.get(scenario, 1.1)} S")
+            limit = EGRESS_BOUND.get(scenario, 1.1)
+            if out.egress > limit:
+                out.checks.append(f"origin egress {out.egress:.2f} S over {limit} S")
             if bad is not None:
                 self._check_banned(bad, out)
             if small is not None:
