@@ -10,13 +10,14 @@ huggingface_hub does: a CDN must not see the token).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, urljoin, urlsplit
@@ -144,12 +145,26 @@ class OriginClient:
                     raise exc.error from None
                 delay = self.backoff(attempt, exc.delay)
                 log.info("%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
-                time.sleep(delay)
+                with self._waiting(exc.error):
+                    time.sleep(delay)
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _waiting(self, error: BaseException) -> Iterator[None]:
+        """A wait between asks; counted in `told_to_wait` when the origin itself said "later"."""
+        told = isinstance(error, RateLimitedError | OriginOverloadedError)
+        with self._lock:
+            self._told += told
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._told -= told
 
     @property
     def told_to_wait(self) -> bool:
-        """Whether a request of this client is waiting because the origin answered 429 or 5xx. A lease
+        """Whether a request of this client is waiting (between retries, or out of patience) because the
+        origin answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
         holder then reports no stall (agent.swarm.policy): another node taking its lease over would be
         told the same, and both would then pull the blob (1.5 x S measured through a 30-s rate limit).
         Refused or dropped connections do not count: they may be this node's own trouble."""
@@ -182,18 +197,11 @@ class OriginClient:
                     raise
                 wait = min(_PATIENT_PAUSE, left)
                 log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
-                # The origin's own "later" (429, 5xx) would be every node's: see `told_to_wait`.
-                told = isinstance(exc, RateLimitedError | OriginOverloadedError)
-                with self._lock:
-                    self._told += told
-                try:
+                with self._waiting(exc):
                     if pause is None:
                         time.sleep(wait)
                     elif not pause(wait):
                         raise
-                finally:
-                    with self._lock:
-                        self._told -= told
 
     def request(
         self,
