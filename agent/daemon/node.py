@@ -158,7 +158,7 @@ class Daemon:
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(
                 s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held,
-                self._turn_of, self.relay,
+                self._turn_of, self.relay, stopping=self._stop,
             )
             public = self._public_torrents if s.swarm.interop_public else None
             self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,8 @@ class FetchContext:
     """When the job must step aside for others, and how it waits (preheat work: `JobTable.must_yield`)."""
     relay: RelayReceiver | None = None
     """Takes blobs from the nodes relaying them while they arrive (agent.swarm.relay); None: off."""
+    stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set when the daemon stops: a job waiting out the origin gives up at once."""
     entitlements: Entitlements = dataclasses.field(init=False)
     """What the origin allowed this node's requests (agent.fetch.entitlement), from `--state-dir`."""
 
@@ -107,7 +110,7 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
     settings = ctx.settings
     f = settings.fetch
     origin, which = origin_for_request(settings, token, lend)
-    client = OriginClient(origin, max_connections=f.connections_per_file * f.files_at_once)
+    client = OriginClient(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
     try:
         _run(ctx, job, client)
     except (AuthError, NotFoundError, NotEntitledError) as exc:

@@ -96,8 +96,12 @@ def _retry_after(value: str | None) -> float | None:
 class OriginClient:
     """Talks to one hub endpoint. Thread-safe (urllib3 pools are)."""
 
-    def __init__(self, settings: OriginSettings, max_connections: int = 16) -> None:
+    def __init__(
+        self, settings: OriginSettings, max_connections: int = 16, interrupt: threading.Event | None = None
+    ) -> None:
         self.settings = settings
+        self._interrupt = interrupt or threading.Event()
+        """Set when the waits of `patiently` must end now (the daemon stopping)."""
         self.endpoint = settings.endpoint.rstrip("/")
         self._pool = urllib3.PoolManager(
             num_pools=8,
@@ -162,6 +166,11 @@ class OriginClient:
                 self._told -= told
 
     @property
+    def interrupted(self) -> bool:
+        """The daemon is stopping: no more waiting out the origin."""
+        return self._interrupt.is_set()
+
+    @property
     def told_to_wait(self) -> bool:
         """Whether a request of this client is waiting (between retries, or out of patience) because the
         origin answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
@@ -182,7 +191,7 @@ class OriginClient:
         change of `moved()` (a range's position) starts the count again. Waiting in place keeps a lease
         holder's partial blob and its lease; failing hands the lease to a node that starts the blob over
         (measured at 1.5 x S of origin egress through 503 bursts). `pause(seconds)` waits between asks
-        and says whether to go on (False: raise the error now)."""
+        and says whether to go on (False: raise the error now); `interrupt` ends the waits too."""
         patience = self.settings.patience
         mark, since = moved(), time.monotonic()
         while True:
@@ -198,10 +207,10 @@ class OriginClient:
                 wait = min(_PATIENT_PAUSE, left)
                 log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
                 with self._waiting(exc):
-                    if pause is None:
-                        time.sleep(wait)
-                    elif not pause(wait):
+                    if self._interrupt.wait(wait) if pause is None else not pause(wait):
                         raise
+                if self.interrupted:
+                    raise
 
     def request(
         self,

@@ -468,17 +468,20 @@ class OriginSource:
                         raise
                 # The read failed because `_step_aside` cut it: not an origin failure.
 
-    @staticmethod
-    def _wait_out(job: _Job, idx: int, seconds: float) -> bool:
-        """Chunk `idx`'s pause while the origin is unavailable; over early (False) when the blob fails or
-        steps aside."""
+    def _wait_out(self, job: _Job, idx: int, seconds: float) -> bool:
+        """Chunk `idx`'s pause while the origin is unavailable; over early (False) when the blob fails,
+        steps aside or the daemon stops."""
         end = time.monotonic() + seconds
+
+        def go_on() -> bool:
+            return job.error is None and not job.pausing and not self.client.interrupted
+
         with job.cond:
             job.waiting.add(idx)
             try:
-                while job.error is None and not job.pausing and time.monotonic() < end:
-                    job.cond.wait(end - time.monotonic())
-                return job.error is None and not job.pausing
+                while go_on() and time.monotonic() < end:
+                    job.cond.wait(min(0.5, end - time.monotonic()))
+                return go_on()
             finally:
                 job.waiting.discard(idx)
                 job.moved[idx] = time.monotonic()

@@ -193,3 +193,19 @@ def test_a_rate_limited_then_failing_origin_is_a_wait_for_a_daemon_job(origin, m
     waits = [r.getMessage() for r in caplog.records if "asking again" in r.getMessage()]
     assert any("429" in w for w in waits) and any("503" in w for w in waits)  # beyond the client's retries
     assert origin.hub.egress_bytes <= origin.size * 1.01
+
+
+def test_a_job_waiting_out_the_origin_ends_when_the_daemon_stops(origin, make_agent, caplog):
+    """Patience (10 minutes by default) must not hold a stopping agent, nor its process's exit."""
+    quick = {"max_retries": 1}
+    a = make_agent("a", origin, None, daemon={"origin_patience": 600.0}, origin_client=quick)
+    origin.hub.faults.status_methods = frozenset({"GET"})  # the plan's HEAD passes, the downloads 503
+    origin.hub.faults.status_queue = [(503, {})] * 100_000
+    with caplog.at_level(logging.WARNING, logger="agent.origin.client"):
+        job = a.request_model(origin.repo_id, "main")
+        loop_until(lambda: any("asking again" in r.getMessage() for r in caplog.records), timeout=60)
+    started = time.monotonic()
+    a.stop()
+    assert job.wait(10), job.status()
+    assert time.monotonic() - started < 15
+    assert job.status().to_json()["phase"] == "Failed"

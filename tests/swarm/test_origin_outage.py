@@ -16,9 +16,9 @@ from tests.support.procs import loop_until
 
 MODEL_BYTES = 24 * 2**20
 ORIGIN_RATE = 4 * 2**20
-OUTAGE = {503: 6.0, 429: 20.0}
-"""Seconds of each answer: beyond the agents' origin retries (below); the 429s also beyond the 15 s after
-which a holder whose bytes do not move counts as stalled (`holder_stall`)."""
+OUTAGE = {503: 6.0, 429: 10.0}
+"""Seconds of each answer: beyond the agents' origin retries (below); the 429s also beyond the 6 s after
+which a holder whose bytes do not move counts as stalled here (`holder_stall`, `lease_stall_min` 4 s)."""
 
 
 @pytest.mark.parametrize("status", sorted(OUTAGE))
@@ -27,12 +27,10 @@ def test_the_lease_holders_wait_out_an_unavailable_origin(status, tmp_path, trac
         tmp_path / "hub", "acme/down", total_bytes=MODEL_BYTES, shards=4, seed=5, rate_total=ORIGIN_RATE
     ) as origin:
         # 503s: retries spent in < 1 s, then the patience. 429s: the client's own 6 retries, each after
-        # the Retry-After of 5 s, are longer than a holder's stall limit already.
+        # the Retry-After of 2 s, are longer than a holder's stall limit already.
         quick = {"max_retries": 3, "backoff_base": 0.05, "backoff_max": 0.2} if status == 503 else {}
-        agents = [
-            make_agent(n, origin, tracker, daemon={"origin_patience": 30.0}, origin_client=quick)
-            for n in ("a", "b", "c")
-        ]
+        daemon = {"origin_patience": 30.0, "lease_stall_min": 4.0}
+        agents = [make_agent(n, origin, tracker, daemon=daemon, origin_client=quick) for n in ("a", "b", "c")]
         origin.hub.reset_counters()
         outage: list[float] = []
         burst = threading.Thread(target=unavailable_when_busy, args=(origin, status, outage), daemon=True)
@@ -54,7 +52,7 @@ def unavailable_when_busy(origin, status: int, outage: list[float]) -> None:
     loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
     faults = origin.hub.faults
     outage.append(origin.hub.egress_bytes)
-    answer = (429, {"Retry-After": "5", "X-Error-Code": "RateLimited"}) if status == 429 else (503, {})
+    answer = (429, {"Retry-After": "2", "X-Error-Code": "RateLimited"}) if status == 429 else (503, {})
     end = time.monotonic() + OUTAGE[status]
     while time.monotonic() < end:
         with faults._lock:
