@@ -73,9 +73,9 @@ def test_a_redis_restart_mid_fetch_is_recovered_without_restarting_anything(tmp_
                 state = tracker.blob(blob_id)
                 return state["infohash"] is not None and state["seeders"] == 3
 
-            loop_until(
+            loop_until(  # libtorrent backs off after the failed announces: a few of its retries
                 lambda: all(rebuilt(b) for b in blobs),
-                timeout=30,
+                timeout=90,
                 interval=0.5,
                 what="the swarm state rebuilt in the restarted Redis",
             )
