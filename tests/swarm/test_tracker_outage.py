@@ -33,14 +33,15 @@ def test_a_tracker_restart_mid_fetch_costs_no_extra_origin_bytes(tmp_path, track
         assert sum(st["bytes_from_peers"] for st in statuses) >= 1.5 * origin.size
 
 
-def restart_when_busy(tracker, origin, restarted: list[float]) -> None:
-    """SIGKILL the tracker once a quarter of the model has left the origin; start it again 3 s later
-    (same SQLite file, an empty peer table). `restarted`: origin egress at the kill."""
+def restart_when_busy(proc, origin, restarted: list[float], down: float = 3.0) -> None:
+    """SIGKILL `proc` (the tracker: same SQLite file, an empty peer table; redis-server: empty) once a
+    quarter of the model has left the origin; start it again `down` s later. `restarted`: origin egress
+    at the kill."""
     loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
     restarted.append(origin.hub.egress_bytes)
-    tracker.kill()
-    time.sleep(3)
-    tracker.start()
+    proc.kill()
+    time.sleep(down)
+    proc.start()
 
 
 @pytest.mark.redis
@@ -56,9 +57,7 @@ def test_a_redis_restart_mid_fetch_is_recovered_without_restarting_anything(tmp_
             agents = [make_agent(n, origin, tracker) for n in ("a", "b", "c")]
             origin.hub.reset_counters()
             restarted: list[float] = []
-            blip = threading.Thread(
-                target=restart_redis_when_busy, args=(redis, origin, restarted), daemon=True
-            )
+            blip = threading.Thread(target=restart_when_busy, args=(redis, origin, restarted, 2), daemon=True)
             blip.start()
             fetch_all_and_verify(agents, origin)
             blip.join(30)
@@ -83,13 +82,3 @@ def test_a_redis_restart_mid_fetch_is_recovered_without_restarting_anything(tmp_
     finally:
         tracker.stop()
         redis.stop()
-
-
-def restart_redis_when_busy(redis: RedisProcess, origin, restarted: list[float]) -> None:
-    """SIGKILL redis-server once a quarter of the model has left the origin; start it again, empty,
-    2 s later. `restarted`: origin egress at the kill."""
-    loop_until(lambda: origin.hub.egress_bytes > origin.size / 4, timeout=60, what="fetch under way")
-    restarted.append(origin.hub.egress_bytes)
-    redis.kill()
-    time.sleep(2)
-    redis.start()
