@@ -26,9 +26,11 @@ node's agent) on every node at once, and injects its fault while the bytes flow:
 A node's `agent fetch` that fails (its agent was killed under it) is run again, as an init
 container's restart would, at most 10 times: each retry is an "error surfaced". Afterwards every
 complete node's snapshot is compared byte for byte with the origin's files, no snapshot entry
-may resolve to a partial (`.incomplete`) blob, and origin egress must stay within the scenario's
-bound (`EGRESS_BOUND`). The table: completed / total, completion ÷ the lower
-bound, origin egress ÷ S, agent restarts, errors surfaced, and whether the checks held.
+may resolve to a partial (`.incomplete`) blob, origin egress must stay within the scenario's
+bound (`EGRESS_BOUND`), and after a tracker, replica or Redis restart the tracker must list every
+seeder it listed before within one announce interval (`REBUILD_BOUND`). The table: completed /
+total, completion ÷ the lower bound, origin egress ÷ S, agent restarts, errors surfaced, and whether
+the checks held.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ EGRESS_BOUND = {
     "tracker-replicas": 1.1, "origin-429": 1.1, "clock-jump": 1.1, "all": 1.25,
 }
 """Origin egress ÷ S each scenario must stay within (the issue's fault table; others: 1.1)."""
+REBUILD_BOUND = 30.0
+"""Seconds a restarted tracker (or one whose Redis restarted empty) may take to list every seeder it
+listed before: one announce interval (TrackerSettings.interval)."""
 CLOCK_STEPS = (600, -600)
 """Seconds the wall clock reads off true time: first 10 min ahead, then 10 min behind."""
 
@@ -102,6 +107,8 @@ class Chaos:
         self.clock_file = stack.workdir / "clockjump"
         self.clockjump: Path | None = None
         """The built bench/clockjump.c (the clock-jump scenario)."""
+        self.rebuild_s: float | None = None
+        """Seconds the swarm state took to come back after the tracker or Redis lost it (None: not lost)."""
 
     # -- faults -----------------------------------------------------------------------------------
 
@@ -160,17 +167,39 @@ class Chaos:
             time.sleep(0.2)
         self._note("no lease holder seen")
 
+    def _seeders(self) -> dict[str, int]:
+        """Each of the model's blobs -> the seeders the tracker lists now (-1: no answer)."""
+        counts = {}
+        for f in self.model.files:
+            body = self.s.curl("tracker", f"{self.s.tracker_url}/v1/blobs/{f.blob_id}", tracker_auth=True)
+            counts[f.blob_id] = int(json.loads(body).get("seeders") or 0) if body else -1
+        return counts
+
+    def _await_rebuilt(self, before: dict[str, int]) -> None:
+        """Time, from now, until the tracker lists again at least the seeders it listed before it lost
+        the swarm state (nodes only gain blobs meanwhile)."""
+        start = time.monotonic()
+        while time.monotonic() - start < 3 * REBUILD_BOUND:
+            if all(n >= before[b] for b, n in self._seeders().items()):
+                self.rebuild_s = time.monotonic() - start
+                self._note(f"{sum(before.values())} seeder entries listed again after {self.rebuild_s:.1f} s")
+                return
+            time.sleep(0.5)
+        self.rebuild_s = float("inf")
+
     def tracker_restart(self) -> None:
         if not self._when_egress(0.25):
             return
         tracker = self.s.tracker
         assert tracker is not None
+        before = self._seeders()
         os.kill(tracker.pid, signal.SIGKILL)
         tracker.wait(10)
         self._note("SIGKILL tracker")
         time.sleep(3)
         self.s.start_tracker(self.db)
         self._note("tracker started again")
+        self._await_rebuilt(before)
 
     def _command(self, **cmd: object) -> None:
         self._seq += 1
@@ -205,12 +234,14 @@ class Chaos:
     def redis_restart(self) -> None:
         if not self._when_egress(0.25) or self.redis is None:
             return
+        before = self._seeders()
         os.kill(self.redis.pid, signal.SIGKILL)
         self.redis.wait(10)
         self._note("SIGKILL redis-server")
         time.sleep(2)
         self._start_redis()
         self._note("redis-server started again, empty (no persistence)")
+        self._await_rebuilt(before)
 
     def _balance(self, ports: tuple[int, ...]) -> None:
         """The tracker address's port goes round-robin to `ports` (DNAT keeps the client's address, which
@@ -230,12 +261,14 @@ class Chaos:
     def replica_killed(self) -> None:
         if not self._when_egress(0.25):
             return
+        before = self._seeders()
         os.kill(self.replicas[0].pid, signal.SIGKILL)
         self.replicas[0].wait(10)
         self._note(f"SIGKILL tracker replica :{REPLICA_PORTS[0]}")
         time.sleep(2)
         self._balance(REPLICA_PORTS[1:])
         self._note("its endpoint removed from the balancer (readiness failed)")
+        self._await_rebuilt(before)
 
     def clock_jump(self) -> None:
         for step, at in zip(CLOCK_STEPS, (0.25, 0.6), strict=True):
@@ -318,7 +351,7 @@ class Chaos:
     def run(self, scenario: str, run: int) -> Outcome:
         s = self.s
         out = Outcome(scenario, run, total=len(self.nodes))
-        self.events, self.restarts = [], 0
+        self.events, self.restarts, self.rebuild_s = [], 0, None
         self.serve_args: tuple[str, ...] = ()
         s.wipe(self.nodes)
         s.log_prefix = f"{scenario}-{run}-"
@@ -382,6 +415,8 @@ class Chaos:
             limit = EGRESS_BOUND.get(scenario, 1.1)
             if out.egress > limit:
                 out.checks.append(f"origin egress {out.egress:.2f} S over {limit} S")
+            if self.rebuild_s is not None and self.rebuild_s > REBUILD_BOUND:
+                out.checks.append(f"swarm state not rebuilt within {REBUILD_BOUND:.0f} s")
             if bad is not None:
                 self._check_banned(bad, out)
             if small is not None:

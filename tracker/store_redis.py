@@ -12,11 +12,13 @@ commit (a commit's files never change) and the write are atomic across replicas.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -505,23 +507,38 @@ class RedisStore(Store):
 
     # -- lifecycle -----------------------------------------------------------------------
     async def ping(self) -> None:
-        try:
-            await self._r.ping()
-        except redis.RedisError as exc:
-            raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
+        await self._r.ping()
 
     async def epoch(self) -> str:
         # The key lives as long as Redis keeps its data: a restart without persistence (or a flush)
         # loses it with the swarm state, and the first replica to ask writes a new one.
         key = self._p + b"epoch"
-        try:
-            await self._r.set(key, secrets.token_hex(8), nx=True)
-            return _b(await self._r.get(key)).decode()
-        except redis.RedisError as exc:
-            raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
+        await self._r.set(key, secrets.token_hex(8), nx=True)
+        return _b(await self._r.get(key)).decode()
 
     async def close(self) -> None:
         await self._r.aclose()
+
+
+T = TypeVar("T")
+
+
+def _unavailable_on_redis_errors(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """A Redis that is down or restarting is the store being unavailable (503, a failure reason for
+    announces), not an unexpected error: a 500 with a traceback per request while it restarts."""
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"Redis unreachable: {exc}") from None
+
+    return call
+
+
+for _name in Store.__abstractmethods__ - {"close"}:
+    setattr(RedisStore, _name, _unavailable_on_redis_errors(getattr(RedisStore, _name)))
 
 
 def _b(value: Any) -> bytes:

@@ -264,7 +264,8 @@ class Daemon:
     # -- the tracker ----------------------------------------------------------------------
 
     def _probe_tracker(self, tracker: TrackerClient, stop: threading.Event) -> None:
-        """Watch the tracker; when it comes (back) up, re-register every blob this node holds.
+        """Watch the tracker; when it comes (back) up, re-register every blob this node holds. Keep this
+        node listed as a relay source of the blobs it streams (`RelayDirectory.refresh`).
 
         Periodic announces are libtorrent's own (at the tracker's `interval`, see
         `SwarmSettings.min_announce_interval`). This loop only shortens an outage: libtorrent
@@ -287,9 +288,12 @@ class Daemon:
             # of this node failing.
             missed = up and self._tracker_up and (tracker.outages != seen or tracker.epoch != epoch)
             again = up and (missed or (not self._tracker_up and self._tracker_up is not None))
-            if up and (not self._tracker_up or missed):
+            lost = bool(up and (not self._tracker_up or missed))
+            if lost:
                 seen, epoch = tracker.outages, tracker.epoch
                 self.seeder.reregister(tracker)
+            if up and self.relay is not None:
+                self.relay.directory.refresh(lost)
             if self._tracker_up is not None and up != self._tracker_up:
                 log.warning("tracker %s is %s", tracker.base_url, "back" if up else "unreachable")
             self._tracker_up = up

@@ -27,6 +27,7 @@ import hmac
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from agent.core.errors import TrackerError
@@ -36,6 +37,8 @@ from agent.swarm.tracker_client import TrackerClient
 log = logging.getLogger(__name__)
 
 RELAY_PATH = "/v1/relay/"
+_DEFAULT_INTERVAL = 30.0
+"""Seconds between a source's announces until the tracker has said its `interval`."""
 _SALT = b"weightswarm relay credential v1"
 
 
@@ -64,7 +67,8 @@ class RelayDirectory:
         self.credential = credential
         self._peer_id = b"-WS0001-" + os.urandom(6).hex().encode()
         self._lock = threading.Lock()
-        self._joined: set[str] = set()
+        self._joined: dict[str, tuple[int, float]] = {}
+        """blob id -> (bytes left when it joined, monotonic time of its last announce)."""
 
     @property
     def port(self) -> int:
@@ -83,15 +87,29 @@ class RelayDirectory:
             log.info("relay announce for %s failed: %s", blob_id[:16], exc)
             return None
         with self._lock:
-            self._joined.add(blob_id)
+            self._joined[blob_id] = (left, time.monotonic())
         return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]
+
+    def refresh(self, lost: bool = False) -> None:
+        """Announce again as a source of each blob last announced an announce interval ago, or of every
+        one when the tracker `lost` its swarm state. A holder joins once, before a stream that can
+        outlast the tracker's peer TTL or a tracker restart; unlisted, it left the nodes that asked
+        after that with no source, and they waited out the relay's stall time (20 s)."""
+        every = self.tracker.interval or _DEFAULT_INTERVAL
+        now = time.monotonic()
+        with self._lock:
+            due = [(b, left) for b, (left, at) in self._joined.items() if lost or now - at >= every]
+        for blob_id, left in due:
+            with self._lock:
+                if blob_id not in self._joined:
+                    continue  # it left meanwhile
+            self.join(blob_id, left)
 
     def leave(self, blob_id: str) -> None:
         """No longer a source (done, or failed): the tracker stops handing this node out for it."""
         with self._lock:
-            if blob_id not in self._joined:
+            if self._joined.pop(blob_id, None) is None:
                 return
-            self._joined.discard(blob_id)
         try:
             self.tracker.announce(
                 relay_infohash(blob_id), self._peer_id, self.port, 0, "stopped", numwant=0

@@ -739,6 +739,10 @@ class Swarm:
             rec.complete = True
             self._changed.notify_all()
         self._request_save(rec, flush=True)
+        # Tell the tracker now: libtorrent's own "completed" announce waits out its back-off from the
+        # announces that failed during a tracker or Redis restart, and the seed stayed unlisted for
+        # minutes after the tracker had come back and the node's probe had re-announced.
+        rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
         log.info("blob %s complete", rec.final_name)
 
     def _request_save(self, rec: TorrentRecord, flush: bool = False, only_if_modified: bool = False) -> None:

@@ -89,6 +89,8 @@ class TrackerClient:
         self.epoch: str | None = None
         """The tracker's state epoch at the last `healthy()` (`/readyz`): it changes when the tracker lost
         its swarm state (a restart, a Redis that lost its data), even with no request failing here."""
+        self.interval: float | None = None
+        """The announce `interval` of the tracker's last reply to `announce` (None before one)."""
 
     def __repr__(self) -> str:
         return f"TrackerClient({self.base_url!r})"
@@ -348,6 +350,9 @@ class TrackerClient:
         if isinstance(failure, bytes):
             reason = failure.decode(errors="replace")
             raise TrackerError(f"tracker {self.base_url} refused an announce: {reason}")
+        interval = body.get(b"interval")
+        if isinstance(interval, int) and interval > 0:
+            self.interval = float(interval)
         peers = body.get(b"peers", b"")
         if not isinstance(peers, bytes):
             return []

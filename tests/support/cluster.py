@@ -65,8 +65,10 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
 
 
 class TrackerProcess:
-    def __init__(self, tmp: Path, redis_url: str | None = None) -> None:
+    def __init__(self, tmp: Path, redis_url: str | None = None, interval: int = 10) -> None:
+        """`interval`: the announce interval; a peer is listed for 2.5 times that after its last announce."""
         self.port = free_port()
+        self.interval = interval
         self.db = tmp / "tracker.db"
         self.store = ["--redis", redis_url] if redis_url else ["--db", str(self.db)]
         self.token_file = tmp / "tracker.token"
@@ -99,7 +101,7 @@ class TrackerProcess:
             "--publisher-token-file",
             str(self.publisher_token_file),
             "--interval",
-            "10",
+            str(self.interval),
             "--log-level",
             "WARNING",
         ]

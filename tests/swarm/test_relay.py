@@ -16,6 +16,7 @@ from agent.swarm.relay import RELAY_PATH, relay_credential
 from tests.support.cluster import (
     AgentProcess,
     Origin,
+    TrackerProcess,
     admin_request,
     assert_snapshot_verifies,
     model_origin,
@@ -25,6 +26,7 @@ from tests.support.procs import loop_until
 MiB = 2**20
 SHARD = 20 * MiB  # relayed: 16 MiB or more (smaller blobs are not worth it)
 RATE = 5 * MiB  # the shard takes ~4 s from the origin
+SLOW = MiB + MiB // 4  # ~16 s
 LEASE = {"lease_ttl": 3.0, "wait_poll_seconds": 1.0}
 
 
@@ -75,6 +77,42 @@ def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(on
     for job in jobs:
         assert shard_status(job, shard)["source"] == "peers"
     assert one_shard.hub.egress_bytes < 1.05 * one_shard.size  # the origin sent it once
+
+
+@pytest.mark.timeout(120)
+def test_a_holder_stays_a_relay_source_past_the_peer_ttl_and_a_tracker_restart(tmp_path, make_agent):
+    # Announce interval 2 s: a peer is listed for 5 s after its last announce.
+    tracker = TrackerProcess(tmp_path, interval=2)
+    tracker.start()
+    try:
+        with model_origin(
+            tmp_path / "hub", "acme/relay-long", total_bytes=SHARD, shards=1, seed=43, rate_total=SLOW
+        ) as origin:
+            shard, blob = shard_blob(origin)
+            a = make_agent("a", origin, tracker, daemon=LEASE)
+            job_a = a.request_model(origin.repo_id, "main")
+            loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+            tracker.kill()
+            time.sleep(1)
+            tracker.start()
+            # Past the peer TTL of a's first announce and of the one it made when the tracker came back.
+            time.sleep(6)
+            assert not job_a.done, "the holder finished before the second node asked: slow the origin down"
+            b = make_agent("b", origin, tracker, daemon=LEASE)
+            job_b = b.request_model(origin.repo_id, "main")
+            # b finds a as a source and has bytes before the blob is whole anywhere (no metainfo yet).
+            relayed = False
+            while not job_a.done and not relayed:
+                relayed = shard_status(job_b, shard)["done"] > 0 and tracker.blob(blob)["infohash"] is None
+                time.sleep(0.1)
+            assert relayed, "the second node received nothing before the holder was done"
+            for job in (job_a, job_b):
+                assert job.wait(60), job.status()
+                assert job.status().phase == "Ready", job.status()
+                assert_snapshot_verifies(job.status().snapshot, origin)
+            assert origin.hub.egress_bytes < 1.05 * origin.size
+    finally:
+        tracker.stop()
 
 
 @pytest.mark.timeout(150)

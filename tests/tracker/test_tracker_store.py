@@ -496,5 +496,16 @@ def test_redis_outage_is_a_failure_reason_not_a_crash(tmp_path) -> None:
         assert reply == {b"failure reason": b"tracker temporarily unavailable, retry later"}
         assert t.http.get("/readyz").status_code == 503
         assert t.http.get("/healthz").status_code == 200
+        # The API says "unavailable, retry" (503, which agents wait out), not an unexpected 500.
+        blob = "ab" * 32
+        for method, path, body in (
+            ("GET", f"/v1/blobs/{blob}", None),
+            ("GET", f"/v1/blobs/{blob}/wait?timeout=0", None),
+            ("POST", f"/v1/leases/{blob}", {"node_id": "n1", "ttl": 30}),
+            ("GET", "/v1/models", None),
+        ):
+            resp = t.http.request(method, path, json=body, headers=AUTH)
+            assert resp.status_code == 503, (path, resp.status_code, resp.text)
+            assert "Redis unreachable" in resp.json()["detail"]
     finally:
         server.__exit__(None, None, None)
