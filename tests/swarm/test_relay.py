@@ -91,7 +91,7 @@ def test_a_holder_stays_a_relay_source_past_the_peer_ttl_and_a_tracker_restart(t
             shard, blob = shard_blob(origin)
             a = make_agent("a", origin, tracker, daemon=LEASE)
             job_a = a.request_model(origin.repo_id, "main")
-            loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+            loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the lease")
             tracker.kill()
             time.sleep(1)
             tracker.start()
