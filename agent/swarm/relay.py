@@ -79,12 +79,8 @@ class RelayDirectory:
     def join(self, blob_id: str, left: int) -> list[str] | None:
         """Announce this node as a source of `blob_id`; the other sources' base URLs (may be empty), or
         None when the tracker could not be asked (the sources it named before may still relay)."""
-        try:
-            peers = self.tracker.announce(
-                relay_infohash(blob_id), self._peer_id, self.port, max(1, left), "started"
-            )
-        except TrackerError as exc:
-            log.info("relay announce for %s failed: %s", blob_id[:16], exc)
+        peers = self._announce(blob_id, left)
+        if peers is None:
             return None
         with self._lock:
             self._joined[blob_id] = (left, time.monotonic())
@@ -100,10 +96,21 @@ class RelayDirectory:
         with self._lock:
             due = [(b, left) for b, (left, at) in self._joined.items() if lost or now - at >= every]
         for blob_id, left in due:
+            if self._announce(blob_id, left) is None:
+                continue
             with self._lock:
-                if blob_id not in self._joined:
-                    continue  # it left meanwhile
-            self.join(blob_id, left)
+                # A blob that left meanwhile stays left (the tracker lists this node until its peer TTL;
+                # the relay route answers 404 for it, which receivers take as a source gone).
+                if blob_id in self._joined:
+                    self._joined[blob_id] = (left, time.monotonic())
+
+    def _announce(self, blob_id: str, left: int) -> list[tuple[str, int]] | None:
+        try:
+            ih = relay_infohash(blob_id)
+            return self.tracker.announce(ih, self._peer_id, self.port, max(1, left), "started")
+        except TrackerError as exc:
+            log.info("relay announce for %s failed: %s", blob_id[:16], exc)
+            return None
 
     def leave(self, blob_id: str) -> None:
         """No longer a source (done, or failed): the tracker stops handing this node out for it."""
