@@ -282,6 +282,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     timeout = IDLE_TIMEOUT
+    # Until _dispatch starts a request: a request line the stdlib refuses (send_error) is answered, not
+    # recorded.
+    _request_id = ""
+    _status = 0
+    _recorded = True
 
     def setup(self) -> None:
         super().setup()
@@ -302,6 +307,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status = code
+        # Recorded before the status line can reach the client (headers go out at end_headers): a client
+        # that has its answer finds its request in `requests`.
+        self._record_request()
         super().send_response(code, message)
         self.send_header("X-Request-Id", self._request_id)
 
@@ -319,6 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         self._request_id = uuid.uuid4().hex
         self._status = 0
+        self._recorded = False
         split = urlsplit(self.path)
         raw = split.path
         self._query_pairs = parse_qsl(split.query, keep_blank_values=True)
@@ -337,10 +346,17 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._status:
                 self._send_error(_HttpError(500, "Internal error"))
             self.close_connection = True
-        if not internal:
-            h = self.headers
-            authed = "Authorization" in h
-            self.hub._record(RequestRecord(method, raw, h.get("Range"), self._status, split.query, authed))
+        self._record_request()  # one the handler never answered (the client went away)
+
+    def _record_request(self) -> None:
+        if self._recorded:
+            return
+        self._recorded = True
+        split = urlsplit(self.path)
+        if split.path.startswith("/_weightswarm/"):
+            return
+        rng, authed = self.headers.get("Range"), "Authorization" in self.headers
+        self.hub._record(RequestRecord(self.command, split.path, rng, self._status, split.query, authed))
 
     def _route(self, method: str, raw: str, query: dict[str, str]) -> None:
         parts = raw.split("/")[1:]

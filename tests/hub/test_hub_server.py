@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -293,6 +294,17 @@ def test_keep_alive_serves_several_requests_on_one_connection(hub: HubServer):
             assert response.status == 206 and response.read() == b"{\n  "
     finally:
         conn.close()
+
+
+def test_a_request_is_recorded_before_its_answer_and_a_malformed_one_is_refused(hub: HubServer):
+    host, port = hub.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n")  # the stdlib's limit is 100
+        assert sock.recv(64).startswith(b"HTTP/1.1 431 "), "too many headers: answered, not dropped"
+    for _ in range(20):  # recorded when the status line is written: the client sees it right away
+        before = len(hub.requests)
+        assert httpx.get(f"{hub.url}/api/models/{REPO}").status_code == 200
+        assert len(hub.requests) == before + 1 and hub.requests[-1].path == f"/api/models/{REPO}"
 
 
 # -- faults ---------------------------------------------------------------------------------------
