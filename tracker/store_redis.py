@@ -132,6 +132,8 @@ for i = 2, #KEYS do
         redis.call('HSET', prog, node, (progress ~= '' and progress or had or '') .. ':' .. now)
       end
       keep()
+    else
+      started()  -- the holder asking again has started over: its stall clock restarts (as SQLite's)
     end
     return holders(1, 0)
   end

@@ -210,9 +210,13 @@ class SqliteStore(Store):
                 holders = self._holders(blob_id, now)
             granted = mine or len(holders) < max_holders
             if mine:
+                # The holder asking again has started over (its agent restarted, or its job is retried):
+                # its stall clock restarts with it, else a waiter could take over a restarted holder
+                # at once for the idle time of the process that died.
                 self._db.execute(
-                    "UPDATE leases SET expires = ? WHERE blob_id = ? AND node_id = ?",
-                    (now + ttl, blob_id, node_id),
+                    "UPDATE leases SET expires = ?, progress = 0, progressed = ?"
+                    " WHERE blob_id = ? AND node_id = ?",
+                    (now + ttl, now, blob_id, node_id),
                 )
             elif granted:
                 self._db.execute(

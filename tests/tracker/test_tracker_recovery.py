@@ -132,6 +132,28 @@ def test_a_holder_whose_bytes_stop_moving_can_be_taken_over(store_settings: Trac
         assert "tracker_lease_takeovers_total 1.0" in t.http.get("/metrics").text
 
 
+def test_a_holder_that_asks_again_starts_its_stall_clock_over(store_settings: TrackerSettings) -> None:
+    """A restarted agent asks for its lease again: from then on it is a fresh holder, not one idle for
+    as long as its process was dead (the chaos run's all-at-once scenario: a waiter took over a holder
+    that had restarted 7 s before, and both pulled the blob from the origin)."""
+    url = f"/v1/leases/{'ef' * 32}"
+    with run_server(store_settings) as t:
+
+        def ask(node: str) -> dict:
+            body = {"node_id": node, "ttl": 60, "stale_after": 1.0}
+            return dict(t.http.post(url, json=body, headers=AUTH).json())
+
+        beat = {"node_id": "holder", "ttl": 60, "progress": 500}
+        assert ask("holder")["granted"]
+        assert t.http.post(f"{url}/heartbeat", json=beat, headers=AUTH).status_code == 200
+        time.sleep(1.2)  # the holder's process dies: no bytes, no heartbeat
+        again = ask("holder")  # ... and its agent, restarted, asks again
+        assert again["granted"] and again["leases"][0]["progress"] == 0 and again["leases"][0]["idle"] < 1.0
+        assert not ask("waiter")["granted"], "a holder that just started over is not stalled"
+        time.sleep(1.2)  # it makes no progress this time either: now it may be taken over
+        assert ask("waiter")["granted"]
+
+
 def test_a_sqlite_file_from_before_lease_progress_is_upgraded(tmp_path) -> None:
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as old:
