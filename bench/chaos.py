@@ -420,12 +420,12 @@ class Chaos:
             if bad is not None:
                 self._check_banned(bad, out)
             if small is not None:
-                text = procs[small].output()
-                if "disk" not in text.lower() and "space" not in text.lower():
+                said = [ln.strip() for ln in procs[small].output().splitlines()]
+                clear = [ln for ln in said if "disk" in ln.lower() or "space" in ln.lower()]
+                if not clear:
                     out.checks.append(f"{small}: no clear disk error in its output")
                 else:
-                    line = next((ln for ln in text.splitlines() if "space" in ln.lower()), "")
-                    out.notes.append(f"{small}: {line.strip()[:160]}")
+                    out.notes.append(f"{small}: {clear[-1][:160]}")
             out.notes.extend(self.events)
         finally:
             s.stop_agents()
