@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"predicts {a + b * x:.2f} x bound at N = {round(2**x)}; measured {y:.2f}"
                 )
             a, b = curves[scen]
-            per_doubling = b * 100 / a if a else math.nan
-            print(f"{scen}: max/bound = {a:.2f} + {b:.3f} * log2(N)  ({per_doubling:+.1f} % per doubling)")
+            print(f"{scen}: max/bound = {a:.2f} + {b:.3f} * log2(N)  ({b:+.2f} x bound per doubling of N)")
 
     print()
     head = (
