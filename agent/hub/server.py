@@ -78,6 +78,9 @@ class RequestRecord(NamedTuple):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog is 5: a fleet asking at once (32 nodes planning a fetch) overflowed
+    # it, the kernel dropped SYNs and clients waited out 10-s connect timeouts (bench.scaling, N = 32).
+    request_queue_size = socket.SOMAXCONN
     hub: HubServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from agent.hub.ranges import parse_range
 from agent.hub.repos import git_blob_sha1
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model, parse_size
-from tests.support.procs import kill_process, loop_until
+from tests.support.procs import kill_process, loop_until, require
 
 MiB = 2**20
 REPO = "org/model"
@@ -305,6 +306,18 @@ def test_a_request_is_recorded_before_its_answer_and_a_malformed_one_is_refused(
         before = len(hub.requests)
         assert httpx.get(f"{hub.url}/api/models/{REPO}").status_code == 200
         assert len(hub.requests) == before + 1 and hub.requests[-1].path == f"/api/models/{REPO}"
+
+
+def test_the_listen_backlog_holds_a_fleet_asking_at_once(hub: HubServer):
+    """socketserver's default backlog (5) dropped SYNs when 32 nodes planned a fetch at once; the
+    kernel's own figure for the listening socket (ss's Send-Q) is what the server asked for."""
+    if shutil.which("ss") is None:
+        require("ss", "Debian package iproute2 (./dev installs it)")
+    port = hub.url.rsplit(":", 1)[1]
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+    (line,) = out.stdout.splitlines()
+    backlog = int(line.split()[2])
+    assert backlog >= 128, line
 
 
 # -- faults ---------------------------------------------------------------------------------------
