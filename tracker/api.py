@@ -380,9 +380,10 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
     @app.post("/v1/leases/{blob_id}", tags=["leases"], dependencies=agent_only)
     async def acquire(blob_id: str, body: LeaseRequest) -> dict[str, Any]:
         """Ask for the origin lease on a blob. Granted to at most `max_lease_holders` nodes; the same
-        node asking again renews it. Others get granted=false and who holds it (`leases`: each
-        holder's reported bytes and idle seconds), unless `stale_after` lets them take over the lease
-        of a holder that made no progress for that long."""
+        node asking again renews it, and its stall clock starts over (it started over). Others get
+        granted=false and who holds it (`leases`: each holder's reported bytes and idle seconds),
+        unless `stale_after` lets them take over the lease of a holder that made no progress for
+        that long."""
         ttl = min(body.ttl, settings.max_lease_ttl)
         if await state_loss.recent():
             holders = await store.lease_holders(check_blob_id(blob_id))
