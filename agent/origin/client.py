@@ -257,8 +257,11 @@ class OriginClient:
                     preload_content=False,
                     decode_content=False,
                 )
-            except Urllib3Error as exc:
-                stale = isinstance(exc, ProtocolError) and not fresh_try
+            except (Urllib3Error, ValueError) as exc:
+                # ValueError: urllib3 closing a pooled connection whose previous response was already
+                # closed ("I/O operation on closed file", seen once in CI after a 429 on keep-alive): the
+                # connection is gone, as with a ProtocolError; a fresh one (then the origin patience) goes on.
+                stale = isinstance(exc, ProtocolError | ValueError) and not fresh_try
                 if not stale:
                     raise _unavailable(f"{what}: connection to {_host(url)} failed", exc) from None
         raise AssertionError("unreachable")

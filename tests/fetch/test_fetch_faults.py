@@ -331,3 +331,26 @@ def test_a_stalled_range_is_hedged_by_a_free_connection_and_does_not_hold_the_do
     loop_until(lambda: len(ranges()) > len(set(ranges())), timeout=2 * stall, what="the stalled request")
     twice = [r for r in set(ranges()) if ranges().count(r) == 2]
     assert len(twice) == 1, ranges()
+
+
+def test_a_pooled_connection_that_breaks_on_close_is_retried_on_a_fresh_one(origin):
+    """urllib3 closing a pooled connection whose previous response was already closed raises ValueError
+    ("I/O operation on closed file"; once in CI, after 429s on keep-alive): the request goes on over a
+    fresh connection instead of failing the job."""
+    from agent.core.settings import OriginSettings
+    from agent.origin.client import OriginClient
+
+    srv, files = origin
+    client = OriginClient(OriginSettings(endpoint=srv.url))
+    real = client._pool.request
+    calls = []
+
+    def breaks_once(*args, **kwargs):
+        calls.append(args[:2])
+        if len(calls) == 1:
+            raise ValueError("I/O operation on closed file.")
+        return real(*args, **kwargs)
+
+    client._pool.request = breaks_once
+    meta = client.file_metadata(REPO, "main", "config.json")
+    assert meta.size == len(files["config.json"]) and len(calls) == 2

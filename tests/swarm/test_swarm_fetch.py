@@ -47,7 +47,10 @@ def test_a_corrupting_peer_does_not_corrupt_the_result(origin, tracker, make_age
     assert _corrupt_shards(bad.settings.cache_dir, bad.settings.state_dir, origin.repo_id) == 3
 
     origin.hub.reset_counters()
-    victim = make_agent("victim", origin, tracker)
+    # A longer stall (so 15 s of failing pieces, none passing, before the metainfo is suspect): under a
+    # loaded CI machine the good peer once sent nothing for 5 s, and the victim rightly took that blob
+    # from the origin, which is the suspect-metainfo path, not the one this test is about.
+    victim = make_agent("victim", origin, tracker, stall_timeout=60.0)
     status = fetch_and_wait(victim, origin.repo_id, timeout=120)
     assert_snapshot_verifies(status["snapshot"], origin)
     assert status["bytes_from_origin"] == 0 and file_requests(origin.hub) == []
