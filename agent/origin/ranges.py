@@ -42,7 +42,7 @@ from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
-from agent.origin.client import OriginClient, Retryable, body_complete, read_body_into
+from agent.origin.client import OriginClient, Retryable, body_complete, read_body_into, release
 
 READ_BLOCK = 1 << 20
 """Bytes per socket read, straight into a worker's own buffer (no per-block allocation)."""
@@ -443,7 +443,7 @@ class OriginSource:
                     reading = job.responses.get(idx, [])
                     if resp in reading:  # else the chunk is done and its list gone
                         reading.remove(resp)
-                _release(resp)
+                release(resp)
 
         while True:
             if self.turn is not None:
@@ -642,13 +642,3 @@ def _cut(resp: urllib3.BaseHTTPResponse) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-
-
-def _release(resp: urllib3.BaseHTTPResponse) -> None:
-    """Return a fully read connection to the pool; close one we stopped reading mid-body."""
-    try:
-        if not body_complete(resp):
-            resp.close()
-        resp.release_conn()
-    except Exception:  # noqa: BLE001 - cleanup must not mask the real error
-        pass

@@ -83,7 +83,7 @@ def test_peer_download_is_incomplete_until_verified_then_renamed(tmp_path, swarm
     leecher = open_swarm(swarms, tmp_path / "l-state")
     ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
     assert seeder.seed(tmp_path / "s" / blob.blob_id, blob.info, []) == ih  # idempotent
-    assert seeder.status(ih).state == "seeding"
+    assert seeder.wait(ih, timeout=30).state == "seeding"  # "checking" its (absent) resume data first
 
     dest = tmp_path / "l" / "blobs"
     started = time.monotonic()
