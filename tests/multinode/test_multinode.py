@@ -81,7 +81,9 @@ def test_three_nodes_cold_fetch_at_once(stack: Stack) -> None:
             assert got.is_file(), f"{node}: {f.path} missing"
             assert sha256_file(got) == sha256_file(origin_dir / f.path), f"{node}: {f.path} differs"
     egress = stack.egress() - e0
-    assert egress <= 1.1 * model.size, f"origin sent {egress / model.size:.2f} x the model"
+    logs = {n: stack.log(f"mn-{n}").read_text().splitlines() for n in nodes}
+    from_origin = [f"{n}:{line}" for n, lines in logs.items() for line in lines if "origin" in line]
+    assert egress <= 1.1 * model.size, (f"origin sent {egress / model.size:.2f} x the model", from_origin)
 
 
 def test_three_nodes_cold_known_use_the_origin_as_web_seed(stack: Stack) -> None:
