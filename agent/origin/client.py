@@ -430,9 +430,10 @@ def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:
 def release(resp: urllib3.BaseHTTPResponse) -> None:
     """Hand a response's connection back to the pool when its body is over; close it otherwise.
 
-    http.client keeps a HEAD's response (and any it was not asked to read to the end) open, and the next
-    request on that connection is then sent and answered but fails on the client (ResponseNotReady): the
-    origin sent that answer for nothing, a whole range after every HEAD (a daemon test's egress, 1.08 x S).
+    http.client keeps a HEAD's response open until it is read or collected, and a refused one lives on in
+    its error's traceback while the client backs off. The next request on that connection (another
+    thread's range) was then sent and answered but failed on the client (ResponseNotReady) and was sent
+    again: a range the origin served twice (a daemon test's egress, 1.08 x S).
     """
     try:
         if body_complete(resp):
