@@ -6,7 +6,10 @@ those bytes, would have every piece pass while the blob's own hash (sha256 / git
 fails once the torrent completes. That is proof the metainfo is wrong: the node drops the bytes,
 bans the seeds that sent them (`Swarm.ban`), reports the metainfo (the tracker quarantines it) and
 takes the blob through the origin-lease path as if no metainfo existed, so one node pulls it from the
-origin and publishes the metainfo of bytes it verified (agent.swarm.policy).
+origin and publishes the metainfo of bytes it verified (agent.swarm.policy). The seeds are those the
+swarm saw connected as seeds with payload sent (sampled as pieces pass, every half second): one that
+sends a whole small blob and leaves between two samples goes unbanned, and its metainfo is still
+reported and replaced.
 
 Pieces that keep failing their hashes with none passing are weaker evidence: a swarm of corrupt
 peers looks the same under a right metainfo. The node then goes the same way without a report; a
