@@ -26,13 +26,11 @@ import dataclasses
 import json
 import math
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench.redis_server import RedisServer
 from bench.scaling import ratio, series
 from bench.swarm import lower_bound
 from tracker.settings import TrackerSettings
@@ -49,24 +47,11 @@ def redis_bytes_per_entry(nodes: int, torrents: int) -> float:
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("error: needs redis-server (./dev installs the Debian package)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="ws-fleet-") as workdir:
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", workdir]  # fmt: skip
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        try:
-            client = redis.Redis(host="127.0.0.1", port=port)
-            for _ in range(100):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.1)
+        server = RedisServer(binary, Path(workdir))
+        with server, redis.Redis(host="127.0.0.1", port=server.port) as client:
             # The store only (no HTTP): no token to check. A long interval: nothing expires mid-sample.
-            url = f"redis://127.0.0.1:{port}/0"
-            settings = TrackerSettings(redis_url=url, interval=3600, insecure_no_token=True)
+            settings = TrackerSettings(redis_url=server.url, interval=3600, insecure_no_token=True)
 
             async def announce_all() -> None:
                 store = open_store(settings)
@@ -83,10 +68,6 @@ def redis_bytes_per_entry(nodes: int, torrents: int) -> float:
             before = int(client.info("memory")["used_memory"])
             asyncio.run(announce_all())
             after = int(client.info("memory")["used_memory"])
-            client.close()
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
     return (after - before) / (nodes * torrents)
 
 

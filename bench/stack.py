@@ -153,6 +153,7 @@ class Stack:
             self.c.ip("origin"),
             "--port",
             str(ORIGIN_PORT),
+            "--access-log",
             *extra,
         ]
         self.origin = self.c.spawn("origin", argv, self.env, self.log("origin"))
@@ -171,6 +172,27 @@ class Stack:
         if body is None:
             raise RuntimeError("origin stats unavailable")
         return int(json.loads(body)["egress_bytes"])
+
+    def origin_overlaps(self, model: Model) -> list[str]:
+        """The origin's access log (origin.log) for each file of `model` whose bytes it served more
+        than once: the requests, by client, that explain an origin egress above 1 x S."""
+        by_path: dict[str, list[str]] = {}
+        served: dict[str, int] = {}
+        sizes = {f.path: f.size for f in model.files}
+        names = {f"/_cdn/{f.blob_id}": f.path for f in model.files}
+        names.update({f"/{model.repo_id}/resolve/{model.commit}/{f.path}": f.path for f in model.files})
+        for line in self.log("origin").read_text().splitlines():
+            fields = line.split()
+            if len(fields) < 7 or fields[3] != "GET" or fields[4] not in names:
+                continue
+            path, rng, status = names[fields[4]], fields[5], fields[6]
+            by_path.setdefault(path, []).append(f"{fields[2]} {rng} {status}")
+            if status in ("200", "206"):
+                first, _, last = rng.removeprefix("bytes=").partition("-") if rng != "-" else ("0", "", "")
+                end = min(int(last) + 1, sizes[path]) if last else sizes[path]
+                served[path] = served.get(path, 0) + end - int(first or 0)
+        twice = sorted(p for p in served if served[p] > sizes[p])
+        return [f"{p}: {served[p]} of {sizes[p]} B: {by_path[p]}" for p in twice]
 
     def describe_model(self, repo_id: str) -> Model:
         """Commit and files (size, blob id) as the origin reports them."""

@@ -96,6 +96,8 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
 @env_option("--private", multiple=True, metavar="REPO_ID", help="Repo hidden without a token (repeatable).")
 @env_option("--rate-total", metavar="BYTES_PER_S", help="Cap on all connections together, e.g. 40MB.")
 @env_option("--rate-per-connection", metavar="BYTES_PER_S", help="Cap per connection (as a CDN), e.g. 10MB.")
+@env_option("--access-log", is_flag=True,
+            help="A line per request on stderr: client, method, path, Range, status (no query, no token).")
 @handle_errors
 def serve_hub_command(
     directory: Path,
@@ -106,6 +108,7 @@ def serve_hub_command(
     private: tuple[str, ...],
     rate_total: str | None,
     rate_per_connection: str | None,
+    access_log: bool,
 ) -> None:
     """Serve a directory as a Hugging Face-compatible hub, e.g. for air-gapped clusters.
 
@@ -116,7 +119,7 @@ def serve_hub_command(
     from agent.hub.serve import serve_hub
 
     serve_hub(directory, host=host, port=port, token_file=token_file, gated=gated, private=private,
-              rate_total=rate_total, rate_per_connection=rate_per_connection)
+              rate_total=rate_total, rate_per_connection=rate_per_connection, access_log=access_log)
 
 
 @main.command("make-test-model")

@@ -62,11 +62,20 @@ def serve_hub(
     private: Iterable[str],
     rate_total: str | None,
     rate_per_connection: str | None,
+    access_log: bool = False,
     out: TextIO = sys.stdout,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; the URL is printed (and flushed) once the socket listens."""
+    """Serve until SIGTERM or SIGINT; the URL is printed (and flushed) once the socket listens.
+    `access_log`: a line per request on stderr (agent.hub.server.access_log)."""
     if not root.is_dir():
         raise ConfigError(f"not a directory: {root} (it should hold <org>/<name>/ repo folders)")
+    if access_log:
+        to_stderr = logging.StreamHandler(sys.stderr)
+        to_stderr.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        access = logging.getLogger("agent.hub.access")
+        access.addHandler(to_stderr)
+        access.setLevel(logging.INFO)
+        access.propagate = False
     server = HubServer(
         root,
         host,

@@ -50,6 +50,8 @@ from agent.hub.ranges import parse_range
 from agent.hub.repos import RepoFile, RepoStore, Snapshot, safe_repo_path, valid_repo_id
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("agent.hub.access")
+"""One line per request: client, method, path, Range, status (`agent serve-hub --access-log`)."""
 
 DEFAULT_TREE_PAGE_SIZE = 1000
 """Entries per tree page, as the Hub; tests pass a small one to exercise pagination."""
@@ -73,6 +75,8 @@ class RequestRecord(NamedTuple):
     query: str = ""
     authorized: bool = False
     """Whether it carried an Authorization header (never the header itself)."""
+    client: str = ""
+    """The client's address."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -359,7 +363,11 @@ class _Handler(BaseHTTPRequestHandler):
         if split.path.startswith("/_weightswarm/"):
             return
         rng, authed = self.headers.get("Range"), "Authorization" in self.headers
-        self.hub._record(RequestRecord(self.command, split.path, rng, self._status, split.query, authed))
+        client = self.client_address[0]
+        record = RequestRecord(self.command, split.path, rng, self._status, split.query, authed, client)
+        self.hub._record(record)
+        # The query string stays out: a CDN URL's is a signature.
+        access_log.info("%s %s %s %s %d", client, self.command, split.path, rng or "-", self._status)
 
     def _route(self, method: str, raw: str, query: dict[str, str]) -> None:
         parts = raw.split("/")[1:]

@@ -522,6 +522,7 @@ def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
         str(token_file),
         "--gated",
         GATED,
+        "--access-log",
     ]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
@@ -541,8 +542,19 @@ def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
         gated = f"{url}/{GATED}/resolve/main/config.json"
         assert httpx.get(gated).status_code == 401
         assert httpx.get(gated, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        signed = f"{url}/{REPO}/resolve/main/config.json?sig=s3cr3t"
+        assert httpx.get(signed, headers={"Range": "bytes=0-9"}).status_code == 206
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        assert TOKEN not in (proc.stderr.read() if proc.stderr else "")
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert TOKEN not in stderr and "s3cr3t" not in stderr
+        # The access log: a line per request, the client first (who asked the origin for what).
+        access = [line.split(" ", 2)[2] for line in stderr.splitlines() if " GET /" in line]
+        assert access == [
+            f"127.0.0.1 GET /api/models/{REPO} - 200",
+            f"127.0.0.1 GET /{GATED}/resolve/main/config.json - 401",
+            f"127.0.0.1 GET /{GATED}/resolve/main/config.json - 200",
+            f"127.0.0.1 GET /{REPO}/resolve/main/config.json bytes=0-9 206",
+        ], stderr
     finally:
         kill_process(proc)

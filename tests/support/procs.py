@@ -11,6 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
+from bench.redis_server import RedisServer
+
 T = TypeVar("T")
 
 
@@ -100,40 +102,11 @@ def require_root(reason: str) -> None:
         require("root", reason)
 
 
-class RedisProcess:
-    """A private redis-server on a free loopback port, without persistence (a restart loses every key,
-    as a cache-mode Redis does), stopped by PID. `kill()` then `start()` restarts it on the same port."""
+class RedisProcess(RedisServer):
+    """bench.redis_server's private redis-server; `require`d (a failure in CI, a skip elsewhere)."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             require("redis-server", "Debian package redis-server (./dev installs it)")
-        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(self.workdir), "--protected-mode", "yes"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        import redis
-
-        with redis.Redis(host="127.0.0.1", port=self.port) as client:
-
-            def ready() -> bool:
-                try:
-                    return bool(client.ping())
-                except redis.ConnectionError:
-                    assert self.proc is not None and self.proc.poll() is None, "redis-server exited"
-                    return False
-
-            loop_until(ready, timeout=30, what="redis-server")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            kill_process(self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
+        super().__init__(binary, workdir)
