@@ -120,9 +120,10 @@ class StateLoss:
         self._seen = epoch
         return epoch
 
-    async def recent(self) -> bool:
+    async def amnesty_left(self) -> float:
+        """Seconds of amnesty left after the last loss: 0 when none is under way."""
         await self.check()
-        return self._at is not None and time.monotonic() - self._at < self._amnesty
+        return 0.0 if self._at is None else max(0.0, self._amnesty - (time.monotonic() - self._at))
 
 
 def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> FastAPI:
@@ -385,11 +386,14 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         unless `stale_after` lets them take over the lease of a holder that made no progress for
         that long."""
         ttl = min(body.ttl, settings.max_lease_ttl)
-        if await state_loss.recent():
+        amnesty = await state_loss.amnesty_left()
+        if amnesty > 0:
             holders = await store.lease_holders(check_blob_id(blob_id))
             if all(h.node_id != body.node_id for h in holders):  # the holders reclaim theirs first
                 metrics.lease_denials.inc()
-                return lease_json(LeaseState(False, holders), body.node_id)
+                # When to ask again: with no holder, nothing else (a metainfo, a heartbeat) will
+                # come to end the asker's wait sooner.
+                return {**lease_json(LeaseState(False, holders), body.node_id), "retry_in": round(amnesty, 3)}
         state = await store.acquire_lease(
             check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders, body.stale_after
         )

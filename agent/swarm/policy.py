@@ -353,6 +353,9 @@ class SwarmFetcher:
             if lease.holder_idle is not None:
                 # Ask again (with stale_after) as soon as the holder could count as stalled.
                 wait = min(wait, max(0.2, self.holder_stall - lease.holder_idle + 0.2))
+            if lease.retry_in is not None:
+                # Refused while the tracker rebuilds lost state: ask again when it grants leases.
+                wait = min(wait, lease.retry_in + 0.2)
             self.tracker.wait_blob(blob.blob_id, wait)
             peers_stalled = relay_tried = False
 

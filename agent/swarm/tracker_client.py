@@ -62,6 +62,8 @@ class Lease:
     expires_in: float
     holder_idle: float | None = None
     """Seconds since the idlest holder's reported bytes last changed (None: the tracker cannot say)."""
+    retry_in: float | None = None
+    """Seconds until the tracker grants leases again after losing its state (None: not refused for that)."""
 
 
 class TrackerClient:
@@ -261,6 +263,7 @@ class TrackerClient:
             holder=str(holder) if holder else None,
             expires_in=float(data.get("expires_in") or 0.0),
             holder_idle=max(idle) if idle else None,
+            retry_in=float(data["retry_in"]) if data.get("retry_in") is not None else None,
         )
 
     def heartbeat(

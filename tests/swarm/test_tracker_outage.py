@@ -86,3 +86,32 @@ def test_a_redis_restart_mid_fetch_is_recovered_without_restarting_anything(tmp_
     finally:
         tracker.stop()
         redis.stop()
+
+
+@pytest.mark.redis
+def test_a_node_refused_a_lease_after_redis_lost_its_data_asks_again_when_the_amnesty_ends(
+    tmp_path, make_agent
+) -> None:
+    """While the tracker waits for lease holders to reclaim what Redis lost (`lease_amnesty`, 10 s), a
+    node asking for a free lease is refused, with nobody to wait for. It used to wait a whole long poll
+    (`wait_poll_seconds`, 20 s) before asking again; the refusal now says when the amnesty ends."""
+    import redis as redis_client
+
+    redis = RedisProcess(tmp_path)
+    redis.start()
+    tracker = TrackerProcess(tmp_path, redis.url)
+    tracker.start()
+    try:
+        with model_origin(tmp_path / "hub", "acme/amnesty", total_bytes=2**20, shards=1, seed=5) as origin:
+            # The default long poll (the test agents' is 5 s), so that waiting it out shows.
+            agent = make_agent("a", origin, tracker, daemon={"wait_poll_seconds": 20.0})
+            with redis_client.Redis.from_url(redis.url) as r:
+                r.flushall()  # what a restart without persistence leaves
+            started = time.monotonic()
+            status = fetch_all_and_verify([agent], origin)[0]
+            took = time.monotonic() - started
+            assert status["phase"] == "Ready"
+            assert took < 10 + 6, f"took {took:.1f}s: waited past the 10 s amnesty"
+    finally:
+        tracker.stop()
+        redis.stop()

@@ -217,6 +217,7 @@ def test_after_redis_lost_its_data_leases_go_back_to_their_holders_first(redis_u
             r.flushall()  # what a restart without persistence leaves
         waiter = t.http.post(url, json={"node_id": "waiter", "ttl": 30}, headers=AUTH).json()
         assert not waiter["granted"] and waiter["holder"] is None
+        assert 0 < waiter["retry_in"] <= 3.0, "when the amnesty ends: ask again then"
         beat = t.http.post(f"{url}/heartbeat", json={"node_id": "holder", "reclaim": True}, headers=AUTH)
         assert beat.status_code == 200 and beat.json()["holders"] == ["holder"]
         other = f"/v1/leases/{'7c' * 32}"
