@@ -28,6 +28,7 @@ from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.settings import Settings, default_admin_socket
 from agent.core.signing import load_private_key, load_public_key
+from agent.daemon.arenas import limit_malloc_arenas
 from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix_listener
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
@@ -544,6 +545,7 @@ def build_serve_settings(
 
 def serve_forever(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then shut down in order."""
+    limit_malloc_arenas()  # before any thread starts
     daemon = Daemon(settings)
 
     def on_signal(signum: int, _frame: object) -> None:
