@@ -2,8 +2,8 @@
 
 Tokens should never reach a log in the first place (settings keep them out of reprs, errors cut
 response bodies short); the `RedactSecrets` filter is the belt to those braces: it rewrites
-`Authorization: ...`, `Bearer ...` and `hf_...` token shapes in every record that is emitted,
-whatever module produced it (uvicorn, httpx, libraries).
+`Authorization: ...`, `Bearer ...`, `hf_...` token shapes and tracker passkeys (`/announce/<passkey>`)
+in every record that is emitted, whatever module produced it (uvicorn, httpx, libraries).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ _SECRET_PATTERNS = (
     ),
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[REDACTED]"),
     (re.compile(r"\bhf_[A-Za-z0-9]{8,}\b"), "hf_[REDACTED]"),
+    # The tracker's passkey is a path segment of every announce URL, which httpx logs at INFO with
+    # each request (the relay's announces: agent.swarm.relay), and the chart's default level is INFO.
+    (re.compile(r"(/(?:announce|scrape)/)[^/?#\s'\"]+"), r"\1[REDACTED]"),
 )
 
 

@@ -273,6 +273,11 @@ def test_the_redaction_filter_scrubs_tokens_from_any_record():
     assert SECRET not in text and "[REDACTED]" in json.loads(text)["msg"]
     assert redact("Authorization: Bearer abc.def") == "Authorization: [REDACTED]"
     assert redact("using hf_abcdefghijkl now") == "using hf_[REDACTED] now"
+    # httpx's own line for a relay announce (seen at INFO in the namespace benchmark's agent logs).
+    passkey = "6ffc5e41a7608fb8dbce27fd98388e64"
+    line = f'HTTP Request: GET http://10.0.0.3:7480/announce/{passkey}?info_hash=%B3 "HTTP/1.1 200 OK"'
+    assert redact(line) == line.replace(passkey, "[REDACTED]")
+    assert redact(f"http://t/scrape/{passkey}") == "http://t/scrape/[REDACTED]"
 
 
 def test_a_daemon_under_a_cache_limit_evicts_the_lru_model_and_refuses_one_that_cannot_fit(tmp_path):
