@@ -96,6 +96,9 @@ class _Job:
     so on a slow shared origin every chunk goes quiet that long between bytes without being stalled."""
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
+    readers: dict[int, list[dict[str, int]]] = field(default_factory=dict)
+    """Each worker's state on each chunk (`_fetch_chunk`: "pos", "hedge", and "cut", which a hedge whose
+    bytes flow sets in the one it replaces)."""
     waiting: set[int] = field(default_factory=set)
     """Chunks waiting out an unavailable origin (`OriginClient.patiently`): failing, not stalled, so
     not hedged (a hedge would only wait beside it, and then both would fetch the chunk)."""
@@ -325,6 +328,7 @@ class OriginSource:
                     if job.error is not None:
                         return
                     idx = self._hedge(job) if job.mode == "ranges" else None
+                    hedge = idx is not None
                     if idx is None:
                         if not job.pending:
                             unhedged = [i for i in self._in_flight(job) if i not in job.hedged]
@@ -335,7 +339,7 @@ class OriginSource:
                         idx = job.pending.pop(0)
                     job.moved.setdefault(idx, time.monotonic())
                 try:
-                    self._fetch_chunk(plan, cache, job, idx, probe, buf)
+                    self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge)
                 except _ChunkDone:
                     continue
                 probe = False
@@ -388,19 +392,47 @@ class OriginSource:
         return head
 
     def _fetch_chunk(
-        self, plan: FetchPlan, cache: RepoCache, job: _Job, idx: int, probe: bool, buf: memoryview
+        self,
+        plan: FetchPlan,
+        cache: RepoCache,
+        job: _Job,
+        idx: int,
+        probe: bool,
+        buf: memoryview,
+        hedge: bool = False,
+    ) -> None:
+        """`hedge`: a second worker on a stalled chunk; once its bytes flow, the stalled response is
+        closed. Left open, a stall that ends (a retransmit backing off under shaping) sent the same
+        bytes down both connections: up to a chunk served twice."""
+        start, end = job.chunk_bounds(idx)
+        with job.cond:
+            state = {"pos": start + job.written.get(idx, 0), "cut": 0, "hedge": int(hedge)}
+            if state["pos"] >= end:
+                return
+            job.readers.setdefault(idx, []).append(state)
+        try:
+            self._read_chunk(plan, cache, job, idx, probe, buf, state)
+        finally:
+            with job.cond:
+                job.readers[idx] = [s for s in job.readers.get(idx, []) if s is not state]
+
+    def _read_chunk(
+        self,
+        plan: FetchPlan,
+        cache: RepoCache,
+        job: _Job,
+        idx: int,
+        probe: bool,
+        buf: memoryview,
+        state: dict[str, int],
     ) -> None:
         start, end = job.chunk_bounds(idx)
         what = job.entry.path
-        with job.cond:
-            state = {"pos": start + job.written.get(idx, 0)}
-        if state["pos"] >= end:
-            return
 
         def attempt() -> None:
             pos = state["pos"]
             with job.cond:
-                if idx in job.done:
+                if idx in job.done or state["cut"]:
                     raise _ChunkDone()
                 if job.pausing:
                     raise _Paused()  # cut by `_step_aside` (or about to be): no new request now
@@ -428,11 +460,14 @@ class OriginSource:
                         break
                     pos += n
                     state["pos"] = pos
+                    if state["hedge"]:
+                        state["hedge"] = 0
+                        self._replace_stalled(job, idx, state, resp)
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
                 if pos < end:
                     with job.cond:
-                        if idx in job.done:  # the other worker finished it and cut this connection
+                        if idx in job.done or state["cut"]:  # the other worker has it, and cut this one
                             raise _ChunkDone()
                     ended = f"{what}: body ended at byte {pos} of {start}-{end - 1}"
                     raise Retryable(OriginUnavailableError(ended))
@@ -467,6 +502,17 @@ class OriginSource:
                     if not job.pausing:
                         raise
                 # The read failed because `_step_aside` cut it: not an origin failure.
+
+    @staticmethod
+    def _replace_stalled(job: _Job, idx: int, state: dict[str, int], resp: urllib3.BaseHTTPResponse) -> None:
+        """The hedge's bytes flow: close the stalled response, whose worker takes the next chunk."""
+        with job.cond:
+            for other in job.readers.get(idx, []):
+                if other is not state:
+                    other["cut"] = 1
+            stalled = [r for r in job.responses.get(idx, []) if r is not resp]
+        for r in stalled:
+            _cut(r)
 
     def _wait_out(self, job: _Job, idx: int, seconds: float) -> bool:
         """Chunk `idx`'s pause while the origin is unavailable; over early (False) when the blob fails,

@@ -277,7 +277,8 @@ def test_the_redaction_filter_scrubs_tokens_from_any_record():
     passkey = "6ffc5e41a7608fb8dbce27fd98388e64"
     line = f'HTTP Request: GET http://10.0.0.3:7480/announce/{passkey}?info_hash=%B3 "HTTP/1.1 200 OK"'
     assert redact(line) == line.replace(passkey, "[REDACTED]")
-    assert redact(f"http://t/scrape/{passkey}") == "http://t/scrape/[REDACTED]"
+    assert redact(f"http://t/scrape/{passkey}: refused") == "http://t/scrape/[REDACTED]: refused"
+    assert redact("http://t/announce/***: refused") == "http://t/announce/***: refused"  # redacted before
 
 
 def test_a_daemon_under_a_cache_limit_evicts_the_lru_model_and_refuses_one_that_cannot_fit(tmp_path):

@@ -333,6 +333,31 @@ def test_a_stalled_range_is_hedged_by_a_free_connection_and_does_not_hold_the_do
     assert len(twice) == 1, ranges()
 
 
+def test_a_stalled_range_that_comes_back_is_not_served_twice_beside_its_hedge(tmp_path):
+    """The stall ends while the hedge is still reading the rest of the chunk (a TCP retransmit that
+    backs off, then recovers, under shaping): both connections then carried the same bytes, and the
+    origin served up to a chunk twice (a whole 4 MiB range, 1.25 x S, in the namespace test). Once
+    the hedge's bytes flow, the stalled response is closed."""
+    root = tmp_path / "origin"
+    files = model(root, total=24 * MiB, shards=3)
+    shard = shards(files)[0]
+    chunk = 4 * MiB
+    assert 2 * chunk <= len(files[shard]) < 3 * chunk
+    with HubServer(root, rate_per_connection=1e6) as srv:
+        # 1 MB/s per connection: a 1 MiB read takes ~1 s, so a chunk counts as stalled after ~3 s. The
+        # first response stalls after 64 KiB for 4.5 s: the hedge asks for the rest at ~3 s and needs
+        # ~4 s for it, and the stalled response wakes at ~4.5 s with as much still to send.
+        srv.faults.stall_after, srv.faults.stall_seconds = 64 * 1024, 4.5
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=4)
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        assert len(ranges) > len(set(ranges)) or len(ranges) > 3, f"no hedge, no test: {ranges}"
+        time.sleep(1)  # the stalled handler, awake, has tried to send the rest
+        extra = srv.egress_bytes - len(files[shard])
+        assert extra <= 256 * 1024, f"{extra} bytes served twice: {ranges}"
+
+
 def test_a_refused_head_leaves_its_connection_fit_for_the_next_request(origin):
     """http.client keeps a HEAD's response open until it is read or collected, and a refused one lives on
     in its error's traceback (while the client backs off, in another thread). Handed back to the pool as
