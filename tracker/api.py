@@ -384,7 +384,8 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         node asking again renews it, and its stall clock starts over (it started over). Others get
         granted=false and who holds it (`leases`: each holder's reported bytes and idle seconds),
         unless `stale_after` lets them take over the lease of a holder that made no progress for
-        that long."""
+        that long. For `lease_amnesty` seconds after the store lost its state, only former holders
+        get a lease, and a refusal says in `retry_in` when others may ask again."""
         ttl = min(body.ttl, settings.max_lease_ttl)
         amnesty = await state_loss.amnesty_left()
         if amnesty > 0:
