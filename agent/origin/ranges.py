@@ -97,8 +97,8 @@ class _Job:
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
     readers: dict[int, list[dict[str, int]]] = field(default_factory=dict)
-    """Each worker's state on each chunk (`_fetch_chunk`: "pos", "hedge", and "cut", which a hedge whose
-    bytes flow sets in the one it replaces)."""
+    """Each worker's state on each chunk not yet done (`_fetch_chunk`: "pos", "hedge", and "cut", which
+    a hedge whose bytes flow sets in the one it replaces)."""
     waiting: set[int] = field(default_factory=set)
     """Chunks waiting out an unavailable origin (`OriginClient.patiently`): failing, not stalled, so
     not hedged (a hedge would only wait beside it, and then both would fetch the chunk)."""
@@ -350,6 +350,7 @@ class OriginSource:
                         job.done.add(idx)
                     job.written.pop(idx, None)
                     job.moved.pop(idx, None)
+                    job.readers.pop(idx, None)
                     for other in job.responses.pop(idx, []):
                         _cut(other)  # the other worker on this chunk, perhaps blocked on a stalled read
                     job.cond.notify_all()
@@ -405,29 +406,12 @@ class OriginSource:
         closed. Left open, a stall that ends (a retransmit backing off under shaping) sent the same
         bytes down both connections: up to a chunk served twice."""
         start, end = job.chunk_bounds(idx)
+        what = job.entry.path
         with job.cond:
             state = {"pos": start + job.written.get(idx, 0), "cut": 0, "hedge": int(hedge)}
             if state["pos"] >= end:
                 return
-            job.readers.setdefault(idx, []).append(state)
-        try:
-            self._read_chunk(plan, cache, job, idx, probe, buf, state)
-        finally:
-            with job.cond:
-                job.readers[idx] = [s for s in job.readers.get(idx, []) if s is not state]
-
-    def _read_chunk(
-        self,
-        plan: FetchPlan,
-        cache: RepoCache,
-        job: _Job,
-        idx: int,
-        probe: bool,
-        buf: memoryview,
-        state: dict[str, int],
-    ) -> None:
-        start, end = job.chunk_bounds(idx)
-        what = job.entry.path
+            job.readers.setdefault(idx, []).append(state)  # until the chunk is done
 
         def attempt() -> None:
             pos = state["pos"]
