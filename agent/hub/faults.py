@@ -49,6 +49,13 @@ class Faults:
     stall_times: int = 1
     """How many responses stall."""
 
+    slow_rate: float = 0.0
+    """Send the next file bodies at this many bytes/s: one flow slow beside fast ones (a connection
+    that got a small share of a shaped, shared link)."""
+
+    slow_times: int = 1
+    """How many bodies go at slow_rate."""
+
     path_status: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
     """Answer every request for these paths (exact, without the query string) with (status, headers)
     and a JSON error body until removed: e.g. a 307 with a `Location`, as a hub behind a proxy may."""
@@ -99,6 +106,14 @@ class Faults:
                 return None
             self.stall_times -= 1
             return self.stall_after, self.stall_seconds
+
+
+    def take_slow(self) -> TokenBucket | None:
+        with self._lock:
+            if self.slow_rate <= 0 or self.slow_times <= 0:
+                return None
+            self.slow_times -= 1
+            return TokenBucket(self.slow_rate)
 
 
 class TokenBucket:

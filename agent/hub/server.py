@@ -554,7 +554,7 @@ class _Handler(BaseHTTPRequestHandler):
         truncate = faults.take_truncate()
         corrupt = faults.take_corrupt(names)
         stall = faults.take_stall()
-        buckets = [b for b in (self.hub.total_bucket, self.conn_bucket) if b is not None]
+        buckets = [b for b in (self.hub.total_bucket, self.conn_bucket, faults.take_slow()) if b is not None]
         if not (buckets or corrupt or stall or truncate is not None):
             return self._sendfile(f, start, length)
         limit = length if truncate is None else min(length, truncate)

@@ -45,7 +45,15 @@ from agent.core.settings import FetchSettings
 from agent.origin.client import OriginClient, Retryable, body_complete, read_body_into, release
 
 READ_BLOCK = 1 << 20
-"""Bytes per socket read, straight into a worker's own buffer (no per-block allocation)."""
+"""Bytes per write, read from the socket straight into a worker's own buffer (no per-block allocation)."""
+READ_STEP = 64 << 10
+"""The least bytes per read within a block, after each of which the chunk counts as moving
+(`_Reader.seen`). A block read as one takes 1.3 s at 0.8 MB/s (4 nodes' connections sharing a shaped
+10 MB/s origin): a chunk merely slow looked stalled and was hedged, and the origin served its first
+4 MiB twice. A connection's reads grow to what it brings in `STEP_SECONDS` at its mean rate since its
+request (not its last read's: one that found its bytes already queued takes no time), up to a whole
+block: at loopback rates 64 KiB reads cost 20 % more CPU than 1 MiB ones."""
+STEP_SECONDS = 0.1
 HASH_BLOCK = 4 << 20
 WRITEBACK_EVERY = 16 << 20
 RECORD_EVERY = 4 << 20
@@ -58,6 +66,29 @@ class _Cancelled(Exception):
 
 class _ChunkDone(Exception):
     """Another worker finished the chunk this one was hedging (or being hedged on): take the next."""
+
+
+@dataclass
+class _Reader:
+    """One worker's read of one chunk (`_fetch_chunk`)."""
+
+    pos: int
+    """File offset of its next byte."""
+    hedge: bool
+    """A second worker on a stalled chunk, whose bytes have not flowed yet."""
+    cut: bool = False
+    """Set in the one a flowing hedge replaces."""
+    seen: float = field(default_factory=time.monotonic)
+    """When its connection last brought a step's bytes (or the request began)."""
+    step: int = READ_STEP
+    """Bytes for its next read."""
+    began: float = 0.0
+    got: int = 0
+    """When its current request began, and the bytes it has brought since."""
+
+    def start(self) -> None:
+        self.seen = self.began = time.monotonic()
+        self.got, self.step = 0, READ_STEP
 
 
 HEDGE_AFTER = 1.0
@@ -92,13 +123,12 @@ class _Job:
     hedged: set[int] = field(default_factory=set)
     """Chunks a second worker was sent after (at most once each)."""
     read_gap: float = 0.0
-    """Seconds between a connection's reads, smoothed over all of them: a read returns a whole block,
-    so on a slow shared origin every chunk goes quiet that long between bytes without being stalled."""
+    """Seconds between a connection's `READ_STEP`s, smoothed over all of them: on a slow shared origin
+    every chunk goes quiet that long between bytes without being stalled."""
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
-    readers: dict[int, list[dict[str, int]]] = field(default_factory=dict)
-    """Each worker's state on each chunk not yet done (`_fetch_chunk`: "pos", "hedge", and "cut", which
-    a hedge whose bytes flow sets in the one it replaces)."""
+    readers: dict[int, list[_Reader]] = field(default_factory=dict)
+    """The workers on each chunk not yet done."""
     waiting: set[int] = field(default_factory=set)
     """Chunks waiting out an unavailable origin (`OriginClient.patiently`): failing, not stalled, so
     not hedged (a hedge would only wait beside it, and then both would fetch the chunk)."""
@@ -128,13 +158,37 @@ class _Job:
             return max(pos, start + self.written.get(idx, 0))
         return pos
 
-    def write_from(self, resp: urllib3.BaseHTTPResponse, buf: memoryview, pos: int, end: int) -> int:
+    def write_from(
+        self, resp: urllib3.BaseHTTPResponse, buf: memoryview, pos: int, end: int, reader: _Reader
+    ) -> int:
         """Read up to `end - pos` body bytes into `buf`, write them to the file at `pos`; 0 = body ended."""
-        n = read_body_into(resp, buf[: min(len(buf), end - pos)])
+        want = min(len(buf), end - pos)
+        n = 0
+        while n < want:
+            got = read_body_into(resp, buf[n : min(want, n + reader.step)])
+            if not got:
+                break
+            n += got
+            self.saw(reader, got)
         if n:
             with self.write_lock:
                 os.pwrite(self.fd, buf[:n], pos)
         return n
+
+    def saw(self, reader: _Reader, n: int) -> None:
+        """`reader`'s connection brought `n` bytes. Not under `cond`: a lost update of these floats (two
+        workers at once) costs nothing, a lock per step would."""
+        now = time.monotonic()
+        gap = now - reader.seen
+        reader.seen = now
+        reader.got += n
+        rate = reader.got / max(now - reader.began, 1e-6)
+        reader.step = max(READ_STEP, min(READ_BLOCK, int(rate * STEP_SECONDS)))
+        self.read_gap = gap if not self.read_gap else 0.8 * self.read_gap + 0.2 * gap
+
+    def quiet_since(self, idx: int) -> float:
+        """When chunk `idx` (in flight) last brought bytes or was (re)started (called under `cond`)."""
+        return max([self.moved[idx]] + [r.seen for r in self.readers.get(idx, [])])
 
 
 class _Paused(Exception):
@@ -378,16 +432,17 @@ class OriginSource:
             return None
         head = min(in_flight)
         now = time.monotonic()
-        # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read takes 2.5 s,
+        # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
+        # A step (`READ_STEP`) takes 0.65 s there.
         quiet = max(HEDGE_AFTER, 3 * job.read_gap)
         if not job.read_gap:
             # No read has returned yet, so nothing says how long one takes here: a slow start (a loaded
             # node, a far origin) is no stall, and a hedge now asks for the whole chunk again.
             return None
-        if head in job.hedged or head in job.waiting or now - job.moved[head] < quiet:
+        if head in job.hedged or head in job.waiting or now - job.quiet_since(head) < quiet:
             return None
-        if not any(now - job.moved[i] < quiet for i in in_flight if i != head) and job.pending:
+        if not any(now - job.quiet_since(i) < quiet for i in in_flight if i != head) and job.pending:
             return None  # everything is slow: a second request would only share the same link
         job.hedged.add(head)
         return head
@@ -408,15 +463,16 @@ class OriginSource:
         start, end = job.chunk_bounds(idx)
         what = job.entry.path
         with job.cond:
-            state = {"pos": start + job.written.get(idx, 0), "cut": 0, "hedge": int(hedge)}
-            if state["pos"] >= end:
+            reader = _Reader(pos=start + job.written.get(idx, 0), hedge=hedge)
+            if reader.pos >= end:
                 return
-            job.readers.setdefault(idx, []).append(state)  # until the chunk is done
+            job.readers.setdefault(idx, []).append(reader)  # until the chunk is done
 
         def attempt() -> None:
-            pos = state["pos"]
+            pos = reader.pos
+            reader.start()
             with job.cond:
-                if idx in job.done or state["cut"]:
+                if idx in job.done or reader.cut:
                     raise _ChunkDone()
                 if job.pausing:
                     raise _Paused()  # cut by `_step_aside` (or about to be): no new request now
@@ -427,7 +483,7 @@ class OriginSource:
                 if resp.status == 200:
                     if not ((probe and job.mode is None) or job.mode == "stream"):
                         raise OriginError(f"{what}: origin ignored Range after honouring it")
-                    self._stream_whole(job, resp, state, buf)
+                    self._stream_whole(job, resp, reader, buf)
                     return
                 if resp.status != 206:
                     raise OriginError(f"{what}: unexpected status {resp.status} for a range request")
@@ -439,19 +495,19 @@ class OriginSource:
                         job.mode = "ranges"
                         job.cond.notify_all()
                 while pos < end:
-                    n = job.write_from(resp, buf, pos, end)
+                    n = job.write_from(resp, buf, pos, end, reader)
                     if not n:
                         break
                     pos += n
-                    state["pos"] = pos
-                    if state["hedge"]:
-                        state["hedge"] = 0
-                        self._replace_stalled(job, idx, state, resp)
+                    reader.pos = pos
+                    if reader.hedge:
+                        reader.hedge = False
+                        self._replace_stalled(job, idx, reader, resp)
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
                 if pos < end:
                     with job.cond:
-                        if idx in job.done or state["cut"]:  # the other worker has it, and cut this one
+                        if idx in job.done or reader.cut:  # the other worker has it, and cut this one
                             raise _ChunkDone()
                     ended = f"{what}: body ended at byte {pos} of {start}-{end - 1}"
                     raise Retryable(OriginUnavailableError(ended))
@@ -475,7 +531,7 @@ class OriginSource:
             try:
                 self.client.patiently(
                     lambda: self.client.retrying(what, attempt),
-                    moved=lambda: state["pos"],
+                    moved=lambda: reader.pos,
                     pause=lambda seconds: self._wait_out(job, idx, seconds),
                 )
                 return
@@ -488,12 +544,12 @@ class OriginSource:
                 # The read failed because `_step_aside` cut it: not an origin failure.
 
     @staticmethod
-    def _replace_stalled(job: _Job, idx: int, state: dict[str, int], resp: urllib3.BaseHTTPResponse) -> None:
+    def _replace_stalled(job: _Job, idx: int, reader: _Reader, resp: urllib3.BaseHTTPResponse) -> None:
         """The hedge's bytes flow: close the stalled response, whose worker takes the next chunk."""
         with job.cond:
             for other in job.readers.get(idx, []):
-                if other is not state:
-                    other["cut"] = 1
+                if other is not reader:
+                    other.cut = True
             stalled = [r for r in job.responses.get(idx, []) if r is not resp]
         for r in stalled:
             _cut(r)
@@ -517,7 +573,7 @@ class OriginSource:
                 job.moved[idx] = time.monotonic()
 
     def _stream_whole(
-        self, job: _Job, resp: urllib3.BaseHTTPResponse, state: dict[str, int], buf: memoryview
+        self, job: _Job, resp: urllib3.BaseHTTPResponse, reader: _Reader, buf: memoryview
     ) -> None:
         """Server ignored Range: take the whole body in order on this one connection."""
         with job.cond:
@@ -527,7 +583,7 @@ class OriginSource:
         size = job.entry.size
         pos = 0
         while pos < size:
-            n = job.write_from(resp, buf, pos, size)
+            n = job.write_from(resp, buf, pos, size, reader)
             if not n:
                 break
             pos += n
@@ -539,7 +595,7 @@ class OriginSource:
                 job.written[idx] = pos - idx * job.chunk_size
                 job.cond.notify_all()
             job.progress.advance(n)
-        state["pos"] = 0
+        reader.pos = 0
         if pos < size:
             with job.cond:
                 job.done.clear()
@@ -556,10 +612,7 @@ class OriginSource:
             if idx in job.done:
                 raise _ChunkDone()  # the other worker on this chunk got there first
             job.written[idx] = max(job.written.get(idx, 0), chunk_written)
-            now = time.monotonic()
-            gap = now - job.moved.get(idx, now)
-            job.read_gap = gap if not job.read_gap else 0.8 * job.read_gap + 0.2 * gap
-            job.moved[idx] = now
+            job.moved[idx] = time.monotonic()
             job.received += n
             job.unrecorded += n
             due = job.unrecorded >= RECORD_EVERY

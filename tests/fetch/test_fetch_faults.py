@@ -344,9 +344,9 @@ def test_a_stalled_range_that_comes_back_is_not_served_twice_beside_its_hedge(tm
     chunk = 4 * MiB
     assert 2 * chunk <= len(files[shard]) < 3 * chunk
     with HubServer(root, rate_per_connection=1e6) as srv:
-        # 1 MB/s per connection: a 1 MiB read takes ~1 s, so a chunk counts as stalled after ~3 s. The
-        # first response stalls after 64 KiB for 4.5 s: the hedge asks for the rest at ~3 s and needs
-        # ~4 s for it, and the stalled response wakes at ~4.5 s with as much still to send.
+        # 1 MB/s per connection: a chunk counts as stalled after 1 s without bytes. The first response
+        # stalls after 64 KiB for 4.5 s: the hedge asks for the rest at ~1 s and needs ~4 s for it, and
+        # the stalled response wakes at ~4.5 s with as much still to send.
         srv.faults.stall_after, srv.faults.stall_seconds = 64 * 1024, 4.5
         settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=4)
         result = fetch_snapshot(settings, REPO, include=[shard])
@@ -356,6 +356,27 @@ def test_a_stalled_range_that_comes_back_is_not_served_twice_beside_its_hedge(tm
         time.sleep(1)  # the stalled handler, awake, has tried to send the rest
         extra = srv.egress_bytes - len(files[shard])
         assert extra <= 256 * 1024, f"{extra} bytes served twice: {ranges}"
+
+
+def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
+    """Under a shaped link shared by several nodes one flow may get a small share: its bytes come, just
+    slowly. Seen a read block (1 MiB) at a time, the head chunk looked stalled beside fast ones and was
+    asked for again from its first byte (a whole 4 MiB range served twice in the namespace test)."""
+    root = tmp_path / "origin"
+    files = model(root, total=8 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk = 1 * MiB
+    assert len(files[shard]) >= 6 * chunk
+    with HubServer(root) as srv:
+        # The first body (the probe: chunk 0, the head of the prefix) goes at 300 KB/s, 3.5 s for its
+        # 1 MiB; every other chunk comes at loopback speed.
+        srv.faults.slow_rate = 300_000
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=4)
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        assert len(ranges) == len(set(ranges)), f"a range asked for twice: {ranges}"
 
 
 def test_a_refused_head_leaves_its_connection_fit_for_the_next_request(origin):
