@@ -7,7 +7,8 @@ the file may be served *now*. That is the `Arrival`'s `ready` prefix:
 
 - from the origin engine: the contiguous written prefix, the same trust as a direct origin download
   (the final sha256 still decides whether the blob is ever installed);
-- from libtorrent: the contiguous prefix of pieces that passed their hash check, never more.
+- from libtorrent: the contiguous prefix of pieces that passed their hash check and read back from
+  the file as they hashed (`Swarm.verified_prefix`), never more.
 
 The last byte is never servable before the blob is whole, verified end to end and installed
 (`finish`): a response that cannot be completed with the right bytes is cut short instead, and the

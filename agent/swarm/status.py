@@ -90,3 +90,5 @@ class TorrentRecord:
     last_resume_save: float = field(default_factory=time.monotonic)
     seed_sources: set[str] = field(default_factory=set)
     last_seed_sample: float = 0.0
+    pieces_on_disk: int = 0
+    """Leading pieces read back from the file and found to match their hashes (`Swarm.verified_prefix`)."""

@@ -107,6 +107,37 @@ def test_peer_download_is_incomplete_until_verified_then_renamed(tmp_path, swarm
     assert seeder.status(ih).bytes_uploaded >= len(blob.data)
 
 
+def test_the_verified_prefix_holds_only_bytes_readable_from_the_file(tmp_path, swarms):
+    """libtorrent says a piece passed its hash check before its disk backend has written it (10-25 ms
+    later on loopback; the file may not even exist yet). The HF endpoint streams the verified prefix
+    from the file, so a prefix counted from libtorrent's word alone sent zeros to a client (caught here
+    in 5 of 5 runs before the fix). A reader that reads each new prefix at once must see the blob's bytes."""
+    blob = make_blob(128 * MiB, 7)
+    seeder = open_swarm(swarms, tmp_path / "s-state")
+    leecher = open_swarm(swarms, tmp_path / "l-state")
+    ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
+    assert seeder.wait(ih, timeout=30).state == "seeding"
+    dest = tmp_path / "l" / "blobs"
+    leecher.download(dest, blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
+    path = dest / (blob.blob_id + ".incomplete")
+    seen, reads, wrong = 0, 0, []
+    deadline = time.monotonic() + 60
+    while leecher.status(ih).state != "seeding" and time.monotonic() < deadline:
+        leecher.read_ahead(ih, seen, 8 * MiB)  # as the HF endpoint asks for what its reader waits for
+        end = leecher.verified_prefix(ih)
+        if end > seen:
+            # A prefix > 0 means the file is there; renamed if the blob was finished meanwhile.
+            with open(path if path.exists() else dest / blob.blob_id, "rb") as fh:
+                fh.seek(seen)
+                got = fh.read(end - seen)
+            if got != blob.data[seen:end]:
+                wrong.append((seen, end))
+            seen, reads = end, reads + 1
+    assert leecher.status(ih).state == "seeding"
+    assert reads >= 8, f"the prefix grew {reads} times: too few looks to prove anything"
+    assert wrong == [], f"read back other bytes than the blob's in {wrong}"
+
+
 class _Origin(http.server.BaseHTTPRequestHandler):
     """/resolve/<name> answers 302 to the CDN host; /cdn/<name> serves byte ranges."""
 
