@@ -275,7 +275,9 @@ class SwarmFetcher:
             # Back to the tracker after a short quiet spell: it may be up again, with new peers.
             left = self.settings.daemon.tracker_outage_grace - self.tracker.outage
             quiet = min(left, self.settings.daemon.tracker_probe_interval)
-            return self._swarm_or_none(cache, blob, info, progress, stall=max(quiet, 1.0))
+            return self._swarm_or_none(
+                cache, blob, info, progress, stall=max(quiet, 1.0), then="asking the tracker again"
+            )
         time.sleep(min(1.0, self.settings.daemon.tracker_probe_interval))
         return None
 
@@ -360,14 +362,20 @@ class SwarmFetcher:
             peers_stalled = relay_tried = False
 
     def _swarm_or_none(
-        self, cache: RepoCache, blob: FileEntry, info: bytes, progress: Progress, stall: float | None = None
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        info: bytes,
+        progress: Progress,
+        stall: float | None = None,
+        then: str = "taking the origin-lease path",
     ) -> BlobOutcome | None:
         """The blob from its swarm; None when the peers stalled or the metainfo proved wrong or suspect
-        (then the caller takes the lease path)."""
+        (then the caller does what `then` says: by default, the lease path)."""
         try:
             return self._from_swarm(cache, blob, info, None, progress, stall=stall)
         except _Stalled:
-            log.warning("peers stalled on %s; taking the origin-lease path", blob.path)
+            log.warning("peers stalled on %s; %s", blob.path, then)
         except BadMetainfo as exc:
             self._trust.distrust(blob, exc)
         return None
