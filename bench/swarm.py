@@ -329,6 +329,8 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
         f"nodes={args.nodes}  S={size / 2**20:.0f} MiB  node links {args.node_rate / 1e6:.0f} MB/s each way  "
         f"origin {args.origin_rate / 1e6:.0f} MB/s  (tc HTB; TCP goodput is ~0.96 of the rate)"
     )
+    if args.origin_rate_per_connection:
+        print(f"origin connections capped at {args.origin_rate_per_connection / 1e6:.0f} MB/s each")
     head = (
         f"{'scenario':<11}{'system':<12}{'nodes':>6}{'median s':>9}{'max s':>8}{'bound s':>8}"
         f"{'med/bnd':>8}{'max/bnd':>8}{'egress/S':>9}{'peak RSS':>10}{'anon':>9}{'CPU':>6}  notes"
@@ -403,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--node-rate", type=float, default=120e6, help="bytes/s each way per node link")
     p.add_argument("--origin-rate", type=float, default=30e6, help="origin upload, bytes/s")
+    p.add_argument(
+        "--origin-rate-per-connection",
+        type=float,
+        default=None,
+        help="also cap each origin connection at this many bytes/s, as a CDN does (the bound ignores it)",
+    )
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument(
@@ -456,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                 stack = Stack(c, fs, hub, logdir)
                 stack.env["WEIGHTSWARM_LOG_LEVEL"] = args.agent_log_level
                 print(f"logs: {logdir}", flush=True)
-                stack.start_origin()
+                per_conn = args.origin_rate_per_connection
+                stack.start_origin(["--rate-per-connection", str(int(per_conn))] if per_conn else [])
                 model = stack.describe_model(repo)
                 torrents = build_torrents(stack, model, fs / "torrents") if "aria2c" in args.systems else []
                 print(
