@@ -107,7 +107,6 @@ class Faults:
             self.stall_times -= 1
             return self.stall_after, self.stall_seconds
 
-
     def take_slow(self) -> TokenBucket | None:
         with self._lock:
             if self.slow_rate <= 0 or self.slow_times <= 0:

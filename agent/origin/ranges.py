@@ -123,8 +123,8 @@ class _Job:
     hedged: set[int] = field(default_factory=set)
     """Chunks a second worker was sent after (at most once each)."""
     read_gap: float = 0.0
-    """Seconds between a connection's `READ_STEP`s, smoothed over all of them: on a slow shared origin
-    every chunk goes quiet that long between bytes without being stalled."""
+    """Seconds between a connection's reads (`_Reader.step`), smoothed over all of them: on a slow shared
+    origin every chunk goes quiet that long between bytes without being stalled."""
     responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
     """The responses being read for each chunk (two when hedged)."""
     readers: dict[int, list[_Reader]] = field(default_factory=dict)
