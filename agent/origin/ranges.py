@@ -78,6 +78,8 @@ class _Reader:
     """A second worker on a stalled chunk, whose bytes have not flowed yet."""
     cut: bool = False
     """Set in the one a flowing hedge replaces."""
+    resp: urllib3.BaseHTTPResponse | None = None
+    """Its open response, if any (guarded by the job's `cond`)."""
     seen: float = field(default_factory=time.monotonic)
     """When its connection last brought a step's bytes (or the request began)."""
     step: int = READ_STEP
@@ -125,10 +127,8 @@ class _Job:
     read_gap: float = 0.0
     """Seconds between a connection's reads (`_Reader.step`), smoothed over all of them: on a slow shared
     origin every chunk goes quiet that long between bytes without being stalled."""
-    responses: dict[int, list[urllib3.BaseHTTPResponse]] = field(default_factory=dict)
-    """The responses being read for each chunk (two when hedged)."""
     readers: dict[int, list[_Reader]] = field(default_factory=dict)
-    """The workers on each chunk not yet done."""
+    """The workers on each chunk not yet done (two when hedged)."""
     waiting: set[int] = field(default_factory=set)
     """Chunks waiting out an unavailable origin (`OriginClient.patiently`): failing, not stalled, so
     not hedged (a hedge would only wait beside it, and then both would fetch the chunk)."""
@@ -364,7 +364,7 @@ class OriginSource:
             return
         with job.cond:
             job.pausing = True
-            reading = [r for rs in job.responses.values() for r in rs]
+            reading = [r.resp for rs in job.readers.values() for r in rs if r.resp is not None]
         for resp in reading:
             _cut(resp)
 
@@ -404,9 +404,9 @@ class OriginSource:
                         job.done.add(idx)
                     job.written.pop(idx, None)
                     job.moved.pop(idx, None)
-                    job.readers.pop(idx, None)
-                    for other in job.responses.pop(idx, []):
-                        _cut(other)  # the other worker on this chunk, perhaps blocked on a stalled read
+                    for other in job.readers.pop(idx, []):
+                        if other.resp is not None:  # the other worker, perhaps blocked on a stalled read
+                            _cut(other.resp)
                     job.cond.notify_all()
                 self._save_record(cache, plan, job)
         except _Cancelled:
@@ -478,7 +478,7 @@ class OriginSource:
                     raise _Paused()  # cut by `_step_aside` (or about to be): no new request now
             resp = self.client.request("GET", job.url, what, {"Range": f"bytes={pos}-{end - 1}"})
             with job.cond:
-                job.responses.setdefault(idx, []).append(resp)
+                reader.resp = resp
             try:
                 if resp.status == 200:
                     if not ((probe and job.mode is None) or job.mode == "stream"):
@@ -502,7 +502,7 @@ class OriginSource:
                     reader.pos = pos
                     if reader.hedge:
                         reader.hedge = False
-                        self._replace_stalled(job, idx, reader, resp)
+                        self._replace_stalled(job, idx, reader)
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
                 if pos < end:
@@ -515,9 +515,7 @@ class OriginSource:
                     raise OriginError(f"{what}: origin sent more bytes than the range asked for")
             finally:
                 with job.cond:
-                    reading = job.responses.get(idx, [])
-                    if resp in reading:  # else the chunk is done and its list gone
-                        reading.remove(resp)
+                    reader.resp = None
                 release(resp)
 
         while True:
@@ -544,15 +542,15 @@ class OriginSource:
                 # The read failed because `_step_aside` cut it: not an origin failure.
 
     @staticmethod
-    def _replace_stalled(job: _Job, idx: int, reader: _Reader, resp: urllib3.BaseHTTPResponse) -> None:
+    def _replace_stalled(job: _Job, idx: int, reader: _Reader) -> None:
         """The hedge's bytes flow: close the stalled response, whose worker takes the next chunk."""
         with job.cond:
-            for other in job.readers.get(idx, []):
-                if other is not reader:
-                    other.cut = True
-            stalled = [r for r in job.responses.get(idx, []) if r is not resp]
-        for r in stalled:
-            _cut(r)
+            stalled = [other for other in job.readers.get(idx, []) if other is not reader]
+            for other in stalled:
+                other.cut = True
+            open_ = [other.resp for other in stalled if other.resp is not None]
+        for resp in open_:
+            _cut(resp)
 
     def _wait_out(self, job: _Job, idx: int, seconds: float) -> bool:
         """Chunk `idx`'s pause while the origin is unavailable; over early (False) when the blob fails,
