@@ -5,11 +5,12 @@
     3. metainfo known, no seeders                           -> ask for the origin lease; the holder
        joins the swarm first and, unless its own announce finds a seeder within
        `swarm.seeder_grace` (then it gives the lease back and does 2), adds the origin (a resolved
-       CDN URL) as a web seed; the others join the same swarm
+       CDN URL) as a web seed; the others join the same swarm. A relayed blob (below) does 4 instead:
+       the web seed is one connection per blob, the origin engine several
     4. metainfo unknown                                     -> ask for the origin lease; the holder
        downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
        and seeds; the others take the blob from it as it arrives (the relay, agent.swarm.relay: blobs
-       of `_SPREAD_MIN_BYTES` and more), else long-poll the tracker, then do 2
+       of `_SPREAD_MIN_BYTES` and more, metainfo known or not), else long-poll the tracker, then do 2
     5. tracker unreachable                                  -> origin engine only; the blob is seeded
        anyway and published when the tracker returns (the daemon's probe loop)
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
@@ -328,16 +329,17 @@ class SwarmFetcher:
                 continue
             if lease.granted:
                 return self._as_lease_holder(cache, blob, info, origin_download, web_seed_url, progress)
-            if info is None and relay_download is not None and not relay_tried and self._relayed(blob):
+            if relay_download is not None and not relay_tried and self._relayed(blob):
                 # The holder is pulling the blob from the origin and relaying it: take it as it arrives.
                 relay_tried = True
                 outcome = self._from_relay(cache, blob, relay_download)
                 if outcome is not None:
                     return outcome
                 continue  # ask again at once: the holder may have finished, or died
-            if info is not None and not peers_stalled:
+            if info is not None and not peers_stalled and not self._relayed(blob):
                 # The holder is filling the swarm from the origin: take pieces from it as they arrive,
-                # and ask the tracker again if none come for as long as a holder may stall.
+                # and ask the tracker again if none come for as long as a holder may stall. (A relayed
+                # blob's holder seeds it only once whole: wait for that below, and try the relay again.)
                 outcome = self._swarm_or_none(cache, blob, info, progress, stall=self.holder_stall)
                 if outcome is not None:
                     return outcome
@@ -396,9 +398,14 @@ class SwarmFetcher:
         )
         beat.start()
         try:
+            if self._relayed(blob):
+                # Known metainfo or not, a blob this big comes through the origin engine and the relay:
+                # libtorrent's web seed is one HTTP connection per blob, which an origin that caps each
+                # connection (a CDN) holds to that cap (bench.swarm --origin-rate-per-connection).
+                assert self.relay is not None
+                self.relay.join(blob.blob_id, blob.size)  # nodes waiting for it take it as it arrives
+                return self._from_origin(cache, blob, origin_download, publish=True, info=info)
             if info is None:
-                if self.relay is not None and self._relayed(blob):
-                    self.relay.join(blob.blob_id, blob.size)  # nodes waiting for it take it as it arrives
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
                 seed = WebSeed(web_seed_url())

@@ -19,6 +19,7 @@ from tests.support.cluster import (
     TrackerProcess,
     admin_request,
     assert_snapshot_verifies,
+    fetch_and_wait,
     model_origin,
 )
 from tests.support.procs import loop_until
@@ -77,6 +78,46 @@ def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(on
     for job in jobs:
         assert shard_status(job, shard)["source"] == "peers"
     assert one_shard.hub.egress_bytes < 1.05 * one_shard.size  # the origin sent it once
+
+
+@pytest.mark.timeout(150)
+def test_a_known_blob_comes_over_parallel_origin_ranges_and_is_relayed(tmp_path, tracker, make_agent):
+    """Metainfo known, no seeders (a model scaled to zero and evicted, the tracker remembers it): the
+    lease holder pulls a relayed-size blob with the origin engine and relays it, as when nothing is
+    known. It used libtorrent's web seed, one connection per blob: an origin that caps each
+    connection, as a CDN does, held the whole cluster to that cap."""
+    with model_origin(
+        tmp_path / "hub", "acme/capped", total_bytes=SHARD, shards=1, seed=47, rate_per_connection=MiB // 2
+    ) as origin:
+        shard, blob = shard_blob(origin)
+        first = make_agent("first", origin, tracker, daemon=LEASE)
+        fetch_and_wait(first, origin.repo_id)
+        first.stop()  # its "stopped" announce leaves the tracker with the metainfo and no seeders
+        assert tracker.blob(blob).get("infohash") is not None
+        origin.hub.reset_counters()
+
+        a = make_agent("a", origin, tracker, daemon=LEASE)
+        job_a = a.request_model(origin.repo_id, "main")
+        loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
+        b = make_agent("b", origin, tracker, daemon=LEASE)
+        job_b = b.request_model(origin.repo_id, "main")
+        relayed = False
+        while not job_a.done and not relayed:
+            relayed = 0 < shard_status(job_b, shard)["done"] < SHARD
+            time.sleep(0.1)
+        assert relayed, "b received nothing before the holder was done"
+        for job in (job_a, job_b):
+            assert job.wait(90), job.status()
+            assert job.status().phase == "Ready", job.status()
+            assert_snapshot_verifies(job.status().snapshot, origin)
+        assert shard_status(job_a, shard)["source"] == "origin"
+        assert shard_status(job_b, shard)["source"] == "peers"
+        assert origin.hub.egress_bytes < 1.05 * origin.size
+        # Neither node's libtorrent moved the shard: no web seed on the holder, no BitTorrent on b.
+        for d in (a, b):
+            assert d.swarm is not None
+            st = d.swarm.status(d.held_blobs()[blob])
+            assert (st.bytes_from_web_seeds, st.bytes_from_peers) == (0, 0), (d.node_id, st)
 
 
 @pytest.mark.timeout(120)
