@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+SMALL_FILE_BYTES = 16 * 2**20
+"""Files under this size (configs, tokenizers, small shards) take a moment each, mostly round trips: a
+fetch runs them on a lane of their own beside the large ones, and the swarm neither relays them nor
+spreads their origin leases over nodes (their holder has them whole in a moment)."""
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -17,6 +22,10 @@ class FileEntry:
     blob_id: str
     """sha256 (LFS oid) or git blob sha1: the content address, verified after download."""
     is_lfs: bool
+
+    @property
+    def small(self) -> bool:
+        return self.size < SMALL_FILE_BYTES
 
 
 @dataclass(frozen=True)

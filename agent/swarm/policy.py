@@ -10,7 +10,7 @@
     4. metainfo unknown                                     -> ask for the origin lease; the holder
        downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
        and seeds; the others take the blob from it as it arrives (the relay, agent.swarm.relay: blobs
-       of `_SPREAD_MIN_BYTES` and more, metainfo known or not), else long-poll the tracker, then do 2
+       not `small`, metainfo known or not), else long-poll the tracker, then do 2
     5. tracker unreachable                                  -> origin engine only; the blob is seeded
        anyway and published when the tracker returns (the daemon's probe loop)
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
@@ -83,9 +83,6 @@ _READ_BLOCK = 4 * 2**20
 _TICK = 0.5
 _ANNOUNCE_WAIT = 5.0
 """Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
-_SPREAD_MIN_BYTES = 16 * 2**20
-"""Blobs from this size on have their origin leases spread over nodes, and are relayed while they arrive;
-small files are not worth a wait (their holder has them whole in a moment)."""
 _SUSPECT_WAIT = 5.0
 """Least seconds of failing pieces, none passing, before the metainfo is suspect (see `_suspect_wait`)."""
 _READ_AHEAD = 32 * 2**20
@@ -424,7 +421,7 @@ class SwarmFetcher:
             self._release(blob.blob_id)
 
     def _relayed(self, blob: FileEntry) -> bool:
-        return self.relay is not None and blob.size >= _SPREAD_MIN_BYTES
+        return self.relay is not None and not blob.small
 
     def _acquire_lease(self, blob: FileEntry, held_elsewhere: bool = False) -> Lease:
         """Ask for the blob's origin lease; a node already holding one first lets others ask (unless
@@ -440,9 +437,10 @@ class SwarmFetcher:
         assert self.tracker is not None
         with self._locks_guard:
             holding = len(self._leases)
-            self._leases.add(blob.blob_id)
+            if not blob.small:  # only large leases make the next one wait (a small one is over at once)
+                self._leases.add(blob.blob_id)
         try:
-            if holding and blob.size >= _SPREAD_MIN_BYTES and not held_elsewhere:
+            if holding and not blob.small and not held_elsewhere:
                 time.sleep(self.settings.swarm.lease_spread)
             lease = self.tracker.acquire_lease(
                 blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self.holder_stall

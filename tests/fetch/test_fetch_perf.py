@@ -26,7 +26,7 @@ from agent.fetch.publish import publish_directory
 from agent.hub.server import HubServer
 from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource
-from tests.support.fetchkit import REPO, MiB, model, settings_for
+from tests.support.fetchkit import REPO, MiB, model, settings_for, snapshot_contents
 from tests.support.procs import loop_until
 
 
@@ -97,6 +97,26 @@ def test_fetch_reuses_connections_across_ranges(tmp_path):
     # 2 files x 2 workers plus the API/metadata requests' connections; a client that dropped the
     # connection after each range would need one per range.
     assert accepted <= 2 * 2 + 4 < len(ranged), (accepted, len(ranged))
+
+
+def test_small_files_do_not_wait_for_the_large_ones(tmp_path):
+    """Every large-file slot taken (files_at_once=1, one shard that takes a while): the configs and
+    tokenizer still come beside the shard, not after it. Behind the shards, 7 small files went one
+    after another at the end of a swarm's cold start (bench.swarm: 4-7 s of 20)."""
+    root = tmp_path / "origin"
+    files = model(root, total=20 * MiB, shards=1)
+    shard = next(p for p in files if p.endswith(".safetensors"))
+    shard_cdn = hashlib.sha256(files[shard]).hexdigest()
+    small = [p for p in files if len(files[p]) < MiB]
+    assert len(small) >= 5, sorted(files)
+    with HubServer(root, rate_per_connection=8 * MiB) as srv:
+        result = fetch_snapshot(settings_for(tmp_path, srv.url, connections=1, files_at_once=1), REPO)
+        gets = [r.path for r in srv.requests if r.method == "GET" and "/api/" not in r.path]
+    assert snapshot_contents(result.snapshot_path) == files
+    # Requests are recorded as answered: the shard's twenty 1-MiB ranges at 8 MiB/s take 2.5 s.
+    last_small = max(i for i, path in enumerate(gets) if path.endswith(tuple(small)))
+    last_range = max(i for i, path in enumerate(gets) if path.endswith(shard_cdn))  # its CDN URL
+    assert last_small < last_range, gets
 
 
 def test_capped_sends_keep_the_rate_with_big_steps(tmp_path):

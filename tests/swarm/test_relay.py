@@ -156,11 +156,17 @@ def test_a_holder_stays_a_relay_source_past_the_peer_ttl_and_a_tracker_restart(t
         tracker.stop()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("metainfo", ["unknown", "known"])
 def test_a_holder_killed_mid_stream_leaves_its_receivers_to_finish_from_where_they_are(
-    tmp_path, one_shard, tracker, make_agent
+    tmp_path, one_shard, tracker, make_agent, metainfo
 ):
     shard, blob = shard_blob(one_shard)
+    if metainfo == "known":  # the taker-over first looks for a seeder with a torrent on the relayed file
+        first = make_agent("first", one_shard, tracker, daemon=LEASE)
+        fetch_and_wait(first, one_shard.repo_id)
+        first.stop()  # the tracker keeps the metainfo and counts no seeders
+        one_shard.hub.reset_counters()
     a = AgentProcess(tmp_path, "a", one_shard.hub.url, tracker, "--lease-ttl", "3")
     a.start()
     try:
