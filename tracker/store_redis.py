@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from tracker.errors import (
     ConfigError,
@@ -238,7 +240,12 @@ class RedisStore(Store):
                 probe.ping()
             finally:
                 probe.close()
-            self._r = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+            # One retry on a fresh connection: after a Redis restart every pooled connection is dead, and
+            # without it each failed the request that drew it, at any time later (a seeder's announce
+            # failing 40 s on; libtorrent's back-off then left it unlisted). Refused connects still fail
+            # in a moment; a black-holed Redis costs twice the connect timeout.
+            retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1)
+            self._r = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10, retry=retry)
         except ValueError as exc:
             raise ConfigError(f"bad --redis URL: {exc}") from None
         except redis.RedisError as exc:

@@ -510,3 +510,32 @@ def test_redis_outage_is_a_failure_reason_not_a_crash(tmp_path) -> None:
             assert "Redis unreachable" in resp.json()["detail"]
     finally:
         server.__exit__(None, None, None)
+
+
+@pytest.mark.redis
+def test_connections_pooled_before_a_redis_restart_fail_no_request(tmp_path) -> None:
+    """After a Redis restart every connection pooled before it is dead, and each failed the first request
+    that drew it (a 503, or an announce's failure reason), at any time later: in the chaos run up to 40 s
+    after, and libtorrent's announce back-off then left those seeders unlisted for over a minute."""
+    import asyncio
+
+    from tests.support.procs import RedisProcess
+    from tracker.store_redis import RedisStore
+
+    server = RedisProcess(tmp_path)
+    server.start()
+    try:
+        store = RedisStore(replace(SETTINGS, redis_url=server.url))
+        blob = "ab" * 32
+
+        async def around_a_restart() -> list[object]:
+            await asyncio.gather(*(store.get_metainfo(blob) for _ in range(8)))  # eight pooled connections
+            server.kill()
+            server.start()
+            got = await asyncio.gather(*(store.get_metainfo(blob) for _ in range(8)), return_exceptions=True)
+            await store.close()
+            return got
+
+        assert asyncio.run(around_a_restart()) == [None] * 8
+    finally:
+        server.stop()
