@@ -166,17 +166,15 @@ class FetchEngine:
             # each a few round trips (in a swarm a lease, a torrent, a peer): 4-7 s of a 20-s cold
             # start of 8 nodes (bench.swarm, a model of 4 shards and 7 small files).
             order = sorted(missing, key=lambda e: -e.size)
-            lanes = [[e for e in order if not e.small], [e for e in order if e.small]]
-            workers = [max(1, min(self.settings.fetch.files_at_once, len(lane))) for lane in lanes]
-            with (
-                ThreadPoolExecutor(workers[0], thread_name_prefix="fetch-file") as large,
-                ThreadPoolExecutor(workers[1], thread_name_prefix="fetch-small") as small,
-            ):
-                futures = [
-                    (e, pool.submit(self._fetch_one, plan, cache, e))
-                    for pool, lane in ((large, lanes[0]), (small, lanes[1]))
-                    for e in lane
-                ]
+            large = [e for e in order if not e.small]
+            small = [e for e in order if e.small]
+
+            def lane(entries: list[FileEntry], name: str) -> ThreadPoolExecutor:
+                return ThreadPoolExecutor(max(1, min(self.settings.fetch.files_at_once, len(entries))), name)
+
+            with lane(large, "fetch-file") as large_pool, lane(small, "fetch-small") as small_pool:
+                futures = [(e, large_pool.submit(self._fetch_one, plan, cache, e)) for e in large]
+                futures += [(e, small_pool.submit(self._fetch_one, plan, cache, e)) for e in small]
                 for entry, fut in futures:
                     exc = fut.exception()
                     if exc is None:

@@ -48,6 +48,13 @@ def holder(tracker, blob: str) -> str | None:
     return str(lease["holder"]) if isinstance(lease, dict) else None
 
 
+def assert_ready(job, origin: Origin, timeout: float) -> None:
+    """The job ends Ready within `timeout`, its snapshot byte for byte the origin's."""
+    assert job.wait(timeout), job.status()
+    assert job.status().phase == "Ready", job.status()
+    assert_snapshot_verifies(job.status().snapshot, origin)
+
+
 def shard_status(job, shard: str) -> dict:
     """The shard's entry in a job's status (zero bytes before the job has planned)."""
     files = job.status().to_json()["files"]
@@ -72,9 +79,7 @@ def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(on
         time.sleep(0.1)
     assert seen_while_arriving, "no node received a byte before the holder was done"
     for job in [job_a, *jobs]:
-        assert job.wait(60), job.status()
-        assert job.status().phase == "Ready", job.status()
-        assert_snapshot_verifies(job.status().snapshot, one_shard)
+        assert_ready(job, one_shard, 60)
     for job in jobs:
         assert shard_status(job, shard)["source"] == "peers"
     assert one_shard.hub.egress_bytes < 1.05 * one_shard.size  # the origin sent it once
@@ -107,9 +112,7 @@ def test_a_known_blob_comes_over_parallel_origin_ranges_and_is_relayed(tmp_path,
             time.sleep(0.1)
         assert relayed, "b received nothing before the holder was done"
         for job in (job_a, job_b):
-            assert job.wait(90), job.status()
-            assert job.status().phase == "Ready", job.status()
-            assert_snapshot_verifies(job.status().snapshot, origin)
+            assert_ready(job, origin, 90)
         assert shard_status(job_a, shard)["source"] == "origin"
         assert shard_status(job_b, shard)["source"] == "peers"
         assert origin.hub.egress_bytes < 1.05 * origin.size
@@ -148,9 +151,7 @@ def test_a_holder_stays_a_relay_source_past_the_peer_ttl_and_a_tracker_restart(t
                 time.sleep(0.1)
             assert relayed, "the second node received nothing before the holder was done"
             for job in (job_a, job_b):
-                assert job.wait(60), job.status()
-                assert job.status().phase == "Ready", job.status()
-                assert_snapshot_verifies(job.status().snapshot, origin)
+                assert_ready(job, origin, 60)
             assert origin.hub.egress_bytes < 1.05 * origin.size
     finally:
         tracker.stop()
@@ -181,9 +182,7 @@ def test_a_holder_killed_mid_stream_leaves_its_receivers_to_finish_from_where_th
         egress_at_kill = one_shard.hub.egress_bytes
     finally:
         a.stop()
-    assert job_b.wait(90), job_b.status()
-    assert job_b.status().phase == "Ready", job_b.status()
-    assert_snapshot_verifies(job_b.status().snapshot, one_shard)
+    assert_ready(job_b, one_shard, 90)
     # b took the lease over and asked the origin only for what it did not have (plus what a had in flight).
     assert one_shard.hub.egress_bytes - egress_at_kill < SHARD - killed_at + 2 * MiB
 
@@ -201,9 +200,7 @@ def test_a_corrupt_origin_byte_on_the_holder_is_dropped_by_its_receivers(one_sha
     assert job_a.wait(60)
     assert job_a.status().phase == "Failed"  # the holder's own check caught the flipped byte
     assert "sha256" in (job_a.status().error or "")
-    assert job_b.wait(90), job_b.status()
-    assert job_b.status().phase == "Ready", job_b.status()  # b dropped the relayed bytes, fetched anew
-    assert_snapshot_verifies(job_b.status().snapshot, one_shard)
+    assert_ready(job_b, one_shard, 90)  # b dropped the relayed bytes, fetched anew
 
 
 @pytest.mark.timeout(120)
@@ -219,9 +216,7 @@ def test_an_origin_dropping_the_connection_mid_range_does_not_reach_the_receiver
     b = make_agent("b", one_shard, tracker, daemon=LEASE)
     job_b = b.request_model(one_shard.repo_id, "main")
     for job in (job_a, job_b):
-        assert job.wait(60), job.status()
-        assert job.status().phase == "Ready", job.status()
-        assert_snapshot_verifies(job.status().snapshot, one_shard)
+        assert_ready(job, one_shard, 60)
     assert shard_status(job_b, shard)["source"] == "peers"
 
 
