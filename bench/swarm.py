@@ -25,6 +25,9 @@ Systems (in one run):
               (agent.swarm.gate), side by side in throughput and CPU
   weightswarm_norelay  the same with `agent serve --relay-fanout 0`: no relay of a blob while it
               arrives (agent.swarm.relay), so other nodes start once its lease holder has it whole
+  weightswarm_parts  the same with `agent serve --origin-holders 8`: a large blob pulled from the
+              origin in up to 8 parts by as many nodes (agent.swarm.relay "Parts"); with
+              --origin-rate-per-client, what parts gain against a CDN's per-client cap
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -60,7 +63,11 @@ from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode
 
-SYSTEMS = ("naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay")
+SYSTEMS = (
+    "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts"
+)
+DEFAULT_SYSTEMS = SYSTEMS[:-1]
+"""`weightswarm_parts` differs from `weightswarm` only where parts matter: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -280,6 +287,9 @@ class Bench:
     def weightswarm_norelay(self) -> None:
         self.weightswarm("weightswarm_norelay", ("--relay-fanout", "0"))
 
+    def weightswarm_parts(self) -> None:
+        self.weightswarm("weightswarm_parts", ("--origin-holders", "8"))
+
     def weightswarm(self, name: str = "weightswarm", serve_args: tuple[str, ...] = ()) -> None:
         s = self.stack
         s.wipe(self.nodes)
@@ -331,6 +341,8 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
     )
     if args.origin_rate_per_connection:
         print(f"origin connections capped at {args.origin_rate_per_connection / 1e6:.0f} MB/s each")
+    if args.origin_rate_per_client:
+        print(f"origin clients (addresses) capped at {args.origin_rate_per_client / 1e6:.0f} MB/s each")
     head = (
         f"{'scenario':<11}{'system':<12}{'nodes':>6}{'median s':>9}{'max s':>8}{'bound s':>8}"
         f"{'med/bnd':>8}{'max/bnd':>8}{'egress/S':>9}{'peak RSS':>10}{'anon':>9}{'CPU':>6}  notes"
@@ -370,6 +382,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "weightswarm": "tab:green",
         "weightswarm_open": "tab:olive",
         "weightswarm_norelay": "tab:gray",
+        "weightswarm_parts": "tab:purple",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))
@@ -411,7 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also cap each origin connection at this many bytes/s, as a CDN does (the bound ignores it)",
     )
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument(
+        "--origin-rate-per-client",
+        type=float,
+        default=None,
+        help="also cap each client address at this many bytes/s, as a CDN does (the bound ignores it)",
+    )
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument(
         "--timeout", type=float, default=900, help="seconds per scenario before it counts as failed"
@@ -464,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
                 stack = Stack(c, fs, hub, logdir)
                 stack.env["WEIGHTSWARM_LOG_LEVEL"] = args.agent_log_level
                 print(f"logs: {logdir}", flush=True)
-                per_conn = args.origin_rate_per_connection
-                stack.start_origin(["--rate-per-connection", str(int(per_conn))] if per_conn else [])
+                per_conn, per_client = args.origin_rate_per_connection, args.origin_rate_per_client
+                caps = ["--rate-per-connection", str(int(per_conn))] if per_conn else []
+                caps += ["--rate-per-client", str(int(per_client))] if per_client else []
+                stack.start_origin(caps)
                 model = stack.describe_model(repo)
                 torrents = build_torrents(stack, model, fs / "torrents") if "aria2c" in args.systems else []
                 print(

@@ -28,6 +28,7 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,9 @@ class Arrival:
     state: str = "arriving"
     """"arriving", "finished" (verified and installed) or "failed"."""
     error: str | None = None
+    extent: Callable[[int], int] | None = None
+    """Set by a producer that writes the blob in parts (agent.origin.ranges `Shares`): how far from a
+    position past `ready` the file is written, so the relay serves every part as it grows."""
     _generation: int = 0
     """Counts `restart`s."""
     _readers: dict[int, int] = field(default_factory=dict)
@@ -73,6 +77,7 @@ class Arrival:
         with self._lock:
             if self.state == "arriving":
                 self.ready = 0
+                self.extent = None
                 self._generation += 1
 
     def finish(self, final_path: Path) -> None:
@@ -102,14 +107,24 @@ class Arrival:
         with self._lock:
             return min(self._readers.values(), default=None)
 
+    def available(self, pos: int) -> int:
+        """How far from `pos` the blob may be served now (`pos` itself when nothing is)."""
+        with self._lock:
+            ready, extent, size, state = self.ready, self.extent, self.size, self.state
+        if pos < ready or extent is None or state != "arriving":
+            return max(pos, ready)
+        return max(pos, min(extent(pos), size - 1))  # the last byte waits for `finish`, as `ready` does
+
     def read(self, pos: int, n: int) -> bytes:
         """Up to `n` servable bytes at `pos`; b"" when none are servable now (look at `state`).
 
         The bytes are returned only if no `restart` happened while they were read: producers restart
         before they touch the file, so what was read then is what was servable."""
         with self._lock:
-            n = min(n, self.ready - pos)
             generation = self._generation
+        end = self.available(pos)
+        with self._lock:
+            n = min(n, end - pos)
             paths = [self.final_path] if self.final_path is not None else [self.path]
         if n <= 0:
             return b""

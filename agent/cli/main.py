@@ -96,6 +96,7 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
 @env_option("--private", multiple=True, metavar="REPO_ID", help="Repo hidden without a token (repeatable).")
 @env_option("--rate-total", metavar="BYTES_PER_S", help="Cap on all connections together, e.g. 40MB.")
 @env_option("--rate-per-connection", metavar="BYTES_PER_S", help="Cap per connection (as a CDN), e.g. 10MB.")
+@env_option("--rate-per-client", metavar="BYTES_PER_S", help="Cap per client address (as a CDN), e.g. 40MB.")
 @env_option("--access-log", is_flag=True,
             help="A line per request on stderr: client, method, path, Range, status (no query, no token).")
 @handle_errors
@@ -108,6 +109,7 @@ def serve_hub_command(
     private: tuple[str, ...],
     rate_total: str | None,
     rate_per_connection: str | None,
+    rate_per_client: str | None,
     access_log: bool,
 ) -> None:
     """Serve a directory as a Hugging Face-compatible hub, e.g. for air-gapped clusters.
@@ -119,7 +121,8 @@ def serve_hub_command(
     from agent.hub.serve import serve_hub
 
     serve_hub(directory, host=host, port=port, token_file=token_file, gated=gated, private=private,
-              rate_total=rate_total, rate_per_connection=rate_per_connection, access_log=access_log)
+              rate_total=rate_total, rate_per_connection=rate_per_connection, rate_per_client=rate_per_client,
+              access_log=access_log)
 
 
 @main.command("make-test-model")
@@ -180,6 +183,11 @@ def make_test_model_command(
             help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
 @env_option("--relay-fanout", type=click.IntRange(min=0), metavar="N",
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
+@env_option("--origin-holders", type=click.IntRange(min=1), metavar="N",
+            help="Nodes that pull disjoint parts of one large blob from the origin at once, for an "
+                 "origin that caps each client address [1].")
+@env_option("--origin-part-min", type=click.IntRange(min=1), metavar="BYTES",
+            help="Least bytes of such a part; smaller blobs have one holder [67108864].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

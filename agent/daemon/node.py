@@ -475,6 +475,8 @@ def build_serve_settings(
     interop_public: bool = False,
     peer_gate: bool = True,
     relay_fanout: int | None = None,
+    origin_holders: int | None = None,
+    origin_part_min: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -497,6 +499,10 @@ def build_serve_settings(
     )
     if relay_fanout is not None:
         swarm = dataclasses.replace(swarm, relay_fanout=relay_fanout)
+    if origin_holders is not None:
+        swarm = dataclasses.replace(swarm, origin_holders=origin_holders)
+    if origin_part_min is not None:
+        swarm = dataclasses.replace(swarm, origin_part_min=origin_part_min)
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:

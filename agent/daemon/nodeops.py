@@ -11,6 +11,7 @@ watcher) and add cannot-fit hooks (`evictor.cannot_fit_hooks`, e.g. a Kubernetes
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -46,7 +47,7 @@ from agent.http.admin import AdminOps, admin_router
 from agent.http.hf import HfEndpoint, hf_router
 from agent.http.metrics import AgentMetrics, SwarmSnapshot, metrics_router
 from agent.http.relay import relay_router
-from agent.swarm.relay import relay_credential
+from agent.swarm.relay import blob_parts, relay_credential
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
@@ -165,7 +166,8 @@ class NodeOps:
         metrics = [metrics_router(self.metrics)] if s.daemon.metrics_on_network else []
         credential = relay_credential(s)
         fanout, admits, stall = s.swarm.relay_fanout, self._swarm.admits, self._relay_stall
-        relay = [relay_router(self._arrivals, credential, admits, fanout, stall)] if credential else []
+        parts = functools.partial(blob_parts, settings=s)
+        relay = [relay_router(self._arrivals, credential, admits, fanout, stall, parts)] if credential else []
         return [*metrics, *relay, hf_router(self.hf)]
 
     def _remove(self, repo_id: str, revision: str | None, force: bool = False) -> Removed:

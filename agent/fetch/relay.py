@@ -5,6 +5,9 @@ nodes after it from its first byte on (the daemon's `Arrival` of the blob is tol
 source breaks or stalls, the next one continues from the same byte; what was received stays recorded
 in the origin engine's resume record, so that a node which later takes the origin lease (the holder
 died) asks the origin only for the rest.
+
+A blob pulled in parts (agent.swarm.relay "Parts") is received part by part (`feed`): each part from
+its own sources, written through the origin engine's `Share`, which records and hashes it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from agent.cache.layout import RepoCache
-from agent.core.errors import CacheError
+from agent.core.errors import CacheError, IntegrityError
 from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate, write_failed
+from agent.origin.ranges import RECORD_EVERY, OriginSource, Share, preallocate, write_failed
 from agent.swarm.relay import RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
@@ -41,10 +44,33 @@ class _SourceFailed(Exception):
 
 @dataclass
 class _Receiving:
-    """One blob being received (one thread)."""
+    """Bytes [pos, end) of one blob being received from the sources listed under `key` (one thread)."""
+
+    entry: FileEntry
+    key: str
+    """The relay directory's id of what is received: the blob id, or a part's (`part_key`)."""
+    pos: int
+    end: int
+    received: int = 0
+    sources: set[str] = field(default_factory=set)
+    """Sources that sent bytes."""
+
+    def take(self, chunk: bytes) -> None:
+        raise NotImplementedError
+
+    def record(self) -> None:
+        """Make what was taken survive a restart (each `RECORD_EVERY` bytes, and when a stream ends)."""
+
+    @property
+    def cancelled(self) -> bool:
+        return False
+
+
+@dataclass(kw_only=True)
+class _Whole(_Receiving):
+    """A whole blob, hashed as it comes."""
 
     plan: FetchPlan
-    entry: FileEntry
     cache: RepoCache
     origin: OriginSource
     """Its resume record is the one the origin engine reads."""
@@ -52,13 +78,31 @@ class _Receiving:
     hasher: BlobHasher
     progress: FileProgress
     prefix: Callable[[int], None]
-    pos: int = 0
-    received: int = 0
-    sources: set[str] = field(default_factory=set)
-    """Sources that sent bytes."""
+
+    def take(self, chunk: bytes) -> None:
+        os.pwrite(self.fd, chunk, self.pos)
+        self.hasher.update(chunk)
+        self.pos += len(chunk)
+        self.progress.advance(len(chunk))
+        self.prefix(self.pos)
 
     def record(self) -> None:
         self.origin.record_prefix(self.cache, self.plan, self.entry, self.pos)
+
+
+@dataclass(kw_only=True)
+class _Part(_Receiving):
+    """One part of a blob pulled in parts, written (recorded, hashed) through the origin engine's `Share`."""
+
+    share: Share
+
+    def take(self, chunk: bytes) -> None:
+        self.share.write(self.pos, chunk)
+        self.pos += len(chunk)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.share.cancelled
 
 
 class RelayReceiver:
@@ -95,7 +139,8 @@ class RelayReceiver:
         except OSError as exc:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
         hasher = BlobHasher(entry.size, entry.is_lfs, pieces=True)
-        r = _Receiving(plan, entry, cache, origin, fd, hasher, progress, prefix)
+        r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, origin=origin, fd=fd,
+                   hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
         try:
             preallocate(fd, entry.size)
@@ -103,7 +148,7 @@ class RelayReceiver:
                 data = os.pread(fd, min(_READ * 4, start - r.pos), r.pos)
                 if not data:
                     raise OSError(errno.EIO, "short read of a recorded prefix", str(path))
-                r.hasher.update(data)
+                hasher.update(data)
                 r.pos += len(data)
             progress.advance(r.pos)
             prefix(r.pos)
@@ -119,7 +164,7 @@ class RelayReceiver:
             self.directory.leave(entry.blob_id)
         if r.pos < entry.size:
             return None
-        hashes = r.hasher.finish()
+        hashes = hasher.finish()
         if hashes.content_id != entry.blob_id:
             cache.discard_partial(entry.blob_id)
             log.warning("%s: relayed bytes fail the blob's sha256; discarded, fetching it again", entry.path)
@@ -129,12 +174,28 @@ class RelayReceiver:
         log.info("%s: %d bytes relayed from %d sources in %.1fs", entry.path, r.received, n, took)
         return hashes, r.received
 
+    def feed(self, key: str, share: Share) -> bool:
+        """Part [share.start, share.end) of a blob from the sources relaying it under `key`, from where the
+        file has it up to; True once the part is whole, False when no source could finish it."""
+        r = _Part(share.entry, key, share.pos, share.end, share=share)
+        try:
+            # This node stays listed as a source of the part until the caller leaves (the blob is whole).
+            self._from_sources(r)
+        except _SourceFailed as exc:
+            # What this node took from it may be wrong: the whole blob starts over (the caller discards it).
+            share.fail(IntegrityError(f"{share.entry.path}: {exc}"))
+            return False
+        if r.received:
+            n, at = len(r.sources), share.start
+            log.info("%s: %d bytes of the part at %d relayed by %d sources", r.entry.path, r.received, at, n)
+        return r.pos >= r.end
+
     def _from_sources(self, r: _Receiving) -> None:
-        size = r.entry.size
+        end = r.end
         first_ask = last_progress = time.monotonic()
         known: list[str] = []
-        while r.pos < size:
-            found = self.directory.join(r.entry.blob_id, size - r.pos)
+        while r.pos < end and not r.cancelled:
+            found = self.directory.join(r.key, end - r.pos)
             # The tracker down (None): the sources it named are agents, and they still relay.
             sources = known if found is None else found
             known = sources
@@ -147,14 +208,14 @@ class RelayReceiver:
                         r.sources.add(url)
                     if status == 410:
                         raise _SourceFailed(f"relay source {url} says the blob failed its check there")
-                    if not got or r.pos >= size:
+                    if not got or r.pos >= end or r.cancelled:
                         break
                     # Cut short after some bytes: asked again at once, it says 410 if its blob failed.
                     last_progress = time.monotonic()
                 busy += status == 503
                 # Not relaying it, or unreachable (the tracker lists a dead source for a while).
                 gone += status in (0, 404)
-                if r.pos >= size:
+                if r.pos >= end or r.cancelled:
                     return
             now = time.monotonic()
             if not sources and now - first_ask < _NO_SOURCE_WAIT:
@@ -165,28 +226,24 @@ class RelayReceiver:
             time.sleep(_BUSY_PAUSE)
 
     def _stream(self, url: str, r: _Receiving) -> tuple[int, int]:
-        """From one source, from `r.pos` on: (its status, bytes taken)."""
-        start, unrecorded, size = r.pos, 0, r.entry.size
+        """From one source, [r.pos, r.end): (its status, bytes taken)."""
+        start, unrecorded, end = r.pos, 0, r.end
         try:
             with self._http.stream(
-                "GET", f"{url}{RELAY_PATH}{r.entry.blob_id}", headers={"Range": f"bytes={r.pos}-"}
+                "GET", f"{url}{RELAY_PATH}{r.entry.blob_id}", headers={"Range": f"bytes={r.pos}-{end - 1}"}
             ) as resp:
                 where = resp.headers.get("content-range", "")
                 if resp.status_code != 206 or not where.startswith(f"bytes {r.pos}-"):
                     return resp.status_code, 0
                 for chunk in resp.iter_bytes(_READ):
-                    chunk = chunk[: size - r.pos]
-                    os.pwrite(r.fd, chunk, r.pos)
-                    r.hasher.update(chunk)
-                    r.pos += len(chunk)
+                    chunk = chunk[: end - r.pos]
+                    r.take(chunk)
                     r.received += len(chunk)
                     unrecorded += len(chunk)
-                    r.progress.advance(len(chunk))
-                    r.prefix(r.pos)
                     if unrecorded >= RECORD_EVERY:
                         r.record()
                         unrecorded = 0
-                    if r.pos >= size:
+                    if r.pos >= end or r.cancelled:
                         break
                 return resp.status_code, r.pos - start
         except httpx.HTTPError as exc:

@@ -13,7 +13,7 @@ from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
 from agent.fetch.relay import RelayReceiver
-from agent.origin.ranges import OriginSource
+from agent.origin.ranges import OriginSource, Shares
 from agent.swarm.policy import BlobOrigin, BlobOutcome, SwarmFetcher
 
 
@@ -71,7 +71,7 @@ class SwarmSource:
 
         engine_bytes = 0
 
-        def from_origin(prefix: Callable[[int], None]) -> None:
+        def from_engine(prefix: Callable[[int], None], shares: Shares | None = None) -> int:
             nonlocal reported, engine_bytes
             # A source of its own per blob: the shared one's counters also move with the other
             # blobs downloading at the same time, which would count their bytes here too.
@@ -80,7 +80,7 @@ class SwarmSource:
                 origin.client, origin.settings, piece_hashes=origin.piece_hashes, turn=origin.turn
             )
             try:
-                hashes = one.fetch_blob(plan, entry, cache, progress, prefix=prefix)
+                hashes = one.fetch_blob(plan, entry, cache, progress, prefix=prefix, shares=shares)
             finally:
                 engine_bytes = one.bytes_received
                 with self._lock:
@@ -88,6 +88,13 @@ class SwarmSource:
                     self._resumed += one.bytes_resumed
             reported = entry.size
             install_downloaded(cache, entry, hashes, self.verify_safetensors)
+            return one.bytes_relayed
+
+        def from_origin(prefix: Callable[[int], None]) -> None:
+            from_engine(prefix)
+
+        def in_parts(shares: Shares, prefix: Callable[[int], None]) -> int:
+            return from_engine(prefix, shares)
 
         relay = self.relay
 
@@ -120,6 +127,7 @@ class SwarmSource:
             present=present,
             relay_download=from_relay if relay is not None else None,
             stage=progress.set_stage,
+            parted=(in_parts, relay.feed) if relay is not None else None,
         )
         on_progress(entry.size)
         with self._lock:

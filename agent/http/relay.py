@@ -5,9 +5,10 @@
 Who: requests with the relay credential (`Authorization: Bearer`, derived from the agents' passkey)
 from an address the peer gate admits. Without the credential: 404, as if the route did not exist; with
 it from an address the gate does not know yet: 503, and the gate asks the tracker again. What:
-only blobs arriving now (a complete blob goes by BitTorrent); 410 for one that failed its end-to-end
+only blobs arriving now (a complete blob goes by BitTorrent), and of a blob pulled in parts whatever of
+a part is written; 410 for one that failed its end-to-end
 check here lately, so that a receiver drops what it took from this node. How many:
-`swarm.relay_fanout` streams per blob, and only to a receiver this node is ahead of; otherwise 503, and
+`swarm.relay_fanout` streams per blob part, and only to a receiver this node is ahead of; otherwise 503, and
 the receiver asks another source.
 """
 
@@ -25,11 +26,18 @@ from agent.http.stream import arrival_response, parse_range
 
 
 def relay_router(
-    arrivals: Arrivals, credential: str | None, admitted: Callable[[str], bool], fanout: int, stall: float
+    arrivals: Arrivals,
+    credential: str | None,
+    admitted: Callable[[str], bool],
+    fanout: int,
+    stall: float,
+    parts: Callable[[int], list[tuple[int, int]]],
 ) -> APIRouter:
-    """`admitted(address)`: the peer gate's word on a client address."""
+    """`admitted(address)`: the peer gate's word on a client address. `parts(size)`: the byte ranges a
+    blob of that size is pulled from the origin in (agent.swarm.relay `blob_parts`): each is a relay
+    tree of its own, with `fanout` streams per node."""
     router = APIRouter(tags=["relay"], include_in_schema=False)
-    streams: dict[str, int] = {}
+    streams: dict[tuple[str, int], int] = {}
     lock = threading.Lock()
     expected = f"Bearer {credential}".encode() if credential else None
 
@@ -51,14 +59,16 @@ def relay_router(
         if wanted == "unsatisfiable":
             return Response(status_code=416, headers={"Content-Range": f"bytes */{arrival.size}"})
         span = wanted if isinstance(wanted, tuple) else None
-        if arrival.ready <= (span[0] if span else 0):
+        start = span[0] if span else 0
+        if arrival.available(start) <= start:
             # Not ahead of the receiver: it asks another source. Streaming only from a node that is ahead
             # keeps the relay a tree (two receivers waiting on each other would stall both).
             return Response(status_code=503, headers={"Retry-After": "1"})
+        key = (blob_id, sum(1 for begin, _ in parts(arrival.size) if begin <= start))
         with lock:
-            if streams.get(blob_id, 0) >= fanout:
+            if streams.get(key, 0) >= fanout:
                 return Response(status_code=503, headers={"Retry-After": "1"})
-            streams[blob_id] = streams.get(blob_id, 0) + 1
+            streams[key] = streams.get(key, 0) + 1
         done = False
 
         def release() -> None:
@@ -67,11 +77,11 @@ def relay_router(
                 if done:
                     return
                 done = True
-                left = streams.get(blob_id, 1) - 1
+                left = streams.get(key, 1) - 1
                 if left > 0:
-                    streams[blob_id] = left
+                    streams[key] = left
                 else:
-                    streams.pop(blob_id, None)
+                    streams.pop(key, None)
 
         try:
             return arrival_response(arrival, span, {}, stall, release)

@@ -62,6 +62,7 @@ def serve_hub(
     private: Iterable[str],
     rate_total: str | None,
     rate_per_connection: str | None,
+    rate_per_client: str | None = None,
     access_log: bool = False,
     out: TextIO = sys.stdout,
 ) -> None:
@@ -85,6 +86,7 @@ def serve_hub(
         private=_check_repo_ids(private, "--private"),
         rate_total=parse_rate(rate_total, "--rate-total"),
         rate_per_connection=parse_rate(rate_per_connection, "--rate-per-connection"),
+        rate_per_client=parse_rate(rate_per_client, "--rate-per-client"),
     )
     stop = threading.Event()
 

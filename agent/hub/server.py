@@ -112,6 +112,7 @@ class HubServer:
         private: Iterable[str] = (),
         rate_total: float | None = None,
         rate_per_connection: float | None = None,
+        rate_per_client: float | None = None,
         tree_page_size: int = DEFAULT_TREE_PAGE_SIZE,
     ) -> None:
         self.root = Path(root)
@@ -127,6 +128,10 @@ class HubServer:
         self.rate_per_connection = rate_per_connection
         if rate_per_connection is not None and rate_per_connection <= 0:
             raise ValueError(f"rate_per_connection must be positive: {rate_per_connection}")
+        if rate_per_client is not None and rate_per_client <= 0:
+            raise ValueError(f"rate_per_client must be positive: {rate_per_client}")
+        self.rate_per_client = rate_per_client
+        self._client_buckets: dict[str, TokenBucket] = {}
         self.tree_page_size = max(1, tree_page_size)
         self.faults = Faults()
         self._secret = secrets.token_bytes(32)
@@ -188,6 +193,13 @@ class HubServer:
     @rate_total.setter
     def rate_total(self, rate: float | None) -> None:
         self.total_bucket = TokenBucket(rate) if rate else None
+
+    def client_bucket(self, address: str) -> TokenBucket | None:
+        """The cap shared by every connection from one client address (as a CDN's per-IP limit)."""
+        if self.rate_per_client is None:
+            return None
+        with self._lock:
+            return self._client_buckets.setdefault(address, TokenBucket(self.rate_per_client))
 
     @property
     def url(self) -> str:
@@ -554,7 +566,8 @@ class _Handler(BaseHTTPRequestHandler):
         truncate = faults.take_truncate()
         corrupt = faults.take_corrupt(names)
         stall = faults.take_stall()
-        buckets = [b for b in (self.hub.total_bucket, self.conn_bucket, faults.take_slow()) if b is not None]
+        caps = (self.hub.total_bucket, self.hub.client_bucket(self.client_address[0]), self.conn_bucket)
+        buckets = [b for b in (*caps, faults.take_slow()) if b is not None]
         if not (buckets or corrupt or stall or truncate is not None):
             return self._sendfile(f, start, length)
         limit = length if truncate is None else min(length, truncate)

@@ -13,6 +13,12 @@ atomically after each one. Data is written before its chunk is recorded, and bot
 the page cache, so a SIGKILL loses nothing written (the kernel still owns the dirty pages).
 A power loss can lose pages the record claims; the record is not fsynced for that reason
 alone: the final hash over the whole blob catches it and the blob is discarded, not installed.
+
+Parts (`Shares`, issue 13): a large blob whose parts other nodes pull from the origin at the same
+time. The engine then pulls only its own part and takes the others from `Shares.feeds` (the relay),
+which write into the same file and record, so the hashing thread follows the contiguous prefix
+whoever wrote it; a feed whose part nobody else will bring hands the rest of it to the engine's
+workers (`Share.take_over`).
 """
 
 from __future__ import annotations
@@ -138,6 +144,11 @@ class _Job:
     mode: str | None = None
     """None until the first response: 'ranges' (206) or 'stream' (server ignored Range)."""
     error: BaseException | None = None
+    closed: bool = False
+    """The file is closed (set under `write_lock`): a feed still running must not write."""
+    relayed: int = 0
+    """Bytes written by feeds (not from the origin)."""
+    workers: list[threading.Thread] = field(default_factory=list)
     prefix: Callable[[int], None] | None = None
     """Told the contiguous written prefix as it grows (agent.cache.arrivals: readers stream it)."""
     received: int = 0
@@ -206,6 +217,97 @@ class Turn:
     wait: Callable[[], None]
 
 
+class Share:
+    """A feed's handle on its part [start, end) of the blob (see `Shares`); methods are thread-safe."""
+
+    def __init__(
+        self, engine: OriginSource, plan: FetchPlan, cache: RepoCache, job: _Job, start: int, end: int
+    ) -> None:
+        self._engine, self._plan, self._cache, self._job = engine, plan, cache, job
+        self.start, self.end = start, end
+        self.entry = job.entry
+        self._unrecorded = 0
+
+    @property
+    def pos(self) -> int:
+        """The first byte of the part not written yet (`end` when the part is whole)."""
+        with self._job.cond:
+            return min(self.end, self._job.contiguous_end(self.start))
+
+    @property
+    def present(self) -> int:
+        """Bytes of the part written (a part lease's heartbeats report it)."""
+        return self.pos - self.start
+
+    @property
+    def cancelled(self) -> bool:
+        """The blob failed or finished: stop feeding."""
+        return self._job.error is not None or self._job.closed
+
+    def write(self, pos: int, data: bytes | memoryview) -> None:
+        """`data` at `pos`, which must be `self.pos` (a part is written in order). Raises `_Cancelled`
+        once the blob is done with (the caller's stream stops there)."""
+        job, n = self._job, len(data)
+        with job.write_lock:
+            if job.closed:
+                raise _Cancelled()
+            os.pwrite(job.fd, data, pos)
+        with job.cond:
+            if job.error is not None:
+                raise _Cancelled()
+            while n and pos < self.end:
+                idx = pos // job.chunk_size
+                start, end = job.chunk_bounds(idx)
+                step = min(n, end - pos)
+                pos += step
+                n -= step
+                if pos >= end:
+                    job.done.add(idx)
+                    job.written.pop(idx, None)
+                else:
+                    job.written[idx] = pos - start
+            job.relayed += len(data)
+            job.cond.notify_all()
+        self._unrecorded += len(data)
+        job.progress.advance(len(data))
+        if self._unrecorded >= RECORD_EVERY or pos >= self.end:
+            self._unrecorded = 0
+            self._engine._save_record(self._cache, self._plan, job)
+
+    def take_over(self) -> None:
+        """Nobody else brings the rest of this part: the engine pulls it from the origin itself."""
+        self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
+
+    def fail(self, exc: BaseException) -> None:
+        """What this feed wrote may be wrong (its source failed its check): the blob fails with `exc`."""
+        with self._job.cond:
+            if self._job.error is None or isinstance(self._job.error, _Cancelled):
+                self._job.error = exc
+            self._job.cond.notify_all()
+
+
+Feed = Callable[[Share], None]
+"""Brings one part of a blob (writing it through its `Share`), or calls `take_over`; runs on a thread."""
+
+
+@dataclass
+class Shares:
+    """How a blob's parts come when several nodes pull it from the origin at once (see the module doc).
+    Byte ranges are chunk-aligned and cover the blob; `own` is pulled from the origin at once."""
+
+    own: list[tuple[int, int]]
+    feeds: list[tuple[tuple[int, int], Feed]]
+    _job: _Job | None = None
+
+    def written_end(self, pos: int) -> int:
+        """How far from `pos` the file is written (a reader may serve that far); `pos` before the start."""
+        job = self._job
+        if job is None:
+            return pos
+        with job.cond:
+            return job.contiguous_end(pos)
+
+
 class OriginSource:
     """The origin hub as a `BlobSource`."""
 
@@ -231,10 +333,16 @@ class OriginSource:
         self._lock = threading.Lock()
         self._received = 0
         self._resumed = 0
+        self._relayed = 0
 
     @property
     def bytes_received(self) -> int:
         return self._received
+
+    @property
+    def bytes_relayed(self) -> int:
+        """Bytes of parts that feeds brought (`Shares`)."""
+        return self._relayed
 
     @property
     def bytes_resumed(self) -> int:
@@ -247,30 +355,26 @@ class OriginSource:
         cache: RepoCache,
         progress: FileProgress,
         prefix: Callable[[int], None] | None = None,
+        shares: Shares | None = None,
     ) -> BlobHashes:
-        """`prefix`: called with the contiguous written prefix as it grows (a reader may serve it)."""
-        meta = self.client.patiently(lambda: self.client.file_metadata(plan.repo_id, plan.commit, entry.path))
-        if meta.commit and meta.commit.lower() != plan.commit:
-            raise OriginError(
-                f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
-            )
-        if meta.blob_id != entry.blob_id or meta.size != entry.size:
-            raise IntegrityError(
-                f"{entry.path}: origin metadata (id {meta.blob_id[:12]}, {meta.size} B) disagrees with "
-                f"its listing (id {entry.blob_id[:12]}, {entry.size} B)"
-            )
+        """`prefix`: called with the contiguous written prefix as it grows (a reader may serve it).
+        `shares`: the blob comes in parts, most of them from feeds (see the module doc)."""
+        # A node that pulls no part itself asks the origin nothing unless a feed hands it one.
+        url = self._resolve(plan, entry) if shares is None or shares.own else ""
         incomplete = cache.incomplete_path(entry.blob_id)
         done, written = self._load_record(cache, entry)
         try:
             fd = os.open(incomplete, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
+        job: _Job | None = None
         try:
             preallocate(fd, entry.size)
             chunk = self.settings.chunk_size
             nchunks = -(-entry.size // chunk)
-            job = _Job(entry, meta.url, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
-            job.pending = [i for i in range(job.nchunks) if i not in done]
+            job = _Job(entry, url, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
+            mine = range(job.nchunks) if shares is None else _chunks(shares.own, chunk)
+            job.pending = [i for i in mine if i not in done]
             resumed = sum(job.chunk_bounds(i)[1] - job.chunk_bounds(i)[0] for i in done)
             resumed += sum(written.values())
             if resumed:
@@ -278,12 +382,17 @@ class OriginSource:
                 with self._lock:
                     self._resumed += resumed
             self._save_record(cache, plan, job)
-            hashes = self._run(plan, cache, job)
+            if shares is not None:
+                shares._job = job
+            hashes = self._run(plan, cache, job, shares)
         except WeightswarmError:
             raise
         except OSError as exc:
             raise write_failed(cache, entry, exc) from None
         finally:
+            if job is not None:
+                with job.write_lock:
+                    job.closed = True
             os.close(fd)
         if hashes.content_id != entry.blob_id or hashes.size != entry.size:
             cache.discard_partial(entry.blob_id)
@@ -294,19 +403,32 @@ class OriginSource:
             )
         return hashes
 
+    def _resolve(self, plan: FetchPlan, entry: FileEntry) -> str:
+        """The URL the blob's bytes come from, once its metadata at the origin matches the plan."""
+        meta = self.client.patiently(lambda: self.client.file_metadata(plan.repo_id, plan.commit, entry.path))
+        if meta.commit and meta.commit.lower() != plan.commit:
+            raise OriginError(
+                f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
+            )
+        if meta.blob_id != entry.blob_id or meta.size != entry.size:
+            raise IntegrityError(
+                f"{entry.path}: origin metadata (id {meta.blob_id[:12]}, {meta.size} B) disagrees with "
+                f"its listing (id {entry.blob_id[:12]}, {entry.size} B)"
+            )
+        return meta.url
+
     # --- the download ----------------------------------------------------------------------------
 
-    def _run(self, plan: FetchPlan, cache: RepoCache, job: _Job) -> BlobHashes:
-        workers: list[threading.Thread] = []
-        if job.pending:
-            nworkers = max(1, min(self.settings.connections_per_file, len(job.pending)))
-            for n in range(nworkers):
-                t = threading.Thread(
-                    target=self._worker, args=(plan, cache, job, n == 0), name=f"fetch-{job.entry.path}-{n}",
-                    daemon=True,
-                )
-                t.start()
-                workers.append(t)
+    def _run(self, plan: FetchPlan, cache: RepoCache, job: _Job, shares: Shares | None) -> BlobHashes:
+        self._start_workers(plan, cache, job)
+        feeds: list[threading.Thread] = []
+        for (start, end), feed in shares.feeds if shares is not None else []:
+            share = Share(self, plan, cache, job, start, end)
+            t = threading.Thread(
+                target=self._feed, args=(job, feed, share), name=f"feed-{job.entry.path}-{start}", daemon=True
+            )
+            t.start()
+            feeds.append(t)
         try:
             return self._hash(job)
         finally:
@@ -314,10 +436,56 @@ class OriginSource:
                 if job.error is None and job.contiguous_end(0) < job.entry.size:
                     job.error = _Cancelled()
                 job.cond.notify_all()
-            for t in workers:
+            for t in feeds:
                 t.join()
+            while True:  # a feed's `take_over` may have started more
+                with job.cond:
+                    workers, job.workers = job.workers, []
+                if not workers:
+                    break
+                for t in workers:
+                    t.join()
             with self._lock:
                 self._received += job.received
+                self._relayed += job.relayed
+
+    def _start_workers(self, plan: FetchPlan, cache: RepoCache, job: _Job) -> None:
+        """Workers for the job's pending chunks, up to `connections_per_file` (called without `cond`)."""
+        with job.cond:
+            alive = sum(t.is_alive() for t in job.workers)
+            probe = job.mode is None and not alive
+            for i in range(min(self.settings.connections_per_file, len(job.pending)) - alive):
+                t = threading.Thread(
+                    target=self._worker, args=(plan, cache, job, probe and i == 0),
+                    name=f"fetch-{job.entry.path}-{len(job.workers)}", daemon=True,
+                )
+                t.start()
+                job.workers.append(t)
+
+    def _take_over(self, plan: FetchPlan, cache: RepoCache, job: _Job, start: int, end: int) -> None:
+        """Chunks of [start, end) not written yet become the engine's own (`Share.take_over`)."""
+        if not job.url:
+            url = self._resolve(plan, job.entry)
+            with job.cond:
+                job.url = url
+        with job.cond:
+            if job.error is not None:
+                return
+            first, last = start // job.chunk_size, -(-end // job.chunk_size)
+            mine = [i for i in range(first, last) if i not in job.done and i not in job.pending]
+            job.pending.extend(mine)
+            job.pending.sort()
+            job.cond.notify_all()
+        self._start_workers(plan, cache, job)
+
+    @staticmethod
+    def _feed(job: _Job, feed: Feed, share: Share) -> None:
+        try:
+            feed(share)
+        except _Cancelled:
+            return
+        except BaseException as exc:  # as a worker's: the hashing thread raises it
+            share.fail(exc)
 
     def _hash(self, job: _Job) -> BlobHashes:
         hasher = BlobHasher(job.entry.size, job.entry.is_lfs, pieces=self.piece_hashes)
@@ -673,6 +841,11 @@ class OriginSource:
         full = end // chunk
         written = {full: end - full * chunk} if end % chunk else {}
         _write_record(cache, plan, entry, chunk, list(range(full)), written)
+
+
+def _chunks(ranges: list[tuple[int, int]], chunk: int) -> list[int]:
+    """The chunk indices covering chunk-aligned byte ranges."""
+    return [i for start, end in ranges for i in range(start // chunk, -(-end // chunk))]
 
 
 def _write_record(

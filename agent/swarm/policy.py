@@ -10,7 +10,9 @@
     4. metainfo unknown                                     -> ask for the origin lease; the holder
        downloads with the origin engine (which hashes pieces while streaming), publishes the metainfo
        and seeds; the others take the blob from it as it arrives (the relay, agent.swarm.relay: blobs
-       not `small`, metainfo known or not), else long-poll the tracker, then do 2
+       not `small`, metainfo known or not), else long-poll the tracker, then do 2. A blob big enough
+       to come in parts (agent.swarm.relay "Parts") does this per part first (`_by_parts`): a node
+       holds the lease of at most one part and receives the others from their holders' relays
     5. tracker unreachable                                  -> origin engine only; the blob is seeded
        anyway and published when the tracker returns (the daemon's probe loop)
     6. peers stall for `swarm.stall_timeout`                -> the lease path (3 or 4)
@@ -46,6 +48,7 @@ larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -58,6 +61,7 @@ from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.layout import BlobDigest, RepoCache, write_atomic
 from agent.cache.verify import seedable_digest
 from agent.core.errors import (
+    CacheError,
     IntegrityError,
     SwarmError,
     TrackerError,
@@ -69,7 +73,8 @@ from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.swarm.relay import RelayDirectory
+from agent.origin.ranges import Share, Shares
+from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import Lease, TrackerClient
@@ -107,6 +112,13 @@ from the start (readers stream that); returns once `blobs/<id>` and its sidecar 
 RelayDownload = Callable[[Callable[[int], None]], "int | None"]
 """Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
 it is written; the bytes received once `blobs/<id>` and its sidecar are installed, else None."""
+PartedDownload = Callable[[Shares, Callable[[int], None]], int]
+"""Runs the origin engine for a blob that comes in parts (agent.origin.ranges `Shares`), telling the
+callable how far it is written from the start; returns the bytes its feeds brought, once `blobs/<id>`
+and its sidecar are installed."""
+RelayPart = Callable[[str, Share], bool]
+"""Receives one part of a blob from the nodes relaying it under a part key (agent.fetch.relay `feed`);
+True once the part is whole."""
 WebSeedUrl = Callable[[], str]
 """The URL a web seed may fetch the blob from without credentials (the Hub's redirect resolved)."""
 Progress = Callable[[int], None]
@@ -115,6 +127,10 @@ Progress = Callable[[int], None]
 
 class _Stalled(Exception):
     pass
+
+
+class _Published(Exception):
+    """A blob being pulled in parts was published, with seeders, meanwhile: BitTorrent brings the rest."""
 
 
 class SwarmFetcher:
@@ -191,12 +207,14 @@ class SwarmFetcher:
         present: Callable[[], int | None] | None = None,
         relay_download: RelayDownload | None = None,
         stage: Callable[[str], None] | None = None,
+        parted: tuple[PartedDownload, RelayPart] | None = None,
     ) -> BlobOutcome:
         """`present`: the bytes of this blob present now, whichever engine writes them (lease
         heartbeats report it), or None while the origin told the download to wait (that is no stall);
         by default the last value passed to `progress`. `relay_download`: how to
         take the blob from the nodes relaying it while another node holds its origin lease. `stage`:
-        told where the blob is ("lease", "origin", "peers", "verifying") as that changes."""
+        told where the blob is ("lease", "origin", "peers", "verifying") as that changes. `parted`:
+        how to pull it in parts (`_by_parts`)."""
         with self._lock_for(blob.blob_id):
             last = [0]
 
@@ -210,7 +228,9 @@ class SwarmFetcher:
                     self._stages[blob.blob_id] = stage
             arrival = self.arrivals.begin(blob.blob_id, blob.size, cache.incomplete_path(blob.blob_id))
             try:
-                outcome = self._obtain(cache, blob, origin_download, web_seed_url, tracked, relay_download)
+                outcome = self._obtain(
+                    cache, blob, origin_download, web_seed_url, tracked, relay_download, parted
+                )
                 arrival.finish(cache.blob_path(blob.blob_id))
                 return outcome
             except BaseException as exc:
@@ -236,6 +256,7 @@ class SwarmFetcher:
         web_seed_url: WebSeedUrl,
         progress: Progress,
         relay_download: RelayDownload | None,
+        parted: tuple[PartedDownload, RelayPart] | None,
     ) -> BlobOutcome:
         if cache.adopt_blob(blob.blob_id, blob.size):  # here, or linked from another repo
             self._seed_from_cache(cache, blob)
@@ -245,7 +266,9 @@ class SwarmFetcher:
         said = False
         while True:
             try:
-                return self._via_tracker(cache, blob, origin_download, web_seed_url, progress, relay_download)
+                return self._via_tracker(
+                    cache, blob, origin_download, web_seed_url, progress, relay_download, parted
+                )
             except TrackerUnavailableError as exc:
                 outcome = self._through_outage(cache, blob, progress, exc, said)
                 if outcome is not None:
@@ -287,10 +310,12 @@ class SwarmFetcher:
         web_seed_url: WebSeedUrl,
         progress: Progress,
         relay_download: RelayDownload | None,
+        parted: tuple[PartedDownload, RelayPart] | None,
     ) -> BlobOutcome:
         assert self.tracker is not None
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
         peers_stalled = relay_tried = False
+        parts = blob_parts(blob.size, self.settings) if parted is not None and self._relayed(blob) else []
         waiting_on: str | None = None
         while True:
             if self._trust.bad_count(blob) >= MAX_BAD_METAINFO:
@@ -303,6 +328,14 @@ class SwarmFetcher:
                 if outcome is not None:
                     return outcome
                 peers_stalled = True
+                continue
+            if len(parts) > 1 and parted is not None:
+                # One try: a blob that fails in parts (a relayed part failed its source's check) comes
+                # whole by the paths below.
+                outcome = self._by_parts(cache, blob, parts, *parted)
+                if outcome is not None:
+                    return outcome
+                parts = []
                 continue
             lease = self._acquire_lease(blob, held_elsewhere=state.lease_holder not in (None, self.node_id))
             if lease.granted and info is None:
@@ -377,6 +410,123 @@ class SwarmFetcher:
             log.warning("peers stalled on %s; %s", blob.path, then)
         except BadMetainfo as exc:
             self._trust.distrust(blob, exc)
+        return None
+
+    def _by_parts(
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        parts: list[tuple[int, int]],
+        download: PartedDownload,
+        relay_part: RelayPart,
+    ) -> BlobOutcome | None:
+        """The blob in parts (agent.swarm.relay "Parts"): the lease of one free part, pulled from the origin
+        while the others come from their holders' relays; a part whose relay fails (its holder died or
+        stalled) is taken over with its lease, or without it after `daemon.max_wait_seconds`, as a whole
+        blob's is. None when it must come another way (then what arrived stays recorded): a relayed part
+        failed its source's check (the blob is discarded), or the blob was published and seeded meanwhile."""
+        assert self.tracker is not None and self.relay is not None
+        tracker, relay = self.tracker, self.relay
+        n = len(parts)
+        keys = [part_key(blob.blob_id, k, n) for k in range(n)]
+        held: dict[int, threading.Event] = {}
+        guard = threading.Lock()
+        deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
+        ttl, stall = self.settings.daemon.lease_ttl, self.holder_stall
+        shares = Shares(own=[], feeds=[])
+
+        def hold(k: int) -> None:
+            """Part `k`'s lease is ours: heartbeats say how much of it is written; others may relay it."""
+            start, end = parts[k]
+            stop = threading.Event()
+            with self._locks_guard:
+                self._present[keys[k]] = lambda: shares.written_end(start) - start
+            with guard:
+                held[k] = stop
+            relay.join(keys[k], end - start)
+            threading.Thread(
+                target=self._heartbeat, args=(keys[k], stop), name=f"lease-{keys[k][:12]}", daemon=True
+            ).start()
+
+        def feed_of(k: int) -> Callable[[Share], None]:
+            def feed(share: Share) -> None:
+                while not share.cancelled:
+                    if relay_part(keys[k], share):
+                        return
+                    if share.cancelled:
+                        return
+                    try:
+                        if tracker.blob_state(blob.blob_id).seeders > 0:
+                            raise _Published()
+                        granted = tracker.acquire_lease(keys[k], self.node_id, ttl, stale_after=stall).granted
+                    except TrackerError as exc:
+                        log.info("%s: cannot ask for its part's lease: %s", blob.path, exc)
+                        granted = False
+                    if granted or time.monotonic() >= deadline:
+                        log.info("%s: taking over its part at %d from the origin", blob.path, share.start)
+                        hold(k)
+                        share.take_over()
+                        return
+                    time.sleep(min(1.0, self.settings.daemon.wait_poll_seconds))
+
+            return feed
+
+        self._at(blob, "lease")
+        own = self._claim_part(keys)
+        if own is not None:
+            hold(own)
+            shares.own.append(parts[own])
+        shares.feeds.extend((parts[k], feed_of(k)) for k in range(n) if k != own)
+        log.info(
+            "%s: in %d parts; %s", blob.path, n, f"pulling part {own} from the origin" if own is not None else
+            "every part is held elsewhere",
+        )
+        self._at(blob, "origin" if own is not None else "peers")
+        self._drop_torrent(blob.blob_id, self._known_info(blob))
+        arrival = self._arrival(blob)
+        if arrival is not None:
+            arrival.restart()
+            arrival.extent = shares.written_end  # each part is relayed as it grows
+        try:
+            relayed = download(shares, arrival.advance if arrival is not None else lambda _end: None)
+            self._installed(cache, blob)
+            digest = cache.read_sidecar(blob.blob_id)
+            if digest is None:
+                raise CacheError(f"no digest recorded for {blob.path} after its download; retry the fetch")
+            # Holders publish (the same dict from each: idempotent) before their part leases go.
+            self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=bool(held))
+        except _Published:
+            log.info("%s: published and seeded meanwhile; taking the rest from peers", blob.path)
+            return None
+        except IntegrityError as exc:  # a relayed part failed its source's check, or the blob its sha256
+            cache.discard_partial(blob.blob_id)
+            log.warning("%s; fetching it whole", exc)
+            return None
+        finally:
+            with guard:
+                holding = dict(held)
+            for k, stop in holding.items():
+                stop.set()
+                self._release(keys[k])
+                with self._locks_guard:
+                    self._present.pop(keys[k], None)
+            for key in keys:
+                relay.leave(key)
+        return BlobOutcome("origin" if holding else "peers", bytes_from_peers=relayed)
+
+    def _claim_part(self, keys: list[str]) -> int | None:
+        """The lease of one part nobody holds, or None; nodes start looking at different parts."""
+        assert self.tracker is not None
+        n = len(keys)
+        first = int(hashlib.sha1(self.node_id.encode(), usedforsecurity=False).hexdigest(), 16) % n
+        for i in range(n):
+            k = (first + i) % n
+            try:
+                if self.tracker.acquire_lease(keys[k], self.node_id, self.settings.daemon.lease_ttl).granted:
+                    return k
+            except TrackerError as exc:
+                log.info("cannot ask for a part lease: %s", exc)
+                return None
         return None
 
     def _as_lease_holder(

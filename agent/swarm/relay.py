@@ -14,6 +14,15 @@ port, on a torrent of its own, `relay_infohash(blob)` (no libtorrent torrent has
 the announce reply lists the others. The tracker needs nothing new, its peer TTL drops dead sources,
 and the announce carries the agents' passkey as every other one does.
 
+Parts (deliverable 2 of issue 13): an origin that caps each client (per connection or per IP, as a
+CDN does) rather than its total holds one holder to that cap. A blob of at least twice
+`swarm.origin_part_min` is therefore pulled as up to `swarm.origin_holders` chunk-aligned parts
+(`blob_parts`), each with an origin lease and relay sources of its own (`part_key`: a derived id, so
+the tracker needs nothing new): a node takes the lease of at most one part of a blob and receives
+the others from their relay trees, all into the same file (agent.origin.ranges `Shares`). The split
+is fixed by the size, not by measured rates: on an origin that caps the total instead, K parts at
+1/K of the rate each end when one whole blob would, and origin egress stays one copy either way.
+
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
 takes the lease path again). Relay requests need the relay credential, derived from the passkey
@@ -45,6 +54,25 @@ _SALT = b"weightswarm relay credential v1"
 def relay_infohash(blob_id: str) -> bytes:
     """The tracker key under which a blob's relay sources announce (not a real torrent's infohash)."""
     return hashlib.sha1(b"weightswarm-relay:" + blob_id.encode(), usedforsecurity=False).digest()
+
+
+def blob_parts(size: int, settings: Settings) -> list[tuple[int, int]]:
+    """The byte ranges of a blob that separate nodes pull from the origin at once: [(0, size)] for a blob
+    under 2 x `swarm.origin_part_min` (or one holder allowed), else up to `swarm.origin_holders` near-equal
+    parts, cut at multiples of `fetch.chunk_size` (the origin engine's resume record counts chunks)."""
+    sw = settings.swarm
+    n = min(sw.origin_holders, size // max(1, sw.origin_part_min))
+    if n <= 1:
+        return [(0, size)]
+    chunk = settings.fetch.chunk_size
+    chunks = -(-size // chunk)
+    bounds = [min(size, chunks * k // n * chunk) for k in range(n + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def part_key(blob_id: str, part: int, parts: int) -> str:
+    """The id under which part `part` of `parts` has its origin lease and relay sources at the tracker."""
+    return hashlib.sha256(f"weightswarm-part:{blob_id}:{part}/{parts}".encode()).hexdigest()
 
 
 def relay_credential(settings: Settings) -> str | None:

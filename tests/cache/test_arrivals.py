@@ -69,3 +69,20 @@ def test_ranges_as_a_server_may_read_them():
     assert parse_range("bytes=0-1,5-6", 100) is None  # several ranges: the whole file
     assert parse_range("items=0-1", 100) is None
     assert parse_range("bytes=x-", 100) is None
+
+
+def test_a_blob_written_in_parts_serves_each_part_as_far_as_it_is_written_and_a_restart_forgets(tmp_path):
+    """A producer that writes parts at once (agent.origin.ranges `Shares`) says how far from a position
+    the file is written: past the prefix only that is served, still never the last byte before `finish`."""
+    data = os.urandom(1000)
+    a = arriving(tmp_path, data)
+    written = {0: 100, 500: 700, 800: 1000}  # part start -> how far it is written
+    a.extent = lambda pos: next((end for start, end in written.items() if start <= pos < end), pos)
+    a.advance(100)
+    assert a.read(0, 1000) == data[:100]
+    assert a.read(100, 10) == b""  # the gap before the second part
+    assert a.read(500, 1000) == data[500:700]
+    assert a.read(650, 1000) == data[650:700]
+    assert a.available(800) == 999 and a.read(800, 1000) == data[800:999]
+    a.restart()
+    assert a.read(500, 10) == b"" and a.extent is None

@@ -399,10 +399,23 @@ def test_stall_triggers_a_read_timeout(hub: HubServer):
 # -- bandwidth and counters -----------------------------------------------------------------------
 
 
-def timed_get(url: str, headers: dict[str, str], results: list[tuple[int, float]]) -> None:
+def timed_get(
+    url: str, headers: dict[str, str], results: list[tuple[int, float]], local_address: str | None = None
+) -> None:
     started = time.monotonic()
-    body = httpx.get(url, headers=headers, timeout=30).content
+    with httpx.Client(transport=httpx.HTTPTransport(local_address=local_address), timeout=30) as client:
+        body = client.get(url, headers=headers).content
     results.append((len(body), time.monotonic() - started))
+
+
+def run_all(threads: list[threading.Thread]) -> float:
+    """Start the threads, wait for them all (30 s each at most); how long that took."""
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return time.monotonic() - started
 
 
 @pytest.mark.parametrize("cap", ["total", "per_connection"])
@@ -418,12 +431,7 @@ def test_rate_caps(hub_root: Path, cap: str):
             )
             for i in range(conns)
         ]
-        started = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-        elapsed = time.monotonic() - started
+        elapsed = run_all(threads)
     assert [n for n, _ in results] == [part] * conns
     rates = sorted(n / dt for n, dt in results)
     # The caps are upper bounds, which load cannot break; the lower bounds leave a loaded machine 2x.
@@ -558,3 +566,28 @@ def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
         ], stderr
     finally:
         kill_process(proc)
+
+
+def test_a_per_client_cap_is_shared_by_one_address_and_not_by_two(hub_root: Path):
+    """As a CDN's per-IP limit: four connections from one address share one 2 MiB/s bucket, a second
+    address has a bucket of its own (two loopback addresses stand for two nodes)."""
+    rate, part = 2 * MiB, MiB
+    with HubServer(hub_root, rate_per_client=rate) as srv:
+        url = cdn_url(srv, "model-00001-of-00002.safetensors")
+        results: dict[str, list[tuple[int, float]]] = {"127.0.0.1": [], "127.0.0.2": []}
+        threads = [
+            threading.Thread(
+                target=timed_get,
+                args=(url, {"Range": f"bytes={i * part}-{(i + 1) * part - 1}"}, results[address]),
+                kwargs={"local_address": address},
+            )
+            for address in results
+            for i in range(4 if address == "127.0.0.1" else 1)
+        ]
+        elapsed = run_all(threads)
+    assert [n for n, _ in results["127.0.0.1"]] == [part] * 4
+    shared = 4 * part / max(dt for _, dt in results["127.0.0.1"])
+    assert shared <= 1.15 * rate, f"one address drew {shared / MiB:.2f} MiB/s, cap {rate / MiB} MiB/s"
+    ((n, dt),) = results["127.0.0.2"]
+    # Its own bucket: 1 MiB in about half a second, not in the 2 s of a fifth share of one bucket.
+    assert n == part and dt < 1.0 < elapsed, (dt, elapsed)
