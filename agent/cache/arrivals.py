@@ -52,7 +52,7 @@ class Arrival:
     """"arriving", "finished" (verified and installed) or "failed"."""
     error: str | None = None
     extent: Callable[[int], int] | None = None
-    """Set by a producer that writes the blob in parts (agent.origin.ranges `Shares`): how far from a
+    """Set by a producer that writes the blob in parts (agent.core.parts `Shares`): how far from a
     position past `ready` the file is written, so the relay serves every part as it grows."""
     _generation: int = 0
     """Counts `restart`s."""

@@ -7,7 +7,7 @@ in the origin engine's resume record, so that a node which later takes the origi
 died) asks the origin only for the rest.
 
 A blob pulled in parts (agent.swarm.relay "Parts") is received part by part (`feed`): each part from
-its own sources, written through the origin engine's `Share`, which records and hashes it.
+its own sources, written through the origin engine's `PartSink`, which records and hashes it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import httpx
 from agent.cache.layout import RepoCache
 from agent.core.errors import CacheError, IntegrityError
 from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.ranges import RECORD_EVERY, OriginSource, Share, preallocate, write_failed
+from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate, write_failed
 from agent.swarm.relay import RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,9 @@ class _Whole(_Receiving):
 
 @dataclass(kw_only=True)
 class _Part(_Receiving):
-    """One part of a blob pulled in parts, written (recorded, hashed) through the origin engine's `Share`."""
+    """One part of a blob pulled in parts, written (recorded, hashed) through the origin engine's sink."""
 
-    share: Share
+    share: PartSink
 
     def take(self, chunk: bytes) -> None:
         self.share.write(self.pos, chunk)
@@ -174,7 +175,7 @@ class RelayReceiver:
         log.info("%s: %d bytes relayed from %d sources in %.1fs", entry.path, r.received, n, took)
         return hashes, r.received
 
-    def feed(self, key: str, share: Share) -> bool:
+    def feed(self, key: str, share: PartSink) -> bool:
         """Part [share.start, share.end) of a blob from the sources relaying it under `key`, from where the
         file has it up to; True once the part is whole, False when no source could finish it."""
         r = _Part(share.entry, key, share.pos, share.end, share=share)

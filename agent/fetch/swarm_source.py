@@ -9,11 +9,12 @@ from collections.abc import Callable
 from agent.cache.layout import RepoCache
 from agent.core.errors import IntegrityError
 from agent.core.hashing import BlobHashes
+from agent.core.parts import Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
 from agent.fetch.relay import RelayReceiver
-from agent.origin.ranges import OriginSource, Shares
+from agent.origin.ranges import OriginSource
 from agent.swarm.policy import BlobOrigin, BlobOutcome, SwarmFetcher
 
 

@@ -45,6 +45,7 @@ from agent.core.errors import (
     WeightswarmError,
 )
 from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.parts import Feed, Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
@@ -154,6 +155,11 @@ class _Job:
     received: int = 0
     unrecorded: int = 0
 
+    def extent(self, pos: int) -> int:
+        """`contiguous_end` for other threads (takes `cond`)."""
+        with self.cond:
+            return self.contiguous_end(pos)
+
     def chunk_bounds(self, idx: int) -> tuple[int, int]:
         start = idx * self.chunk_size
         return start, min(start + self.chunk_size, self.entry.size)
@@ -218,7 +224,7 @@ class Turn:
 
 
 class Share:
-    """A feed's handle on its part [start, end) of the blob (see `Shares`); methods are thread-safe."""
+    """A feed's handle on its part [start, end) of the blob (agent.core.parts `PartSink`)."""
 
     def __init__(
         self, engine: OriginSource, plan: FetchPlan, cache: RepoCache, job: _Job, start: int, end: int
@@ -230,23 +236,19 @@ class Share:
 
     @property
     def pos(self) -> int:
-        """The first byte of the part not written yet (`end` when the part is whole)."""
         with self._job.cond:
             return min(self.end, self._job.contiguous_end(self.start))
 
     @property
     def present(self) -> int:
-        """Bytes of the part written (a part lease's heartbeats report it)."""
         return self.pos - self.start
 
     @property
     def cancelled(self) -> bool:
-        """The blob failed or finished: stop feeding."""
         return self._job.error is not None or self._job.closed
 
-    def write(self, pos: int, data: bytes | memoryview) -> None:
-        """`data` at `pos`, which must be `self.pos` (a part is written in order). Raises `_Cancelled`
-        once the blob is done with (the caller's stream stops there)."""
+    def write(self, pos: int, data: bytes) -> None:
+        """Raises `_Cancelled` once the blob is done with."""
         job, n = self._job, len(data)
         with job.write_lock:
             if job.closed:
@@ -275,37 +277,13 @@ class Share:
             self._engine._save_record(self._cache, self._plan, job)
 
     def take_over(self) -> None:
-        """Nobody else brings the rest of this part: the engine pulls it from the origin itself."""
         self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
 
     def fail(self, exc: BaseException) -> None:
-        """What this feed wrote may be wrong (its source failed its check): the blob fails with `exc`."""
         with self._job.cond:
             if self._job.error is None or isinstance(self._job.error, _Cancelled):
                 self._job.error = exc
             self._job.cond.notify_all()
-
-
-Feed = Callable[[Share], None]
-"""Brings one part of a blob (writing it through its `Share`), or calls `take_over`; runs on a thread."""
-
-
-@dataclass
-class Shares:
-    """How a blob's parts come when several nodes pull it from the origin at once (see the module doc).
-    Byte ranges are chunk-aligned and cover the blob; `own` is pulled from the origin at once."""
-
-    own: list[tuple[int, int]]
-    feeds: list[tuple[tuple[int, int], Feed]]
-    _job: _Job | None = None
-
-    def written_end(self, pos: int) -> int:
-        """How far from `pos` the file is written (a reader may serve that far); `pos` before the start."""
-        job = self._job
-        if job is None:
-            return pos
-        with job.cond:
-            return job.contiguous_end(pos)
 
 
 class OriginSource:
@@ -383,7 +361,7 @@ class OriginSource:
                     self._resumed += resumed
             self._save_record(cache, plan, job)
             if shares is not None:
-                shares._job = job
+                shares.bind(job.extent)
             hashes = self._run(plan, cache, job, shares)
         except WeightswarmError:
             raise

@@ -71,9 +71,9 @@ from agent.core.errors import (
 )
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
+from agent.core.parts import Feed, PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.origin.ranges import Share, Shares
 from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
@@ -113,10 +113,10 @@ RelayDownload = Callable[[Callable[[int], None]], "int | None"]
 """Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
 it is written; the bytes received once `blobs/<id>` and its sidecar are installed, else None."""
 PartedDownload = Callable[[Shares, Callable[[int], None]], int]
-"""Runs the origin engine for a blob that comes in parts (agent.origin.ranges `Shares`), telling the
+"""Runs the origin engine for a blob that comes in parts (agent.core.parts `Shares`), telling the
 callable how far it is written from the start; returns the bytes its feeds brought, once `blobs/<id>`
 and its sidecar are installed."""
-RelayPart = Callable[[str, Share], bool]
+RelayPart = Callable[[str, PartSink], bool]
 """Receives one part of a blob from the nodes relaying it under a part key (agent.fetch.relay `feed`);
 True once the part is whole."""
 WebSeedUrl = Callable[[], str]
@@ -448,8 +448,8 @@ class SwarmFetcher:
                 target=self._heartbeat, args=(keys[k], stop), name=f"lease-{keys[k][:12]}", daemon=True
             ).start()
 
-        def feed_of(k: int) -> Callable[[Share], None]:
-            def feed(share: Share) -> None:
+        def feed_of(k: int) -> Feed:
+            def feed(share: PartSink) -> None:
                 while not share.cancelled:
                     if relay_part(keys[k], share):
                         return
