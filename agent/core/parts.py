@@ -23,10 +23,6 @@ class PartSink(Protocol):
         """The first byte of the part not written yet (`end` when the part is whole)."""
 
     @property
-    def present(self) -> int:
-        """Bytes of the part written (a part lease's heartbeats report it)."""
-
-    @property
     def cancelled(self) -> bool:
         """The blob failed or finished: stop feeding."""
 

@@ -1,15 +1,15 @@
 """`GET /v1/relay/{blob_id}` on the network listener: an arriving blob's prefix for other agents
 (agent.swarm.relay has the design). Streams as the HF endpoint does (agent.http.stream), from a
-`Range: bytes=N-` on.
+`Range: bytes=N-` (or `N-M`: one part of a blob pulled in parts) on.
 
 Who: requests with the relay credential (`Authorization: Bearer`, derived from the agents' passkey)
 from an address the peer gate admits. Without the credential: 404, as if the route did not exist; with
 it from an address the gate does not know yet: 503, and the gate asks the tracker again. What:
-only blobs arriving now (a complete blob goes by BitTorrent), and of a blob pulled in parts whatever of
-a part is written; 410 for one that failed its end-to-end
-check here lately, so that a receiver drops what it took from this node. How many:
-`swarm.relay_fanout` streams per blob part, and only to a receiver this node is ahead of; otherwise 503, and
-the receiver asks another source.
+only blobs arriving now (a complete blob goes by BitTorrent), as far as they are written (each part
+of a blob pulled in parts); 410 for one that failed its end-to-end check here lately, so that a
+receiver drops what it took from this node. How many: `swarm.relay_fanout` streams per blob (per
+part), and only to a receiver this node is ahead of; otherwise 503, and the receiver asks another
+source.
 """
 
 from __future__ import annotations

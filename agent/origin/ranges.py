@@ -240,10 +240,6 @@ class Share:
             return min(self.end, self._job.contiguous_end(self.start))
 
     @property
-    def present(self) -> int:
-        return self.pos - self.start
-
-    @property
     def cancelled(self) -> bool:
         return self._job.error is not None or self._job.closed
 
