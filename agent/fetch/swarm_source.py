@@ -94,9 +94,6 @@ class SwarmSource:
         def from_origin(prefix: Callable[[int], None]) -> None:
             from_engine(prefix)
 
-        def in_parts(shares: Shares, prefix: Callable[[int], None]) -> int:
-            return from_engine(prefix, shares)
-
         relay = self.relay
 
         def from_relay(prefix: Callable[[int], None]) -> int | None:
@@ -128,7 +125,7 @@ class SwarmSource:
             present=present,
             relay_download=from_relay if relay is not None else None,
             stage=progress.set_stage,
-            parted=(in_parts, relay.feed) if relay is not None else None,
+            parted=(from_engine, relay.feed) if relay is not None else None,
         )
         on_progress(entry.size)
         with self._lock:

@@ -236,8 +236,7 @@ class Share:
 
     @property
     def pos(self) -> int:
-        with self._job.cond:
-            return min(self.end, self._job.contiguous_end(self.start))
+        return min(self.end, self._job.extent(self.start))
 
     @property
     def cancelled(self) -> bool:

@@ -112,10 +112,10 @@ from the start (readers stream that); returns once `blobs/<id>` and its sidecar 
 RelayDownload = Callable[[Callable[[int], None]], "int | None"]
 """Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
 it is written; the bytes received once `blobs/<id>` and its sidecar are installed, else None."""
-PartedDownload = Callable[[Shares, Callable[[int], None]], int]
+PartedDownload = Callable[[Callable[[int], None], Shares], int]
 """Runs the origin engine for a blob that comes in parts (agent.core.parts `Shares`), telling the
-callable how far it is written from the start; returns the bytes its feeds brought, once `blobs/<id>`
-and its sidecar are installed."""
+callable it is given how far the blob is written from the start; returns the bytes its feeds
+brought, once `blobs/<id>` and its sidecar are installed."""
 RelayPart = Callable[[str, PartSink], bool]
 """Receives one part of a blob from the nodes relaying it under a part key (agent.fetch.relay `feed`);
 True once the part is whole."""
@@ -426,13 +426,12 @@ class SwarmFetcher:
         blob's is. None when it must come another way (then what arrived stays recorded): a relayed part
         failed its source's check (the blob is discarded), or the blob was published and seeded meanwhile."""
         assert self.tracker is not None and self.relay is not None
-        tracker, relay = self.tracker, self.relay
+        relay = self.relay
         n = len(parts)
         keys = [part_key(blob.blob_id, k, n) for k in range(n)]
         held: dict[int, threading.Event] = {}
         guard = threading.Lock()
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
-        ttl, stall = self.settings.daemon.lease_ttl, self.holder_stall
         shares = Shares(own=[], feeds=[])
 
         def hold(k: int) -> None:
@@ -449,27 +448,7 @@ class SwarmFetcher:
             ).start()
 
         def feed_of(k: int) -> Feed:
-            def feed(share: PartSink) -> None:
-                while not share.cancelled:
-                    if relay_part(keys[k], share):
-                        return
-                    if share.cancelled:
-                        return
-                    try:
-                        if tracker.blob_state(blob.blob_id).seeders > 0:
-                            raise _Published()
-                        granted = tracker.acquire_lease(keys[k], self.node_id, ttl, stale_after=stall).granted
-                    except TrackerError as exc:
-                        log.info("%s: cannot ask for its part's lease: %s", blob.path, exc)
-                        granted = False
-                    if granted or time.monotonic() >= deadline:
-                        log.info("%s: taking over its part at %d from the origin", blob.path, share.start)
-                        hold(k)
-                        share.take_over()
-                        return
-                    time.sleep(min(1.0, self.settings.daemon.wait_poll_seconds))
-
-            return feed
+            return lambda share: self._feed_part(blob, keys[k], share, relay_part, lambda: hold(k), deadline)
 
         self._at(blob, "lease")
         own = self._claim_part(keys)
@@ -488,7 +467,7 @@ class SwarmFetcher:
             arrival.restart()
             arrival.extent = shares.written_end  # each part is relayed as it grows
         try:
-            relayed = download(shares, arrival.advance if arrival is not None else lambda _end: None)
+            relayed = download(arrival.advance if arrival is not None else lambda _end: None, shares)
             self._installed(cache, blob)
             digest = cache.read_sidecar(blob.blob_id)
             if digest is None:
@@ -513,6 +492,37 @@ class SwarmFetcher:
             for key in keys:
                 relay.leave(key)
         return BlobOutcome("origin" if holding else "peers", bytes_from_peers=relayed)
+
+    def _feed_part(
+        self,
+        blob: FileEntry,
+        key: str,
+        share: PartSink,
+        relay_part: RelayPart,
+        hold: Callable[[], None],
+        deadline: float,
+    ) -> None:
+        """One part not this node's (a feed of `_by_parts`): from its relay sources while they bring it;
+        when they cannot, its lease (`hold` it) and the origin engine for the rest, as soon as its holder
+        counts as stalled, or at `deadline` without the lease."""
+        assert self.tracker is not None
+        ttl, stall = self.settings.daemon.lease_ttl, self.holder_stall
+        while not share.cancelled:
+            if relay_part(key, share) or share.cancelled:
+                return
+            try:
+                if self.tracker.blob_state(blob.blob_id).seeders > 0:
+                    raise _Published()
+                granted = self.tracker.acquire_lease(key, self.node_id, ttl, stale_after=stall).granted
+            except TrackerError as exc:
+                log.info("%s: cannot ask for its part's lease: %s", blob.path, exc)
+                granted = False
+            if granted or time.monotonic() >= deadline:
+                log.info("%s: taking over its part at %d from the origin", blob.path, share.start)
+                hold()
+                share.take_over()
+                return
+            time.sleep(min(1.0, self.settings.daemon.wait_poll_seconds))
 
     def _claim_part(self, keys: list[str]) -> int | None:
         """The lease of one part nobody holds, or None; nodes start looking at different parts."""
