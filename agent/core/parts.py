@@ -41,6 +41,21 @@ Feed = Callable[[PartSink], None]
 """Brings one part of a blob (writing it through its `PartSink`), or calls `take_over`; runs on a thread."""
 
 
+class Written(Protocol):
+    """What the origin engine says of the blob's file while it writes it (agent.origin.ranges `_Job`)."""
+
+    def extent(self, pos: int) -> int:
+        """How far from `pos` the file is written (a reader may serve that far)."""
+
+    def present(self, start: int, end: int) -> int:
+        """Bytes of [start, end) written so far, in any order."""
+
+    @property
+    def streamed(self) -> int:
+        """Bytes read from the origin so far, written or not yet: grows smoothly (writes come a block
+        per connection at a time), so the origin rate is measured on it."""
+
+
 @dataclass
 class Shares:
     """How a blob's parts come when several nodes pull it from the origin at once. Byte ranges are
@@ -49,12 +64,20 @@ class Shares:
 
     own: list[tuple[int, int]]
     feeds: list[tuple[tuple[int, int], Feed]]
-    _extent: Callable[[int], int] | None = field(default=None, repr=False)
+    _written: Written | None = field(default=None, repr=False)
 
-    def bind(self, extent: Callable[[int], int]) -> None:
-        """Set by the origin engine once it writes the blob: how far from a position the file is written."""
-        self._extent = extent
+    def bind(self, written: Written) -> None:
+        """Set by the origin engine once it writes the blob."""
+        self._written = written
 
     def written_end(self, pos: int) -> int:
         """How far from `pos` the file is written (a reader may serve that far); `pos` before the start."""
-        return pos if self._extent is None else self._extent(pos)
+        return pos if self._written is None else self._written.extent(pos)
+
+    def present(self, start: int, end: int) -> int:
+        """Bytes of [start, end) written so far, in any order."""
+        return 0 if self._written is None else self._written.present(start, end)
+
+    def streamed(self) -> int:
+        """Bytes this node read from the origin for the blob so far (its origin rate is measured on it)."""
+        return 0 if self._written is None else self._written.streamed

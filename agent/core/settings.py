@@ -353,16 +353,20 @@ class SwarmSettings:
     runs at the origin's pace, so the node's uplink should carry this many times the origin rate."""
 
     origin_holders: int = 1
-    """Nodes that may pull disjoint parts of one large blob from the origin at once (agent.swarm.relay
-    "Parts"): against an origin that caps each client address (a CDN's per-IP limit, nodes with
-    addresses of their own), the cluster then draws up to this many clients' worth; 8 made a one-shard
-    cold start 4.8 x faster there. 1 (one holder per blob) by default: an origin that caps only its
-    total, or a cluster behind one NAT address, gains nothing from parts, and each node then hashes
-    most of a blob only once its parts are all in (cold 1.36 -> 1.64 x the bound in the 8-node
-    benchmark). Needs the relay (`relay_fanout` > 0)."""
+    """At most this many nodes pull disjoint parts of one large blob from the origin at once
+    (agent.swarm.relay "Parts"). How many do is measured per blob (agent.swarm.admission): a second
+    holder probes for `origin_probe_seconds`, and more join only if two clients drew well over what
+    one did, as from an origin that caps each client address (a CDN's per-IP limit, nodes with
+    addresses of their own); 8 made a one-shard cold start 4.8 x faster there. Otherwise (an origin
+    that caps its total, a cluster behind one NAT address) the first holder pulls the parts in order.
+    1 (one holder per blob, no parts) by default. Needs the relay (`relay_fanout` > 0)."""
 
     origin_part_min: int = 64 * MiB
     """Least bytes of such a part: a blob is split only when each part is at least this big."""
+
+    origin_probe_seconds: float = 3.0
+    """How long the probing second holder of a blob in parts measures the origin rates, before and after
+    it starts pulling its part (agent.swarm.admission)."""
 
     peer_gate: bool = True
     """Admit only the cluster's agents as peers (agent.swarm.gate). False (`agent serve --no-peer-gate`)

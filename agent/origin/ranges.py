@@ -154,11 +154,23 @@ class _Job:
     """Told the contiguous written prefix as it grows (agent.cache.arrivals: readers stream it)."""
     received: int = 0
     unrecorded: int = 0
+    streamed: int = 0
+    """Bytes read from origin connections, written or not yet (agent.core.parts `Written`); like `saw`'s
+    counters not under `cond`: a lost update is a few KiB in a rate."""
 
     def extent(self, pos: int) -> int:
         """`contiguous_end` for other threads (takes `cond`)."""
         with self.cond:
             return self.contiguous_end(pos)
+
+    def present(self, start: int, end: int) -> int:
+        """Bytes of the chunks of [start, end) written so far (takes `cond`); `start` chunk-aligned."""
+        with self.cond:
+            total = 0
+            for idx in range(start // self.chunk_size, -(-end // self.chunk_size)):
+                lo, hi = self.chunk_bounds(idx)
+                total += hi - lo if idx in self.done else self.written.get(idx, 0)
+            return total
 
     def chunk_bounds(self, idx: int) -> tuple[int, int]:
         start = idx * self.chunk_size
@@ -199,6 +211,7 @@ class _Job:
         gap = now - reader.seen
         reader.seen = now
         reader.got += n
+        self.streamed += n
         rate = reader.got / max(now - reader.began, 1e-6)
         reader.step = max(READ_STEP, min(READ_BLOCK, int(rate * STEP_SECONDS)))
         self.read_gap = gap if not self.read_gap else 0.8 * self.read_gap + 0.2 * gap
@@ -356,7 +369,7 @@ class OriginSource:
                     self._resumed += resumed
             self._save_record(cache, plan, job)
             if shares is not None:
-                shares.bind(job.extent)
+                shares.bind(job)
             hashes = self._run(plan, cache, job, shares)
         except WeightswarmError:
             raise

@@ -48,7 +48,7 @@ larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import logging
 import threading
 import time
@@ -71,13 +71,14 @@ from agent.core.errors import (
 )
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
-from agent.core.parts import Feed, PartSink, Shares
+from agent.core.parts import PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
+from agent.swarm.admission import MORE, Verdicts, admission_key, growing, judge, rate
 from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
-from agent.swarm.tracker_client import Lease, TrackerClient
+from agent.swarm.tracker_client import BlobState, Lease, TrackerClient
 from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
 from tracker.bencode import bdecode
 
@@ -86,6 +87,8 @@ log = logging.getLogger(__name__)
 BlobOrigin = Literal["cache", "peers", "origin"]
 _READ_BLOCK = 4 * 2**20
 _TICK = 0.5
+_ASK_PARTS = 1.0
+"""Seconds a node keeps the tracker's answer about a part of a blob in parts (who holds it, seeders)."""
 _ANNOUNCE_WAIT = 5.0
 """Longest a publisher waits for its seeder announce to be answered before publishing the metainfo."""
 _SUSPECT_WAIT = 5.0
@@ -131,6 +134,125 @@ class _Stalled(Exception):
 
 class _Published(Exception):
     """A blob being pulled in parts was published, with seeders, meanwhile: BitTorrent brings the rest."""
+
+
+class _Claimable:
+    """A feed's handle (agent.core.parts `PartSink`) that the node may claim for the origin: a relay
+    stream into it then stops at once, and the feed hands the rest of the part to the origin engine."""
+
+    def __init__(self, share: PartSink, claimed: threading.Event) -> None:
+        self.share, self.claimed = share, claimed
+        self.start, self.end, self.entry = share.start, share.end, share.entry
+
+    @property
+    def pos(self) -> int:
+        return self.share.pos
+
+    @property
+    def cancelled(self) -> bool:
+        return self.share.cancelled or self.claimed.is_set()
+
+    def write(self, pos: int, data: bytes) -> None:
+        self.share.write(pos, data)
+
+    def take_over(self) -> None:
+        self.share.take_over()
+
+    def fail(self, exc: BaseException) -> None:
+        self.share.fail(exc)
+
+
+class _InParts:
+    """One blob coming in parts at this node (`SwarmFetcher._by_parts`): its parts and their lease keys,
+    the parts this node holds, and what the tracker says of the others (asked at most once a second)."""
+
+    def __init__(
+        self, blob: FileEntry, parts: list[tuple[int, int]], tracker: TrackerClient, wait: float, ahead: int
+    ) -> None:
+        n = len(parts)
+        self.blob, self.parts, self.tracker = blob, parts, tracker
+        self.keys = [part_key(blob.blob_id, k, n) for k in range(n)]
+        self.shares = Shares(own=[], feeds=[])
+        self.verdicts = Verdicts(tracker, blob.blob_id, n)
+        self.deadline = time.monotonic() + wait
+        self.ahead = ahead
+        """Bytes left of a part this node pulls when it may take its next one: the origin engine's
+        connections are then on their last chunks of it, and would idle until the next part's."""
+        self.held: set[int] = set()
+        """Parts whose lease this node holds (it pulls them from the origin)."""
+        self.claims = [threading.Event() for _ in parts]
+        """Set when `_probe` holds the part: its feed hands it to the origin engine."""
+        self.done = threading.Event()
+        self.taking = threading.Lock()
+        self._leases: dict[str, threading.Event] = {}
+        self._asked: dict[str, tuple[float, BlobState | None]] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, key: str, stop: threading.Event) -> bool:
+        """Remember a lease this node holds (its heartbeats stop with `stop`); False once the blob is done."""
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self._leases[key] = stop
+            return True
+
+    def close(self) -> list[tuple[str, threading.Event]]:
+        """The blob is done with: the leases to give back."""
+        with self._lock:
+            self.done.set()
+            leases, self._leases = list(self._leases.items()), {}
+        return leases
+
+    def overdue(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def whole(self, k: int) -> bool:
+        start, end = self.parts[k]
+        return self.shares.written_end(start) >= end
+
+    def missing(self, k: int) -> int:
+        start, end = self.parts[k]
+        return end - start - self.shares.present(start, end)
+
+    def own_bytes(self) -> int:
+        """Bytes written of the parts this node holds: its lease heartbeats report them."""
+        return sum(self.shares.present(*self.parts[k]) for k in list(self.held))
+
+    def may_add(self, k: int) -> bool:
+        """Whether this node may take free part `k` to pull from the origin: only while it pulls no other
+        part (one counts as pulled until no more than `ahead` bytes of it are missing), and then, unless
+        more holders pay, only as the lead (it holds a part before `k`, and every part before `k` is its
+        own or in hand here: the lead takes the parts in order)."""
+        held = set(self.held)
+        if any(self.missing(i) > self.ahead for i in held):
+            return False
+        if self.verdicts.current() == MORE:
+            return True
+        return any(i < k for i in held) and all(i in held or self.whole(i) for i in range(k))
+
+    def holder(self, k: int) -> str | None:
+        """Who holds part `k`'s lease ("?" when the tracker cannot say); raises `_Published` once the blob
+        has seeders (the rest comes by BitTorrent)."""
+        blob = self.state(self.blob.blob_id)
+        if blob is not None and blob.seeders > 0:
+            raise _Published()
+        part = self.state(self.keys[k])
+        return "?" if part is None else part.lease_holder
+
+    def state(self, key: str) -> BlobState | None:
+        """What the tracker says of `key` (a blob, a part, an admission lease); None when it cannot say."""
+        with self._lock:
+            at, state = self._asked.get(key, (0.0, None))
+            if time.monotonic() - at < _ASK_PARTS:
+                return state
+        try:
+            state = self.tracker.blob_state(key)
+        except TrackerError as exc:
+            log.info("cannot ask about a part of %s: %s", self.blob.path, exc)
+            state = None
+        with self._lock:
+            self._asked[key] = (time.monotonic(), state)
+        return state
 
 
 class SwarmFetcher:
@@ -420,60 +542,51 @@ class SwarmFetcher:
         download: PartedDownload,
         relay_part: RelayPart,
     ) -> BlobOutcome | None:
-        """The blob in parts (agent.swarm.relay "Parts"): the lease of one free part, pulled from the origin
-        while the others come from their holders' relays; a part whose relay fails (its holder died or
-        stalled) is taken over with its lease, or without it after `daemon.max_wait_seconds`, as a whole
-        blob's is. None when it must come another way (then what arrived stays recorded): a relayed part
-        failed its source's check (the blob is discarded), or the blob was published and seeded meanwhile."""
+        """The blob in parts (agent.swarm.relay "Parts"): the first node to ask holds part 0 and pulls the
+        parts in order; whether other nodes hold parts too is measured (agent.swarm.admission: `_probe`);
+        every part this node does not pull comes from its holder's relay (`_feed_part`). A part whose
+        relay fails (its holder died or stalled) is taken over with its lease, or without it after
+        `daemon.max_wait_seconds`, as a whole blob's is. None when it must come another way (then what
+        arrived stays recorded): a relayed part failed its source's check (the blob is discarded), or
+        the blob was published and seeded meanwhile."""
         assert self.tracker is not None and self.relay is not None
-        relay = self.relay
-        n = len(parts)
-        keys = [part_key(blob.blob_id, k, n) for k in range(n)]
-        held: dict[int, threading.Event] = {}
-        guard = threading.Lock()
-        deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
-        shares = Shares(own=[], feeds=[])
-
-        def hold(k: int) -> None:
-            """Part `k`'s lease is ours: heartbeats say how much of it is written; others may relay it."""
-            start, end = parts[k]
-            stop = threading.Event()
-            with self._locks_guard:
-                self._present[keys[k]] = lambda: shares.written_end(start) - start
-            with guard:
-                held[k] = stop
-            relay.join(keys[k], end - start)
-            threading.Thread(
-                target=self._heartbeat, args=(keys[k], stop), name=f"lease-{keys[k][:12]}", daemon=True
-            ).start()
-
-        def feed_of(k: int) -> Feed:
-            return lambda share: self._feed_part(blob, keys[k], share, relay_part, lambda: hold(k), deadline)
-
+        fetch = self.settings.fetch
+        ahead = fetch.chunk_size * fetch.connections_per_file
+        run = _InParts(blob, parts, self.tracker, self.settings.daemon.max_wait_seconds, ahead)
         self._at(blob, "lease")
-        own = self._claim_part(keys)
-        if own is not None:
-            hold(own)
-            shares.own.append(parts[own])
-        shares.feeds.extend((parts[k], feed_of(k)) for k in range(n) if k != own)
-        log.info(
-            "%s: in %d parts; %s", blob.path, n, f"pulling part {own} from the origin" if own is not None else
-            "every part is held elsewhere",
+        try:
+            first = self._acquire_lease(blob, key=run.keys[0]).granted
+        except TrackerError as exc:
+            log.info("cannot ask for the first part's lease of %s: %s", blob.path, exc)
+            first = False
+        if first:
+            self._hold(run, 0)
+            run.shares.own.append(parts[0])
+        run.shares.feeds.extend(
+            (parts[k], functools.partial(self._feed_part, run, k, relay_part))
+            for k in range(len(parts)) if k or not first
         )
-        self._at(blob, "origin" if own is not None else "peers")
+        log.info(
+            "%s: in %d parts; %s", blob.path, len(parts),
+            "pulling part 0 from the origin" if first else "part 0 is held elsewhere",
+        )
+        self._at(blob, "origin" if first else "peers")
         self._drop_torrent(blob.blob_id, self._known_info(blob))
         arrival = self._arrival(blob)
         if arrival is not None:
             arrival.restart()
-            arrival.extent = shares.written_end  # each part is relayed as it grows
+            arrival.extent = run.shares.written_end  # each part is relayed as it grows
+        admit = self._judge if first else self._probe
+        name = f"admit-{blob.blob_id[:12]}"
+        threading.Thread(target=self._admit, args=(admit, run), name=name, daemon=True).start()
         try:
-            relayed = download(arrival.advance if arrival is not None else lambda _end: None, shares)
+            relayed = download(arrival.advance if arrival is not None else lambda _end: None, run.shares)
             self._installed(cache, blob)
             digest = cache.read_sidecar(blob.blob_id)
             if digest is None:
                 raise CacheError(f"no digest recorded for {blob.path} after its download; retry the fetch")
             # Holders publish (the same dict from each: idempotent) before their part leases go.
-            self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=bool(held))
+            self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=bool(run.held))
         except _Published:
             log.info("%s: published and seeded meanwhile; taking the rest from peers", blob.path)
             return None
@@ -482,62 +595,147 @@ class SwarmFetcher:
             log.warning("%s; fetching it whole", exc)
             return None
         finally:
-            with guard:
-                holding = dict(held)
-            for k, stop in holding.items():
+            self._forget_lease(blob.blob_id)
+            for key, stop in run.close():
                 stop.set()
-                self._release(keys[k])
+                self._release(key)
                 with self._locks_guard:
-                    self._present.pop(keys[k], None)
-            for key in keys:
-                relay.leave(key)
-        return BlobOutcome("origin" if holding else "peers", bytes_from_peers=relayed)
+                    self._present.pop(key, None)
+            for key in run.keys:
+                self.relay.leave(key)
+        return BlobOutcome("origin" if run.held else "peers", bytes_from_peers=relayed)
 
-    def _feed_part(
-        self,
-        blob: FileEntry,
-        key: str,
-        share: PartSink,
-        relay_part: RelayPart,
-        hold: Callable[[], None],
-        deadline: float,
-    ) -> None:
-        """One part not this node's (a feed of `_by_parts`): from its relay sources while they bring it;
-        when they cannot, its lease (`hold` it) and the origin engine for the rest, as soon as its holder
-        counts as stalled, or at `deadline` without the lease."""
+    def _try_lease(self, key: str, stale: bool = False) -> bool:
+        """Whether this node now holds the lease `key` (`stale`: also taken from a stalled holder)."""
         assert self.tracker is not None
-        ttl, stall = self.settings.daemon.lease_ttl, self.holder_stall
+        stale_after = self.holder_stall if stale else None
+        try:
+            return self.tracker.acquire_lease(
+                key, self.node_id, self.settings.daemon.lease_ttl, stale_after=stale_after
+            ).granted
+        except TrackerError as exc:
+            log.info("cannot ask for a lease of a blob's parts: %s", exc)
+            return False
+
+    def _keep(self, run: _InParts, key: str, present: Callable[[], int | None] | None = None) -> bool:
+        """Heartbeats for a lease just granted (reporting `present`), until the blob is done with; False
+        (and the lease given back) when it already is."""
+        stop = threading.Event()
+        if not run.keep(key, stop):
+            self._release(key)
+            return False
+        if present is not None:
+            with self._locks_guard:
+                self._present[key] = present
+        name = f"lease-{key[:12]}"
+        threading.Thread(target=self._heartbeat, args=(key, stop), name=name, daemon=True).start()
+        return True
+
+    def _hold(self, run: _InParts, k: int) -> bool:
+        """Part `k`'s lease is ours: heartbeats report the bytes of the parts this node pulls (a part held
+        ahead of its turn does not look stalled), and others may relay the part from here."""
+        start, end = run.parts[k]
+        if not self._keep(run, run.keys[k], run.own_bytes):
+            return False
+        run.held.add(k)
+        assert self.relay is not None
+        self.relay.join(run.keys[k], end - start)
+        return True
+
+    def _take_part(self, run: _InParts, k: int, stale: bool) -> bool:
+        """Hold part `k` to pull it from the origin: a free part when `may_add` says so, a part whose holder
+        counts as stalled (`stale`), or any part once the blob is overdue; False when not."""
+        with run.taking:  # one decision at a time: a node adds one part while `may_add` holds
+            if not stale and not run.may_add(k) and not run.overdue():
+                return False
+            if not self._try_lease(run.keys[k], stale=stale) and not run.overdue():
+                return False
+            log.info("%s: pulling its part at %d from the origin", run.blob.path, run.parts[k][0])
+            return self._hold(run, k)
+
+    def _feed_part(self, run: _InParts, k: int, relay_part: RelayPart, share: PartSink) -> None:
+        """Part `k`, not this node's at the start (a feed of `_by_parts`): from its holder's relay while
+        somebody pulls it; pulled from the origin here once this node holds its lease (`_take_part`:
+        free and `may_add`, or its holder stalled) or the prober claimed it (`_probe`)."""
+        claim = _Claimable(share, run.claims[k])
         while not share.cancelled:
-            if relay_part(key, share) or share.cancelled:
-                return
-            try:
-                if self.tracker.blob_state(blob.blob_id).seeders > 0:
-                    raise _Published()
-                granted = self.tracker.acquire_lease(key, self.node_id, ttl, stale_after=stall).granted
-            except TrackerError as exc:
-                log.info("%s: cannot ask for its part's lease: %s", blob.path, exc)
-                granted = False
-            if granted or time.monotonic() >= deadline:
-                log.info("%s: taking over its part at %d from the origin", blob.path, share.start)
-                hold()
+            if claim.claimed.is_set():
                 share.take_over()
                 return
-            time.sleep(min(1.0, self.settings.daemon.wait_poll_seconds))
+            holder = run.holder(k)
+            if holder is not None:  # somebody pulls it: take it from the relay (nobody relays a free part)
+                if relay_part(run.keys[k], claim) or share.cancelled:
+                    return
+                if not claim.claimed.is_set() and self._take_part(run, k, stale=True):
+                    share.take_over()
+                    return
+                continue
+            if (run.may_add(k) or run.overdue()) and self._take_part(run, k, stale=False):
+                share.take_over()
+                return
+            run.done.wait(_TICK)
 
-    def _claim_part(self, keys: list[str]) -> int | None:
-        """The lease of one part nobody holds, or None; nodes start looking at different parts."""
-        assert self.tracker is not None
-        n = len(keys)
-        first = int(hashlib.sha1(self.node_id.encode(), usedforsecurity=False).hexdigest(), 16) % n
-        for i in range(n):
-            k = (first + i) % n
-            try:
-                if self.tracker.acquire_lease(keys[k], self.node_id, self.settings.daemon.lease_ttl).granted:
-                    return k
-            except TrackerError as exc:
-                log.info("cannot ask for a part lease: %s", exc)
-                return None
-        return None
+    @staticmethod
+    def _admit(admit: Callable[[_InParts], None], run: _InParts) -> None:
+        try:
+            admit(run)
+        except _Published:  # the blob has seeders: nothing left to decide
+            pass
+
+    def _judge(self, run: _InParts) -> None:
+        """At the lead, on its own thread: whether more nodes pulling the blob's parts pay
+        (agent.swarm.admission). Its own origin rate alone, then while the prober pulls the last part;
+        the verdict goes to the tracker as a lease."""
+        stop, seconds = run.done, self.settings.swarm.origin_probe_seconds
+        n, patience = len(run.parts), max(10.0, 3 * seconds)
+        # Measured from half a window after bytes flow: a new download first opens its connections.
+        origin = run.shares.streamed
+        if not growing(origin, patience, stop) or stop.wait(seconds / 2):
+            return
+        alone = rate(origin, seconds, stop)
+        ready = admission_key(run.blob.blob_id, n, "alone")
+        if alone is None or not self._try_lease(ready) or not self._keep(run, ready):
+            return
+        deadline = time.monotonic() + patience
+        while not any(run.holder(k) not in (None, "?", self.node_id) for k in range(1, n)):
+            if stop.wait(_TICK) or time.monotonic() >= deadline:
+                log.info("%s: no second node came to pull a part; the lead pulls them", run.blob.path)
+                return
+        # Its first request (a metadata round trip, then its connections) takes a moment.
+        if stop.wait(seconds):
+            return
+        shared = rate(origin, seconds, stop)
+        if shared is None:
+            return
+        verdict = judge(alone, shared)
+        log.info(
+            "%s: the origin brought %.1f MB/s to this node alone, %.1f MB/s while a second node pulled: %s",
+            run.blob.path, alone / 1e6, shared / 1e6,
+            "more holders pay" if verdict == MORE else "this node pulls the rest",
+        )
+        key = run.verdicts.reached(verdict)
+        if self._try_lease(key):
+            self._keep(run, key)
+
+    def _probe(self, run: _InParts) -> None:
+        """At a node that does not lead, on its own thread: once the lead has measured its rate alone, the
+        first such node to get the probe lease pulls the last free part, for the lead to measure again."""
+        n = len(run.parts)
+        ready, probing = (admission_key(run.blob.blob_id, n, what) for what in ("alone", "probe"))
+        while not run.done.wait(_TICK):
+            if run.verdicts.current() is not None:
+                return
+            lead_ready = run.state(ready)
+            if lead_ready is None or lead_ready.lease_holder is None:
+                continue
+            if not self._try_lease(probing) or not self._keep(run, probing):
+                return  # another node probes
+            free = (k for k in reversed(range(1, n)) if run.holder(k) is None)
+            j = next((k for k in free if self._try_lease(run.keys[k])), None)
+            if j is not None and self._hold(run, j):
+                log.info("%s: probing with its part at %d", run.blob.path, run.parts[j][0])
+                run.claims[j].set()
+            return
 
     def _as_lease_holder(
         self,
@@ -583,10 +781,10 @@ class SwarmFetcher:
     def _relayed(self, blob: FileEntry) -> bool:
         return self.relay is not None and not blob.small
 
-    def _acquire_lease(self, blob: FileEntry, held_elsewhere: bool = False) -> Lease:
-        """Ask for the blob's origin lease; a node already holding one first lets others ask (unless
-        another node held this lease a moment ago: then there is nothing to spread, and the wait would
-        only delay taking the blob as it arrives).
+    def _acquire_lease(self, blob: FileEntry, held_elsewhere: bool = False, key: str | None = None) -> Lease:
+        """Ask for the blob's origin lease (or `key`'s: the first part of a blob in parts); a node already
+        holding one first lets others ask (unless another node held this lease a moment ago: then there is
+        nothing to spread, and the wait would only delay taking the blob as it arrives).
 
         Nodes asked for a model at once race for its shards' leases, and one fast node could win
         them all: it then pulls every shard from the origin and is the only source of each new
@@ -602,9 +800,8 @@ class SwarmFetcher:
         try:
             if holding and not blob.small and not held_elsewhere:
                 time.sleep(self.settings.swarm.lease_spread)
-            lease = self.tracker.acquire_lease(
-                blob.blob_id, self.node_id, self.settings.daemon.lease_ttl, stale_after=self.holder_stall
-            )
+            ttl, stall = self.settings.daemon.lease_ttl, self.holder_stall
+            lease = self.tracker.acquire_lease(key or blob.blob_id, self.node_id, ttl, stale_after=stall)
         except BaseException:
             self._forget_lease(blob.blob_id)
             raise

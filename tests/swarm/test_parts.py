@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.swarm.admission import MORE, ONE, admission_key
 from agent.swarm.relay import part_key
 from tests.support.cluster import AgentProcess, Origin, admin_request, model_origin
 from tests.support.procs import loop_until
@@ -19,25 +20,56 @@ from tests.swarm.test_relay import LEASE, assert_ready, shard_blob, shard_status
 MiB = 2**20
 SHARD = 36 * MiB
 PARTS = 3
-SPLIT = {"origin_holders": PARTS, "origin_part_min": 8 * MiB}
-"""Three parts of 12 MiB (three 4-MiB origin chunks each)."""
-RATE = 6 * MiB  # the shard takes ~6 s from the origin, all parts together
+SPLIT = {"origin_holders": PARTS, "origin_part_min": 8 * MiB, "origin_probe_seconds": 1.0}
+"""Three parts of 12 MiB; the second holder measures the origin for 1 s before and 1 s after it joins."""
+PER_CONNECTION = 128 * 1024
+"""An origin that caps each connection (a CDN's per-client cap, on loopback where every node has one
+address): a node's 8 connections draw 1 MiB/s, a part takes ~12 s (the probe ~5), and two holders
+draw twice what one does."""
+TOTAL = 3 * MiB
+"""An origin that caps its total: two holders draw what one does; the shard takes ~12 s."""
 
 
 @pytest.fixture
 def big_shard(tmp_path: Path) -> Iterator[Origin]:
     hub = tmp_path / "hub"
-    with model_origin(hub, "acme/parts", total_bytes=SHARD, shards=1, seed=53, rate_total=RATE) as o:
+    with model_origin(
+        hub, "acme/parts", total_bytes=SHARD, shards=1, seed=53, rate_per_connection=PER_CONNECTION
+    ) as o:
+        yield o
+
+
+@pytest.fixture
+def total_capped(tmp_path: Path) -> Iterator[Origin]:
+    hub = tmp_path / "hub"
+    with model_origin(hub, "acme/parts", total_bytes=SHARD, shards=1, seed=59, rate_total=TOTAL) as o:
         yield o
 
 
 def part_holders(tracker, blob: str) -> list[str | None]:
     """Who holds each part's origin lease now."""
-    holders: list[str | None] = []
-    for k in range(PARTS):
-        lease = tracker.blob(part_key(blob, k, PARTS)).get("lease")
-        holders.append(str(lease["holder"]) if isinstance(lease, dict) else None)
-    return holders
+    return [lease_holder(tracker, part_key(blob, k, PARTS)) for k in range(PARTS)]
+
+
+def lease_holder(tracker, key: str) -> str | None:
+    lease = tracker.blob(key).get("lease")
+    return str(lease["holder"]) if isinstance(lease, dict) else None
+
+
+def watch_parts(tracker, blob: str, jobs) -> tuple[dict[int, set[str]], set[str], set[str]]:
+    """Until the jobs are done: who held each part, who probed, and the verdicts seen held."""
+    held: dict[int, set[str]] = {k: set() for k in range(PARTS)}
+    probers: set[str] = set()
+    verdicts: set[str] = set()
+    while not all(j.done for j in jobs):
+        for k, h in enumerate(part_holders(tracker, blob)):
+            if h is not None:
+                held[k].add(h)
+        prober = lease_holder(tracker, admission_key(blob, PARTS, "probe"))
+        probers.update([prober] if prober is not None else [])
+        verdicts.update(v for v in (MORE, ONE) if lease_holder(tracker, admission_key(blob, PARTS, v)))
+        time.sleep(0.2)
+    return held, probers, verdicts
 
 
 def job_json(job) -> dict:
@@ -51,11 +83,13 @@ def test_each_node_pulls_one_part_from_the_origin_and_the_rest_from_the_others(
     shard, blob = shard_blob(big_shard)
     agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
     jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
-    seen: set[str] = set()
-    while not all(j.done for j in jobs):
-        seen.update(h for h in part_holders(tracker, blob) if h is not None)
-        time.sleep(0.2)
-    assert seen == {d.node_id for d in agents}, "each node held the lease of a part"
+    held, probers, verdicts = watch_parts(tracker, blob, jobs)
+    # One node led (part 0), one probed with the last part and measured twice the rate: every node held a
+    # part (the third, part 1, once the verdict said more holders pay).
+    assert verdicts == {MORE}
+    assert len(probers) == 1 and held[PARTS - 1] == probers
+    assert set().union(*held.values()) == {d.node_id for d in agents}, held
+    assert all(len(h) == 1 for h in held.values()), held  # nobody took a part over
     for job in jobs:
         assert_ready(job, big_shard, 60)
     assert big_shard.hub.egress_bytes < 1.05 * big_shard.size  # one copy of each part left the origin
@@ -67,7 +101,31 @@ def test_each_node_pulls_one_part_from_the_origin_and_the_rest_from_the_others(
         assert status["bytes_from_peers"] >= 2 * part - 2 * MiB, status
         assert shard_status(job, shard)["source"] == "origin"
     assert part_holders(tracker, blob) == [None] * PARTS  # released once the blob was published
+    assert lease_holder(tracker, admission_key(blob, PARTS, MORE)) is None
     assert tracker.blob(blob).get("infohash") is not None
+
+
+@pytest.mark.timeout(150)
+def test_an_origin_capped_in_total_gets_no_more_holders_and_the_lead_pulls_the_parts_in_order(
+    total_capped, tracker, make_agent
+):
+    shard, blob = shard_blob(total_capped)
+    agents = [make_agent(n, total_capped, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
+    jobs = [d.request_model(total_capped.repo_id, "main") for d in agents]
+    held, probers, verdicts = watch_parts(tracker, blob, jobs)
+    # Two holders drew what one did: the prober kept its part, the lead took the other two, in order,
+    # and the third node pulled nothing from the origin.
+    assert verdicts == {ONE}
+    assert len(probers) == 1 and held[PARTS - 1] == probers
+    (lead,) = held[0]
+    assert held[1] == {lead} and lead not in probers
+    for job in jobs:
+        assert_ready(job, total_capped, 60)
+    assert total_capped.hub.egress_bytes < 1.05 * total_capped.size
+    by_node = {d.node_id: job_json(job) for d, job in zip(agents, jobs, strict=True)}
+    (third,) = set(by_node) - {lead} - probers
+    assert by_node[third]["bytes_from_origin"] < 2 * MiB, by_node[third]  # its small files at most
+    assert by_node[lead]["bytes_from_origin"] >= 2 * SHARD // PARTS
 
 
 @pytest.mark.timeout(180)
@@ -75,6 +133,9 @@ def test_a_part_holder_killed_mid_part_is_taken_over_from_where_its_receivers_ar
     tmp_path, big_shard, tracker, make_agent
 ):
     shard, blob = shard_blob(big_shard)
+    lead = make_agent("b", big_shard, tracker, daemon=LEASE, **SPLIT)
+    jobs = [lead.request_model(big_shard.repo_id, "main")]
+    loop_until(lambda: part_holders(tracker, blob)[0] == lead.node_id, timeout=30, what="b leads")
     a = AgentProcess(
         tmp_path, "a", big_shard.hub.url, tracker, "--lease-ttl", "3",
         "--origin-holders", str(PARTS), "--origin-part-min", str(8 * MiB),
@@ -82,9 +143,11 @@ def test_a_part_holder_killed_mid_part_is_taken_over_from_where_its_receivers_ar
     a.start()
     try:
         admin_request(a.url, "POST", "/v1/fetch", json={"repo_id": big_shard.repo_id})
-        loop_until(lambda: any(part_holders(tracker, blob)), timeout=30, what="a holds a part's lease")
-        others = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("b", "c")]
-        jobs = [d.request_model(big_shard.repo_id, "main") for d in others]
+        c = make_agent("c", big_shard, tracker, daemon=LEASE, **SPLIT)
+        jobs.append(c.request_model(big_shard.repo_id))
+        a_id = f"a:{a.bt_port}"  # its node id: node name and BitTorrent port
+        loop_until(lambda: a_id in part_holders(tracker, blob), timeout=30, what="a holds a part's lease")
+        # Some of a's part has reached the lead (its own part 0 is ~2/3 in by then).
         loop_until(
             lambda: shard_status(jobs[0], shard)["done"] >= SHARD // 3, timeout=30, what="b has a third of it"
         )
@@ -94,7 +157,7 @@ def test_a_part_holder_killed_mid_part_is_taken_over_from_where_its_receivers_ar
     for job in jobs:
         assert_ready(job, big_shard, 120)
     # The killed node's part was taken over where its receivers were: at most what a had pulled and not
-    # yet relayed comes twice (its connections' buffers), not the part again.
+    # yet relayed comes twice (its connections' other chunks of the part), not the part again.
     assert big_shard.hub.egress_bytes < 1.25 * big_shard.size
 
 

@@ -1,4 +1,5 @@
-"""agent.swarm.relay `blob_parts` and `part_key`: how a blob is cut for several origin holders."""
+"""agent.swarm.relay `blob_parts` and `part_key`: how a blob is cut for several origin holders; and
+agent.swarm.admission: the keys and the rule that decide how many hold parts at once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import pytest
 
 from agent.core.settings import Settings
+from agent.swarm.admission import MORE, ONE, admission_key, judge
 from agent.swarm.relay import blob_parts, part_key
 
 MiB = 2**20
@@ -43,5 +45,20 @@ def test_parts_cover_the_blob_in_order_at_chunk_boundaries(size, holders, part_m
 def test_part_keys_are_blob_ids_the_tracker_takes_and_differ_per_part_and_split():
     blob = "ab" * 32
     keys = {part_key(blob, k, n) for n in (2, 4) for k in range(n)}
-    assert len(keys) == 6 and blob not in keys
+    keys |= {admission_key(blob, n, what) for n in (2, 4) for what in ("alone", "probe", MORE, ONE)}
+    assert len(keys) == 14 and blob not in keys
     assert all(len(k) == 64 and int(k, 16) >= 0 for k in keys)
+
+
+@pytest.mark.parametrize(
+    ("alone", "shared", "verdict"),
+    [
+        (4e6, 4e6, MORE),  # an origin that caps each client: the lead kept its rate
+        (4e6, 3.7e6, MORE),  # ... give or take the noise of a few seconds
+        (30e6, 15e6, ONE),  # one that caps its total: the second client took half
+        (7.5e6, 6e6, ONE),  # ... with four clients on it already, a fifth takes a fifth
+        (0.0, 0.0, ONE),  # nothing measured: no more holders
+    ],
+)
+def test_more_holders_pay_only_when_the_lead_keeps_its_rate(alone, shared, verdict):
+    assert judge(alone, shared) == verdict
