@@ -364,7 +364,7 @@ class SwarmSettings:
     origin_part_min: int = 64 * MiB
     """Least bytes of such a part: a blob is split only when each part is at least this big."""
 
-    origin_probe_seconds: float = 3.0
+    origin_probe_seconds: float = 2.0
     """How long the probing second holder of a blob in parts measures the origin rates, before and after
     it starts pulling its part (agent.swarm.admission)."""
 

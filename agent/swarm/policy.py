@@ -74,7 +74,7 @@ from agent.core.metainfo import infohash
 from agent.core.parts import PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.swarm.admission import MORE, Verdicts, admission_key, growing, judge, rate
+from agent.swarm.admission import MORE, ONE, Verdicts, admission_key, growing, judge, rate
 from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
@@ -176,7 +176,7 @@ class _InParts:
         self.verdicts = Verdicts(tracker, blob.blob_id, n)
         self.deadline = time.monotonic() + wait
         self.ahead = ahead
-        """Bytes left of a part this node pulls when it may take its next one: the origin engine's
+        """Bytes left of a part the lead pulls when it may take its next one: the origin engine's
         connections are then on their last chunks of it, and would idle until the next part's."""
         self.held: set[int] = set()
         """Parts whose lease this node holds (it pulls them from the origin)."""
@@ -220,13 +220,15 @@ class _InParts:
 
     def may_add(self, k: int) -> bool:
         """Whether this node may take free part `k` to pull from the origin: only while it pulls no other
-        part (one counts as pulled until no more than `ahead` bytes of it are missing), and then, unless
-        more holders pay, only as the lead (it holds a part before `k`, and every part before `k` is its
-        own or in hand here: the lead takes the parts in order)."""
-        held = set(self.held)
-        if any(self.missing(i) > self.ahead for i in held):
+        part, and then, unless more holders pay, only as the lead (it holds a part before `k`, and every
+        part before `k` is its own or in hand here: the lead takes the parts in order). Once the verdict
+        is that the lead pulls them all, a part counts as pulled until no more than `ahead` bytes of it
+        are missing (the lead's connections then move on to the next part without a pause)."""
+        held, verdict = set(self.held), self.verdicts.current()
+        ahead = self.ahead if verdict == ONE else 0
+        if any(self.missing(i) > ahead for i in held):
             return False
-        if self.verdicts.current() == MORE:
+        if verdict == MORE:
             return True
         return any(i < k for i in held) and all(i in held or self.whole(i) for i in range(k))
 
@@ -699,10 +701,11 @@ class SwarmFetcher:
         deadline = time.monotonic() + patience
         while not any(run.holder(k) not in (None, "?", self.node_id) for k in range(1, n)):
             if stop.wait(_TICK) or time.monotonic() >= deadline:
-                log.info("%s: no second node came to pull a part; the lead pulls them", run.blob.path)
+                log.info("%s: no second node came to pull a part; this node pulls them", run.blob.path)
+                run.verdicts.reached(ONE)  # here only: a node that comes later still finds no verdict
                 return
         # Its first request (a metadata round trip, then its connections) takes a moment.
-        if stop.wait(seconds):
+        if stop.wait(seconds / 2):
             return
         shared = rate(origin, seconds, stop)
         if shared is None:

@@ -16,14 +16,14 @@ and the announce carries the agents' passkey as every other one does.
 
 Parts (deliverable 2 of issue 13): an origin that caps each client (per connection or per IP, as a
 CDN does) rather than its total holds one holder to that cap. A blob of at least twice
-`swarm.origin_part_min` is therefore pulled as up to `swarm.origin_holders` chunk-aligned parts
+`swarm.origin_part_min` is therefore cut into up to `swarm.origin_holders` chunk-aligned parts
 (`blob_parts`), each with an origin lease and relay sources of its own (`part_key`: a derived id, so
-the tracker needs nothing new): a node takes the lease of at most one part of a blob and receives
-the others from their relay trees, all into the same file (agent.core.parts `Shares`). The split
-is fixed by the size and the setting, not by measured rates, and is off by default (one holder): on
-an origin that caps its total instead, K parts at 1/K of the rate each end when one whole blob
-would, but each node then hashes most of the blob only once all its parts are in (sha256 is
-sequential). Origin egress stays one copy either way.
+the tracker needs nothing new), all written into the same file (agent.core.parts `Shares`). The
+first node to ask leads: it pulls the parts in order. Whether more nodes pull parts at once is
+measured, per blob (agent.swarm.admission): only if the lead keeps its origin rate while a second
+node pulls does every node take a free part; on an origin that caps its total, K holders would end
+when one does, but each node would then hash most of the blob only once all its parts are in
+(sha256 is sequential). Origin egress stays one copy either way.
 
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.settings import DaemonSettings
 from agent.swarm.admission import MORE, ONE, admission_key
 from agent.swarm.relay import part_key
-from tests.support.cluster import AgentProcess, Origin, admin_request, model_origin
+from agent.swarm.tracker_client import TrackerClient
+from tests.support.cluster import TOKEN, AgentProcess, Origin, admin_request, model_origin
 from tests.support.procs import loop_until
 from tests.swarm.test_relay import LEASE, assert_ready, shard_blob, shard_status
 
@@ -126,6 +128,30 @@ def test_an_origin_capped_in_total_gets_no_more_holders_and_the_lead_pulls_the_p
     (third,) = set(by_node) - {lead} - probers
     assert by_node[third]["bytes_from_origin"] < 2 * MiB, by_node[third]  # its small files at most
     assert by_node[lead]["bytes_from_origin"] >= 2 * SHARD // PARTS
+
+
+@pytest.mark.timeout(150)
+def test_a_forged_verdict_costs_speed_and_nothing_else(total_capped, tracker, make_agent):
+    """The attack: a pod with the agents' token holds a blob's ONE verdict before anyone measured, to keep
+    its parts with one node (holding MORE instead would send every node to the origin at once). The
+    nodes take the verdict as it is, so it costs speed: one node pulls every part, in order; the
+    bytes are still checked end to end and one copy leaves the origin."""
+    shard, blob = shard_blob(total_capped)
+    daemon = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN)
+    forger = TrackerClient(tracker.url, TOKEN, daemon)
+    try:
+        assert forger.acquire_lease(admission_key(blob, PARTS, ONE), "forger", ttl=120).granted
+        agents = [make_agent(n, total_capped, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
+        jobs = [d.request_model(total_capped.repo_id, "main") for d in agents]
+        held, probers, _ = watch_parts(tracker, blob, jobs)
+    finally:
+        forger.close()
+    assert not probers
+    (lead,) = held[0]
+    assert all(h == {lead} for h in held.values()), held
+    for job in jobs:
+        assert_ready(job, total_capped, 60)
+    assert total_capped.hub.egress_bytes < 1.05 * total_capped.size
 
 
 @pytest.mark.timeout(180)
