@@ -184,8 +184,8 @@ def make_test_model_command(
 @env_option("--relay-fanout", type=click.IntRange(min=0), metavar="N",
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
 @env_option("--origin-holders", type=click.IntRange(min=1), metavar="N",
-            help="Nodes that pull disjoint parts of one large blob from the origin at once, for an "
-                 "origin that caps each client address [1].")
+            help="At most this many nodes pull disjoint parts of one large blob from the origin at "
+                 "once; how many do is measured per blob (1 = one holder, no parts) [8].")
 @env_option("--origin-part-min", type=click.IntRange(min=1), metavar="BYTES",
             help="Least bytes of such a part; smaller blobs have one holder [67108864].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
