@@ -25,9 +25,10 @@ Systems (in one run):
               (agent.swarm.gate), side by side in throughput and CPU
   weightswarm_norelay  the same with `agent serve --relay-fanout 0`: no relay of a blob while it
               arrives (agent.swarm.relay), so other nodes start once its lease holder has it whole
-  weightswarm_one  the same with `agent serve --origin-holders 1`: one origin holder per blob, no
-              parts (agent.swarm.relay "Parts"); with --origin-rate-per-client, what parts gain
-              against a CDN's per-client cap, and without, what measuring that costs
+  weightswarm_parts  the same with `agent serve --origin-holders 8`: a large blob pulled from the
+              origin in up to 8 parts, by as many nodes as measuring says pay (agent.swarm.relay
+              "Parts", agent.swarm.admission); with --origin-rate-per-client, what parts gain
+              against a CDN's per-client cap, and without, what they cost on an origin capped in total
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -64,10 +65,10 @@ from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode
 
 SYSTEMS = (
-    "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_one"
+    "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts"
 )
 DEFAULT_SYSTEMS = SYSTEMS[:-1]
-"""`weightswarm_one` differs from `weightswarm` only where parts matter: asked for by name."""
+"""`weightswarm_parts` differs from `weightswarm` only where parts matter: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -287,8 +288,8 @@ class Bench:
     def weightswarm_norelay(self) -> None:
         self.weightswarm("weightswarm_norelay", ("--relay-fanout", "0"))
 
-    def weightswarm_one(self) -> None:
-        self.weightswarm("weightswarm_one", ("--origin-holders", "1"))
+    def weightswarm_parts(self) -> None:
+        self.weightswarm("weightswarm_parts", ("--origin-holders", "8"))
 
     def weightswarm(self, name: str = "weightswarm", serve_args: tuple[str, ...] = ()) -> None:
         s = self.stack
@@ -382,7 +383,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "weightswarm": "tab:green",
         "weightswarm_open": "tab:olive",
         "weightswarm_norelay": "tab:gray",
-        "weightswarm_one": "tab:purple",
+        "weightswarm_parts": "tab:purple",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))

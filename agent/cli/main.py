@@ -185,7 +185,7 @@ def make_test_model_command(
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
 @env_option("--origin-holders", type=click.IntRange(min=1), metavar="N",
             help="At most this many nodes pull disjoint parts of one large blob from the origin at "
-                 "once; how many do is measured per blob (1 = one holder, no parts) [8].")
+                 "once; how many do is measured per blob (1 = one holder, no parts) [1].")
 @env_option("--origin-part-min", type=click.IntRange(min=1), metavar="BYTES",
             help="Least bytes of such a part; smaller blobs have one holder [67108864].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")

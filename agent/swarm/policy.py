@@ -214,10 +214,6 @@ class _InParts:
         start, end = self.parts[k]
         return end - start - self.shares.present(start, end)
 
-    def own_bytes(self) -> int:
-        """Bytes written of the parts this node holds: its lease heartbeats report them."""
-        return sum(self.shares.present(*self.parts[k]) for k in list(self.held))
-
     def may_add(self, k: int) -> bool:
         """Whether this node may take free part `k` to pull from the origin: only while it pulls no other
         part, and then, unless more holders pay, only as the lead (it holds a part before `k`, and every
@@ -634,10 +630,12 @@ class SwarmFetcher:
         return True
 
     def _hold(self, run: _InParts, k: int) -> bool:
-        """Part `k`'s lease is ours: heartbeats report the bytes of the parts this node pulls (a part held
-        ahead of its turn does not look stalled), and others may relay the part from here."""
+        """Part `k`'s lease is ours: heartbeats report the bytes this node has read from the origin for the
+        blob (a part held ahead of its turn does not look stalled, nor does one whose connections are
+        still on their first blocks: writes come a block per connection at a time, and on an origin
+        shared by many they took over 10 s), and others may relay the part from here."""
         start, end = run.parts[k]
-        if not self._keep(run, run.keys[k], run.own_bytes):
+        if not self._keep(run, run.keys[k], run.shares.streamed):
             return False
         run.held.add(k)
         assert self.relay is not None

@@ -23,7 +23,8 @@ first node to ask leads: it pulls the parts in order. Whether more nodes pull pa
 measured, per blob (agent.swarm.admission): only if the lead keeps its origin rate while a second
 node pulls does every node take a free part; on an origin that caps its total, K holders would end
 when one does, but each node would then hash most of the blob only once all its parts are in
-(sha256 is sequential). Origin egress stays one copy either way.
+(sha256 is sequential). Origin egress stays one copy either way. Off by default (`origin_holders`
+1): the measurement misjudges an origin capped in total when several blobs are pulled at once.
 
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
