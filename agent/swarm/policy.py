@@ -541,7 +541,8 @@ class SwarmFetcher:
         relay_part: RelayPart,
     ) -> BlobOutcome | None:
         """The blob in parts (agent.swarm.relay "Parts"): the first node to ask holds part 0 and pulls the
-        parts in order; whether other nodes hold parts too is measured (agent.swarm.admission: `_probe`);
+        parts in order; whether other nodes hold parts too is measured (agent.swarm.admission: `_judge` at
+        the lead, `_probe` at the others);
         every part this node does not pull comes from its holder's relay (`_feed_part`). A part whose
         relay fails (its holder died or stalled) is taken over with its lease, or without it after
         `daemon.max_wait_seconds`, as a whole blob's is. None when it must come another way (then what
