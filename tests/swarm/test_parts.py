@@ -5,6 +5,7 @@ subprocess, to be killed), a rate-capped test hub with its fault injection."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from agent.swarm.tracker_client import TrackerClient
 from tests.support.cluster import TOKEN, AgentProcess, Origin, admin_request, model_origin
 from tests.support.procs import loop_until
 from tests.swarm.test_relay import LEASE, assert_ready, shard_blob, shard_status
+from tests.swarm.test_tracker_outage import restart_when_busy
 
 MiB = 2**20
 SHARD = 36 * MiB
@@ -211,3 +213,20 @@ def test_an_origin_dropping_connections_mid_range_does_not_reach_the_parts(big_s
     for job in jobs:
         assert_ready(job, big_shard, 60)
     assert big_shard.hub.egress_bytes < 1.05 * big_shard.size
+
+
+@pytest.mark.timeout(180)
+def test_a_tracker_restart_mid_transfer_loses_no_part_and_pulls_no_part_twice(big_shard, tracker, make_agent):
+    """SIGKILL the tracker once a quarter of the shard has left the origin (during the measurement or
+    just after it), start it again 3 s later: holders keep pulling and relaying, their heartbeats take
+    their part and admission leases back, and nobody pulls a part that has a holder."""
+    agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
+    restarted: list[float] = []
+    blip = threading.Thread(target=restart_when_busy, args=(tracker, big_shard, restarted), daemon=True)
+    blip.start()
+    jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
+    for job in jobs:
+        assert_ready(job, big_shard, 120)
+    blip.join(30)
+    assert restarted and restarted[0] < big_shard.size * 0.9, "the tracker was not restarted mid-transfer"
+    assert big_shard.hub.egress_bytes < 1.1 * big_shard.size
