@@ -368,8 +368,8 @@ class SwarmSettings:
     """Least bytes of such a part: a blob is split only when each part is at least this big."""
 
     origin_probe_seconds: float = 2.0
-    """How long the probing second holder of a blob in parts measures the origin rates, before and after
-    it starts pulling its part (agent.swarm.admission)."""
+    """Seconds over which the lead of a blob in parts measures its origin rate, alone and then while a
+    second node pulls a part (agent.swarm.admission): two windows of half this that agree."""
 
     peer_gate: bool = True
     """Admit only the cluster's agents as peers (agent.swarm.gate). False (`agent serve --no-peer-gate`)

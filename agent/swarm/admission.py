@@ -9,13 +9,14 @@ apart (it always gets a fair share), but the client already there can, by what i
 
 - The first node to ask holds part 0 and pulls the parts in order, one after another, while no
   verdict says more holders pay (the *lead*: a node holding a part with every part before it in hand).
-- The lead measures its own origin rate for `swarm.origin_probe_seconds` and then says so (it holds
-  the blob's "alone" lease). One other node then wins the probe lease and takes the lease of the last
-  free part. The lead measures again once that node pulls: if it kept at least `KEEP` of its rate the
-  origin gives the second client rate of its own, and the verdict is MORE: every node may hold a free
-  part, one at a time, up to `swarm.origin_holders` parts. Otherwise ONE: the prober finishes its part
-  and the lead pulls the rest. (Rates are the lead's own bytes written, which grow smoothly; what
-  reaches other nodes by relay comes in bursts of whole chunks.)
+- The lead measures its own origin rate, once two consecutive windows of half
+  `swarm.origin_probe_seconds` agree, and then says so (it holds the blob's "alone" lease). One other
+  node then wins the probe lease and takes the lease of the last free part. The lead measures again,
+  as steadily, once that node pulls: if it kept at least `KEEP` of its rate the origin gives the
+  second client rate of its own, and the verdict is MORE: every node may hold a free part, one at a
+  time, up to `swarm.origin_holders` parts. Otherwise ONE: the prober finishes its part and the lead
+  pulls the rest. (Rates are the lead's bytes read from the origin, which grow smoothly; what is
+  written or relayed comes a block per connection at a time.)
 - Each of these is a tracker lease, held while its holder has the blob in hand, so nodes read them
   from the tracker and the tracker needs nothing new.
 
@@ -46,6 +47,9 @@ KEEP = 0.85
 from an origin that caps each client, 1/2 from one that caps its total (4/5 with four clients on it
 already); below 1 for the noise of a few seconds' measurement."""
 
+STEADY = 0.15
+"""How far two consecutive windows' rates may differ for the rate to count as steady."""
+
 _ASK_EVERY = 1.0
 """Seconds between a node's questions to the tracker about a blob's verdict."""
 
@@ -67,6 +71,23 @@ def rate(present: Callable[[], int], seconds: float, stop: threading.Event) -> f
     if stop.wait(seconds):
         return None
     return (present() - b0) / max(1e-3, time.monotonic() - t0)
+
+
+def steady_rate(
+    present: Callable[[], int], window: float, stop: threading.Event, tries: int = 8
+) -> float | None:
+    """The rate of `present` once two consecutive windows agree within `STEADY`: a download still opening
+    its connections, or an origin whose other clients are still arriving, is not measured. None when
+    stopped, or when no two windows agreed in `tries`."""
+    before = rate(present, window, stop)
+    for _ in range(tries):
+        now = rate(present, window, stop)
+        if before is None or now is None:
+            return None
+        if abs(now - before) <= STEADY * max(now, before):
+            return (now + before) / 2
+        before = now
+    return None
 
 
 def growing(present: Callable[[], int], timeout: float, stop: threading.Event) -> bool:

@@ -74,7 +74,7 @@ from agent.core.metainfo import infohash
 from agent.core.parts import PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
-from agent.swarm.admission import MORE, ONE, Verdicts, admission_key, growing, judge, rate
+from agent.swarm.admission import MORE, ONE, Verdicts, admission_key, growing, judge, steady_rate
 from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
@@ -689,13 +689,17 @@ class SwarmFetcher:
         the verdict goes to the tracker as a lease."""
         stop, seconds = run.done, self.settings.swarm.origin_probe_seconds
         n, patience = len(run.parts), max(10.0, 3 * seconds)
-        # Measured from half a window after bytes flow: a new download first opens its connections.
-        origin = run.shares.streamed
-        if not growing(origin, patience, stop) or stop.wait(seconds / 2):
+        # Each rate once steady, in windows of half the setting: a new download first opens its
+        # connections (one, then the rest), and other blobs' holders may still be arriving.
+        origin, window = run.shares.streamed, seconds / 2
+        if not growing(origin, patience, stop):
             return
-        alone = rate(origin, seconds, stop)
+        alone = steady_rate(origin, window, stop)
+        if alone is None:
+            run.verdicts.reached(ONE)  # here only, as below
+            return
         ready = admission_key(run.blob.blob_id, n, "alone")
-        if alone is None or not self._try_lease(ready) or not self._keep(run, ready):
+        if not self._try_lease(ready) or not self._keep(run, ready):
             return
         deadline = time.monotonic() + patience
         while not any(run.holder(k) not in (None, "?", self.node_id) for k in range(1, n)):
@@ -703,11 +707,10 @@ class SwarmFetcher:
                 log.info("%s: no second node came to pull a part; this node pulls them", run.blob.path)
                 run.verdicts.reached(ONE)  # here only: a node that comes later still finds no verdict
                 return
-        # Its first request (a metadata round trip, then its connections) takes a moment.
-        if stop.wait(seconds / 2):
-            return
-        shared = rate(origin, seconds, stop)
+        shared = steady_rate(origin, window, stop)
         if shared is None:
+            log.info("%s: no steady origin rate with a second node; this node pulls the parts", run.blob.path)
+            run.verdicts.reached(ONE)
             return
         verdict = judge(alone, shared)
         log.info(
