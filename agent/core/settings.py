@@ -357,11 +357,12 @@ class SwarmSettings:
     (agent.swarm.relay "Parts"). How many do is measured per blob (agent.swarm.admission): the first
     node leads and pulls the parts in order; a second probes with the last part, and the others join
     only if the lead kept its origin rate meanwhile, as from an origin that caps each client (a CDN's
-    per-connection or per-IP limit): a one-shard cold start was then 4.0 x faster with 8 than with one
+    per-connection or per-IP limit): a one-shard cold start was then 4.0-4.3 x faster with 8 than with one
     holder. Otherwise (an origin that caps its total, a cluster behind one NAT address) the lead pulls
     the rest. 1 (one holder per blob, no parts) by default: with several blobs pulled at once from an
     origin capped in total, the lead's rate moves as other clients come and go, and the verdict was
-    wrong for two shards of four in one run (cold 1.54 x the bound against 1.35 x with one holder).
+    wrong for one or two shards of four in each of four runs (cold 1.20-1.54 x the bound against
+    1.17-1.35 x with one holder).
     Needs the relay (`relay_fanout` > 0)."""
 
     origin_part_min: int = 64 * MiB
