@@ -167,7 +167,7 @@ class _Job:
         """Bytes of the chunks of [start, end) written so far (takes `cond`); `start` chunk-aligned."""
         with self.cond:
             total = 0
-            for idx in range(start // self.chunk_size, -(-end // self.chunk_size)):
+            for idx in _chunks([(start, end)], self.chunk_size):
                 lo, hi = self.chunk_bounds(idx)
                 total += hi - lo if idx in self.done else self.written.get(idx, 0)
             return total
@@ -457,8 +457,8 @@ class OriginSource:
         with job.cond:
             if job.error is not None:
                 return
-            first, last = start // job.chunk_size, -(-end // job.chunk_size)
-            mine = [i for i in range(first, last) if i not in job.done and i not in job.pending]
+            chunks = _chunks([(start, end)], job.chunk_size)
+            mine = [i for i in chunks if i not in job.done and i not in job.pending]
             job.pending.extend(mine)
             job.pending.sort()
             job.cond.notify_all()
@@ -830,7 +830,7 @@ class OriginSource:
 
 
 def _chunks(ranges: list[tuple[int, int]], chunk: int) -> list[int]:
-    """The chunk indices covering chunk-aligned byte ranges."""
+    """The indices of the chunks that byte ranges touch."""
     return [i for start, end in ranges for i in range(start // chunk, -(-end // chunk))]
 
 

@@ -81,13 +81,18 @@ def job_json(job) -> dict:
     return job.status().to_json()
 
 
+def three_nodes_fetch(origin: Origin, tracker, make_agent) -> tuple[list, list]:
+    """Nodes a, b and c (parts settings) asked for the model at once: (agents, jobs)."""
+    agents = [make_agent(n, origin, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
+    return agents, [d.request_model(origin.repo_id, "main") for d in agents]
+
+
 @pytest.mark.timeout(150)
 def test_each_node_pulls_one_part_from_the_origin_and_the_rest_from_the_others(
     big_shard, tracker, make_agent
 ):
     shard, blob = shard_blob(big_shard)
-    agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
-    jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
+    agents, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
     held, probers, verdicts = watch_parts(tracker, blob, jobs)
     # One node led (part 0), one probed with the last part and measured twice the rate: every node held a
     # part (the third, part 1, once the verdict said more holders pay).
@@ -115,8 +120,7 @@ def test_an_origin_capped_in_total_gets_no_more_holders_and_the_lead_pulls_the_p
     total_capped, tracker, make_agent
 ):
     shard, blob = shard_blob(total_capped)
-    agents = [make_agent(n, total_capped, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
-    jobs = [d.request_model(total_capped.repo_id, "main") for d in agents]
+    agents, jobs = three_nodes_fetch(total_capped, tracker, make_agent)
     held, probers, verdicts = watch_parts(tracker, blob, jobs)
     # Two holders drew what one did: the prober kept its part, the lead took the other two, in order,
     # and the third node pulled nothing from the origin.
@@ -144,8 +148,7 @@ def test_a_forged_verdict_costs_speed_and_nothing_else(total_capped, tracker, ma
     forger = TrackerClient(tracker.url, TOKEN, daemon)
     try:
         assert forger.acquire_lease(admission_key(blob, PARTS, ONE), "forger", ttl=120).granted
-        agents = [make_agent(n, total_capped, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
-        jobs = [d.request_model(total_capped.repo_id, "main") for d in agents]
+        _, jobs = three_nodes_fetch(total_capped, tracker, make_agent)
         held, probers, _ = watch_parts(tracker, blob, jobs)
     finally:
         forger.close()
@@ -197,8 +200,7 @@ def test_a_corrupt_origin_byte_in_one_part_is_caught_and_the_blob_fetched_again(
     shard, _ = shard_blob(big_shard)
     big_shard.hub.faults.corrupt_paths = {shard}
     big_shard.hub.faults.corrupt_times = 1  # the first range a part holder asks for
-    agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
-    jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
+    _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
     # Every node checks the whole blob's sha256: the flipped byte, relayed to the others, fails it there
     # too; each drops the blob and fetches it whole, and ends with the origin's bytes.
     for job in jobs:
@@ -209,8 +211,7 @@ def test_a_corrupt_origin_byte_in_one_part_is_caught_and_the_blob_fetched_again(
 def test_an_origin_dropping_connections_mid_range_does_not_reach_the_parts(big_shard, tracker, make_agent):
     big_shard.hub.faults.truncate_after = 100_000
     big_shard.hub.faults.truncate_times = 4
-    agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
-    jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
+    _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
     for job in jobs:
         assert_ready(job, big_shard, 60)
     assert big_shard.hub.egress_bytes < 1.05 * big_shard.size
@@ -221,11 +222,10 @@ def test_a_tracker_restart_mid_transfer_loses_no_part_and_pulls_no_part_twice(bi
     """SIGKILL the tracker once a quarter of the shard has left the origin (during the measurement or
     just after it), start it again 3 s later: holders keep pulling and relaying, their heartbeats take
     their part and admission leases back, and nobody pulls a part that has a holder."""
-    agents = [make_agent(n, big_shard, tracker, daemon=LEASE, **SPLIT) for n in ("a", "b", "c")]
+    _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
     restarted: list[float] = []
     blip = threading.Thread(target=restart_when_busy, args=(tracker, big_shard, restarted), daemon=True)
     blip.start()
-    jobs = [d.request_model(big_shard.repo_id, "main") for d in agents]
     for job in jobs:
         assert_ready(job, big_shard, 120)
     blip.join(30)
