@@ -184,23 +184,25 @@ class _InParts:
         """Set when `_probe` holds the part: its feed hands it to the origin engine."""
         self.done = threading.Event()
         self.taking = threading.Lock()
-        self._leases: dict[str, threading.Event] = {}
+        self._leases: dict[str, tuple[threading.Event, threading.Thread]] = {}
         self._asked: dict[str, tuple[float, BlobState | None]] = {}
         self._lock = threading.Lock()
 
-    def keep(self, key: str, stop: threading.Event) -> bool:
-        """Remember a lease this node holds (its heartbeats stop with `stop`); False once the blob is done."""
+    def keep(self, key: str, stop: threading.Event, beat: threading.Thread) -> bool:
+        """Start the heartbeats (`beat`, stopping with `stop`) of a lease this node holds, and remember
+        them for `close`; False once the blob is done."""
         with self._lock:
             if self.done.is_set():
                 return False
-            self._leases[key] = stop
+            self._leases[key] = (stop, beat)
+            beat.start()
             return True
 
-    def close(self) -> list[tuple[str, threading.Event]]:
+    def close(self) -> list[tuple[str, threading.Event, threading.Thread]]:
         """The blob is done with: the leases to give back."""
         with self._lock:
             self.done.set()
-            leases, self._leases = list(self._leases.items()), {}
+            leases, self._leases = [(k, *v) for k, v in self._leases.items()], {}
         return leases
 
     def overdue(self) -> bool:
@@ -595,8 +597,11 @@ class SwarmFetcher:
             return None
         finally:
             self._forget_lease(blob.blob_id)
-            for key, stop in run.close():
+            leases = run.close()
+            for _key, stop, _beat in leases:
                 stop.set()
+            for key, _stop, beat in leases:
+                beat.join(timeout=5)  # a heartbeat still in flight would take the released lease back
                 self._release(key)
                 with self._locks_guard:
                     self._present.pop(key, None)
@@ -620,14 +625,16 @@ class SwarmFetcher:
         """Heartbeats for a lease just granted (reporting `present`), until the blob is done with; False
         (and the lease given back) when it already is."""
         stop = threading.Event()
-        if not run.keep(key, stop):
-            self._release(key)
-            return False
+        name = f"lease-{key[:12]}"
+        beat = threading.Thread(target=self._heartbeat, args=(key, stop), name=name, daemon=True)
         if present is not None:
             with self._locks_guard:
                 self._present[key] = present
-        name = f"lease-{key[:12]}"
-        threading.Thread(target=self._heartbeat, args=(key, stop), name=name, daemon=True).start()
+        if not run.keep(key, stop, beat):
+            self._release(key)
+            with self._locks_guard:
+                self._present.pop(key, None)
+            return False
         return True
 
     def _hold(self, run: _InParts, k: int) -> bool:
