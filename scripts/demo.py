@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
 
 BIN = Path(sys.executable).parent
 REPO = "demo/tiny-llama"

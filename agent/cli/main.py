@@ -54,7 +54,6 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
                   agent_url: str | None) -> None:
     """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last."""
     from agent.core.progress import Progress, human_bytes
-    from agent.fetch.engine import fetch_snapshot
 
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin))
@@ -66,6 +65,8 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
                                  token=token or settings.origin.token)
         click.echo(status["snapshot"])
         return
+
+    from agent.fetch.engine import fetch_snapshot  # not on the daemon's path: it starts faster without
 
     settings = with_origin(settings, origin, token)
     settings = replace(

@@ -10,11 +10,13 @@ job status it polls (`GET /v1/jobs/{id}?wait=S` returns early when the job finis
 
 from __future__ import annotations
 
+import http.client
+import json as _json
+import socket
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from agent.core.errors import DaemonError, WeightswarmError, snippet
 from agent.core.progress import FileProgress, Progress, human_bytes
@@ -23,80 +25,112 @@ from agent.core.sockets import SocketPath
 
 _PROBE_TIMEOUT = 0.5
 _POLL_WAIT = 1.0
-_UNIX = "unix://"
+UNIX = "unix://"
 
 
 def default_agent_url(state_dir: Path) -> str:
     """The admin socket of the agent whose state dir is `state_dir`."""
-    return _UNIX + str(default_admin_socket(state_dir))
+    return UNIX + str(default_admin_socket(state_dir))
 
 
 def agent_url(value: str) -> str:
     """`unix:///socket`, a socket path, `http(s)://host:port` or `host:port` -> a normal agent URL."""
     value = value.rstrip("/")
     if value.startswith("/"):
-        return _UNIX + value
+        return UNIX + value
     return value if "://" in value else f"http://{value}"
 
 
-def http_client(url: str, timeout: float) -> httpx.Client:
-    """An httpx client for an agent URL (over the unix socket for `unix://`); never via a proxy."""
-    url = agent_url(url)
-    if url.startswith(_UNIX):
-        return _UnixClient(Path(url[len(_UNIX) :]), timeout)
-    return httpx.Client(base_url=url, timeout=timeout, trust_env=False)
-
-
-class _UnixClient(httpx.Client):
-    """An httpx client on a unix socket, which may have a path longer than `connect` takes
-    (agent.core.sockets): the way to it stays open as long as the client."""
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP on a unix socket, whose path may be longer than `connect` takes (agent.core.sockets)."""
 
     def __init__(self, path: Path, timeout: float) -> None:
-        self._socket = SocketPath(path)
-        transport = httpx.HTTPTransport(uds=self._socket.address)
-        super().__init__(transport=transport, base_url="http://agent", timeout=timeout, trust_env=False)
+        super().__init__("agent", timeout=timeout)
+        self._path = path
 
-    def close(self) -> None:
-        super().close()
-        self._socket.close()
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            with SocketPath(self._path) as where:
+                sock.connect(where.address)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
-    def __exit__(self, *exc: Any) -> None:
-        super().__exit__(*exc)
-        self._socket.close()
+
+class _Http:
+    """Requests to an agent URL with the standard library, a connection each (the CLI asks once a
+    second at most); never via a proxy. httpx, which the daemon uses, takes longer to import than
+    the rest of `agent fetch`, and eight fetches starting at once on a small node feel it."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url, self.timeout = url, timeout
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.url.startswith(UNIX):
+            return _UnixConnection(Path(self.url[len(UNIX) :]), self.timeout)
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.netloc, timeout=self.timeout)
+        return http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+
+    def request(
+        self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        """(status, body); OSError or http.client.HTTPException when the agent cannot be reached."""
+        prefix = "" if self.url.startswith(UNIX) else urllib.parse.urlsplit(self.url).path
+        target = prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        data = None if body is None else _json.dumps(body).encode()
+        sent = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers or {}
+        conn = self._connection()
+        try:
+            conn.request(method, target, body=data, headers=sent)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
 
 
 def local_agent_answers(url: str) -> bool:
     """True when a daemon answers `/healthz` at `url` within a fraction of a second."""
-    if url.startswith(_UNIX) and not Path(url[len(_UNIX) :]).exists():
+    if url.startswith(UNIX) and not Path(url[len(UNIX) :]).exists():
         return False
     try:
-        with http_client(url, _PROBE_TIMEOUT) as http:
-            resp = http.get("/healthz")
-    except httpx.HTTPError:
+        status, _ = _Http(agent_url(url), _PROBE_TIMEOUT).request("GET", "/healthz")
+    except (OSError, http.client.HTTPException):
         return False
-    return resp.status_code == 200
+    return status == 200
 
 
 class AgentClient:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url = agent_url(url)
-        self._http = http_client(self.url, timeout + 2 * _POLL_WAIT)
+        self._http = _Http(self.url, timeout + 2 * _POLL_WAIT)
 
     def close(self) -> None:
-        self._http.close()
+        """Nothing stays open (a connection per request); for callers that hold a client in a `try`."""
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _call(
+        self, method: str, path: str, params: dict[str, Any] | None = None, json: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.TransportError as exc:
+            status, content = self._http.request(method, path, params, json, headers)
+        except (OSError, http.client.HTTPException) as exc:
             raise DaemonError(f"the agent at {self.url} cannot be reached ({type(exc).__name__})") from None
-        if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail")
-            except ValueError:
-                detail = None
-            raise DaemonError(f"the agent at {self.url} refused {path}: {detail or snippet(resp.content)}")
-        return resp.json()
+        try:
+            answer = _json.loads(content)
+        except ValueError:
+            answer = None
+        if status >= 400:
+            detail = answer.get("detail") if isinstance(answer, dict) else None
+            raise DaemonError(f"the agent at {self.url} refused {path}: {detail or snippet(content)}")
+        if answer is None:
+            raise DaemonError(f"the agent at {self.url} answered {path} with no JSON: {snippet(content)}")
+        return answer
 
     def start_fetch(
         self,

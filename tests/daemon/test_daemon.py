@@ -11,7 +11,7 @@ import httpx
 
 from agent.cache.layout import RepoCache
 from agent.daemon.node import Daemon
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
 from tests.support.cluster import (
     PASSKEY,
     PUBLISHER_TOKEN,

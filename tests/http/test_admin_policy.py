@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.daemon.node import Daemon
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
 from agent.hub.testmodel import make_model
 from tests.support.cluster import Origin, agent_settings, fetch_and_wait
 from tests.support.procs import free_port

@@ -20,9 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.core.errors import DaemonError
 from agent.core.settings import HF_TOKEN_HEADER
 from agent.daemon.node import Daemon
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
+from agent.http.client import AgentClient, local_agent_answers
 from tests.support.cluster import (
     Origin,
     agent_settings,
@@ -263,6 +265,33 @@ def test_a_state_dir_deeper_than_a_socket_path_allows_still_works(gated: Origin,
         assert len(str(d.admin_socket)) > 107 and stat.S_IMODE(d.admin_socket.stat().st_mode) == 0o600
         with http_client(d.admin_url, 5) as admin:
             assert admin.get("/v1/models").json() == []
+        # The CLI's own client (the standard library's, agent.http.client) reaches it too.
+        assert local_agent_answers(d.admin_url) and AgentClient(d.admin_url).models() == []
     finally:
         d.stop()
     assert not d.admin_socket.exists()
+
+
+def test_the_cli_client_says_why_an_agent_did_not_do_what_it_asked(node: Daemon, gated: Origin, tmp_path):
+    """agent.http.client, the CLI's (`agent fetch --agent`, `agent ls`, `agent wait`), on each channel."""
+    admin = AgentClient(node.admin_url)
+    job = admin.start_fetch(GATED, "main", [], [], token=POD_TOKEN)
+    while job["phase"] not in ("Ready", "Failed"):
+        job = admin.job(job["job_id"], wait=1.0)
+    assert job["phase"] == "Ready" and [m["repo_id"] for m in admin.models()] == [GATED]
+    with pytest.raises(DaemonError, match=r"refused /v1/models/acme/absent: .*acme/absent"):
+        admin.remove_model("acme/absent", None)
+    # The network listener answers its probes, and no admin request.
+    assert local_agent_answers(node.api_url)
+    with pytest.raises(DaemonError, match=r"refused /v1/models"):
+        AgentClient(node.api_url).models()
+    # Nobody there: a socket that does not exist, a port nothing listens on.
+    gone = f"unix://{tmp_path / 'gone.sock'}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for url in (gone, closed):
+        assert not local_agent_answers(url)
+        with pytest.raises(DaemonError, match=r"cannot be reached \((FileNotFound|ConnectionRefused)Error\)"):
+            AgentClient(url).models()
+    assert [m["repo_id"] for m in admin.models()] == [GATED]

@@ -17,7 +17,7 @@ import pytest
 
 from agent.core.settings import HF_TOKEN_HEADER
 from agent.daemon.node import Daemon
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
 from tests.support.cluster import (
     BIN,
     AgentProcess,

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from agent.daemon.node import Daemon, build_serve_settings
-from agent.http.client import http_client
+from agent.http.agent_httpx import http_client
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.support.procs import free_port, loop_until, stop_process
