@@ -16,8 +16,8 @@ from agent.core.settings import DaemonSettings
 from agent.swarm.admission import MORE, ONE, admission_key
 from agent.swarm.relay import part_key
 from agent.swarm.tracker_client import TrackerClient
-from tests.support.cluster import TOKEN, AgentProcess, Origin, admin_request, model_origin
-from tests.support.procs import loop_until
+from tests.support.cluster import TOKEN, AgentProcess, Origin, TrackerProcess, admin_request, model_origin
+from tests.support.procs import RedisProcess, loop_until
 from tests.swarm.test_relay import LEASE, assert_ready, shard_blob, shard_status
 from tests.swarm.test_tracker_outage import restart_when_busy
 
@@ -231,3 +231,35 @@ def test_a_tracker_restart_mid_transfer_loses_no_part_and_pulls_no_part_twice(bi
     blip.join(30)
     assert restarted and restarted[0] < big_shard.size * 0.9, "the tracker was not restarted mid-transfer"
     assert big_shard.hub.egress_bytes < 1.1 * big_shard.size
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(180)
+def test_a_redis_restart_without_its_data_mid_transfer_loses_no_part_and_pulls_no_part_twice(
+    tmp_path, big_shard, make_agent
+):
+    """The tracker of a fleet keeps its state in Redis; restarted without its data once a quarter of the
+    shard has left the origin, it loses every part lease, admission lease and verdict at once. Their
+    holders' next heartbeats (a second apart here) take them back, a node that holds a part never asks
+    for another while it pulls, so nobody pulls a part twice, and the blob is published in the new Redis
+    at the end."""
+    redis = RedisProcess(tmp_path)
+    redis.start()
+    tracker = TrackerProcess(tmp_path, redis.url)
+    tracker.start()
+    try:
+        shard, blob = shard_blob(big_shard)
+        _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
+        restarted: list[float] = []
+        blip = threading.Thread(target=restart_when_busy, args=(redis, big_shard, restarted, 2), daemon=True)
+        blip.start()
+        for job in jobs:
+            assert_ready(job, big_shard, 120)
+        blip.join(30)
+        assert restarted and restarted[0] < big_shard.size * 0.9, "Redis was not restarted mid-transfer"
+        assert big_shard.hub.egress_bytes < 1.1 * big_shard.size
+        assert tracker.blob(blob).get("infohash") is not None
+        assert part_holders(tracker, blob) == [None] * PARTS
+    finally:
+        tracker.stop()
+        redis.stop()
