@@ -5,17 +5,20 @@ subprocess, to be killed), a rate-capped test hub with its fault injection."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants, hf_hub_download
 
 from agent.core.settings import DaemonSettings
 from agent.swarm.admission import MORE, ONE, admission_key
 from agent.swarm.relay import part_key
 from agent.swarm.tracker_client import TrackerClient
+from tests.http.test_hf_streaming import client_warnings
 from tests.support.cluster import TOKEN, AgentProcess, Origin, TrackerProcess, admin_request, model_origin
 from tests.support.procs import RedisProcess, loop_until
 from tests.swarm.test_relay import LEASE, assert_ready, shard_blob, shard_status
@@ -263,3 +266,37 @@ def test_a_redis_restart_without_its_data_mid_transfer_loses_no_part_and_pulls_n
     finally:
         tracker.stop()
         redis.stop()
+
+
+@pytest.mark.timeout(180)
+def test_huggingface_hub_streams_a_blob_coming_in_parts_without_a_retry(
+    big_shard, tracker, make_agent, tmp_path, caplog
+):
+    """The stock client at its default timeouts (10 s read), through node b's HF endpoint while b
+    receives the blob in parts: the endpoint streams b's contiguous prefix, which grows from the lead's
+    part 0 into the parts the others pull; it never waits on a part long enough to time the client out."""
+    shard, blob = shard_blob(big_shard)
+    agents, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
+    caplog.set_level(logging.WARNING, logger="huggingface_hub")
+    got: dict[str, object] = {}
+
+    def download() -> None:
+        started = time.monotonic()
+        try:
+            got["path"] = hf_hub_download(
+                big_shard.repo_id, shard, endpoint=agents[1].api_url, cache_dir=tmp_path / "c", token=False
+            )
+        except Exception as exc:  # reported below, in the test's thread
+            got["error"] = exc
+        got["took"] = time.monotonic() - started
+
+    client = threading.Thread(target=download, daemon=True)
+    client.start()
+    held, _, verdicts = watch_parts(tracker, blob, jobs)
+    client.join(60)
+    assert "error" not in got and "path" in got, got
+    assert Path(str(got["path"])).read_bytes() == big_shard.files[shard]
+    assert verdicts == {MORE} and len(set().union(*held.values())) == PARTS, held  # parts were in play
+    assert float(str(got["took"])) > constants.HF_HUB_DOWNLOAD_TIMEOUT, got  # else it proves nothing
+    assert client_warnings(caplog) == []  # no "timed out", no "Trying to resume download"
+    assert big_shard.hub.egress_bytes < 1.05 * big_shard.size
