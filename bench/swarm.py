@@ -29,14 +29,16 @@ Systems (in one run):
               origin in up to 8 parts, by as many nodes as measuring says pay (agent.swarm.relay
               "Parts", agent.swarm.admission); with --origin-rate-per-client, what parts gain
               against a CDN's per-client cap, and without, what they cost on an origin capped in total
+  weightswarm_mmap  the same with `agent serve --disk-io mmap`: libtorrent's memory maps in place of
+              its pread/pwrite disk I/O (the agent's default)
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
 the seeding node's upload counts in ΣU; the origin is not needed), origin egress ÷ S (the
 origin's own counter), the peak RSS and peak RssAnon of one process (sampled every 0.5 s: each
 `agent serve` for weightswarm, each `agent fetch` for naive, each aria2c; RSS includes the page
-cache of files a process mmaps, which libtorrent 2.x does for every blob it serves, so the memory
-target is judged on RssAnon, the memory the process owns) and the mean CPU use of the
+cache of files a process mmaps, which libtorrent's mmap disk I/O does for every blob it serves
+(weightswarm_mmap), so the memory target is judged on RssAnon, the memory the process owns) and the mean CPU use of the
 machine (≥ 85 % → "CPU-bound": the figure then measures this machine's cores, not the
 protocol). Targets from issue 4:
 warm and cold-known ≤ 1.25×, cold ≤ 1.5×, origin egress ≤ 1.1 × S, agent RSS ≤ 200 MiB.
@@ -65,10 +67,11 @@ from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
 from tracker.bencode import bencode
 
 SYSTEMS = (
-    "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts"
+    "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts",
+    "weightswarm_mmap",
 )
-DEFAULT_SYSTEMS = SYSTEMS[:-1]
-"""`weightswarm_parts` differs from `weightswarm` only where parts matter: asked for by name."""
+DEFAULT_SYSTEMS = SYSTEMS[:-2]
+"""`weightswarm_parts` and `weightswarm_mmap` differ from `weightswarm` in one setting: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -291,6 +294,9 @@ class Bench:
     def weightswarm_parts(self) -> None:
         self.weightswarm("weightswarm_parts", ("--origin-holders", "8"))
 
+    def weightswarm_mmap(self) -> None:
+        self.weightswarm("weightswarm_mmap", ("--disk-io", "mmap"))
+
     def weightswarm(self, name: str = "weightswarm", serve_args: tuple[str, ...] = ()) -> None:
         s = self.stack
         s.wipe(self.nodes)
@@ -367,7 +373,7 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
     print(
         "targets: warm, cold-known max/bnd <= 1.25; cold <= 1.5; egress/S <= 1.1; "
         "agent memory <= 200 MiB, judged on anon (RssAnon: what the process owns; RSS adds the\n"
-        "  page cache of the blobs libtorrent mmaps to seed them, reclaimable, shared with every reader)"
+        "  page cache of the blobs libtorrent mmaps to seed them with --disk-io mmap, reclaimable, shared)"
     )
 
 
@@ -384,6 +390,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "weightswarm_open": "tab:olive",
         "weightswarm_norelay": "tab:gray",
         "weightswarm_parts": "tab:purple",
+        "weightswarm_mmap": "tab:brown",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))

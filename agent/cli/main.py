@@ -15,7 +15,7 @@ import click
 
 from agent.cli.common import choose_daemon, handle_errors, local_agent_url, with_origin
 from agent.cli.ops import register
-from agent.core.settings import Settings
+from agent.core.settings import DISK_IO, Settings
 from clikit import env_option
 
 
@@ -189,6 +189,9 @@ def make_test_model_command(
                  "once; how many do is measured per blob (1 = one holder, no parts) [1].")
 @env_option("--origin-part-min", type=click.IntRange(min=1), metavar="BYTES",
             help="Least bytes of such a part; smaller blobs have one holder [67108864].")
+@env_option("--disk-io", type=click.Choice(DISK_IO),
+            help="libtorrent's disk I/O: pread/pwrite, a memory map of each file, or plain "
+                 "reads and writes [pread].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

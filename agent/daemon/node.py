@@ -477,6 +477,7 @@ def build_serve_settings(
     relay_fanout: int | None = None,
     origin_holders: int | None = None,
     origin_part_min: int | None = None,
+    disk_io: str | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -503,6 +504,8 @@ def build_serve_settings(
         swarm = dataclasses.replace(swarm, origin_holders=origin_holders)
     if origin_part_min is not None:
         swarm = dataclasses.replace(swarm, origin_part_min=origin_part_min)
+    if disk_io is not None:
+        swarm = dataclasses.replace(swarm, disk_io=disk_io)
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:

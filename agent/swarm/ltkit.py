@@ -12,7 +12,7 @@ from typing import Any, cast
 import libtorrent as lt
 
 from agent.core.errors import SwarmError
-from agent.core.settings import SwarmSettings
+from agent.core.settings import DISK_IO, SwarmSettings
 
 
 def settings_pack(s: SwarmSettings) -> dict[str, Any]:
@@ -93,6 +93,16 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "min_reconnect_time": 1,
         "inactivity_timeout": 120,
     }
+
+
+def session_params(s: SwarmSettings) -> Any:
+    """What `lt.session` starts from: the settings pack and the disk I/O (`SwarmSettings.disk_io`)."""
+    if s.disk_io not in DISK_IO:
+        raise SwarmError(f"unknown disk I/O {s.disk_io!r}: one of {', '.join(DISK_IO)}")
+    params = lt.session_params(cast(Any, settings_pack(s)))
+    # The binding maps these names, and any other to its default without a word: hence the check.
+    params.disk_io_constructor = f"{s.disk_io}_disk_io_constructor"
+    return params
 
 
 def torrent_info(info: bytes, what: str) -> Any:

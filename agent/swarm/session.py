@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import libtorrent as lt
@@ -56,7 +56,7 @@ from agent.swarm.ltkit import (
     infohash_of,
     load_resume,
     redact_tracker_url,
-    settings_pack,
+    session_params,
     torrent_info,
 )
 from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed
@@ -105,7 +105,7 @@ class Swarm:
         self.loop_failures = 0
         """Times the alert loop failed and was restarted (each one is logged with its traceback)."""
         try:
-            self._ses = lt.session(cast(Any, settings_pack(settings)))
+            self._ses = lt.session(session_params(settings))
         except (RuntimeError, KeyError) as exc:
             raise SwarmError(f"cannot start the BitTorrent session on {settings.listen}: {exc}") from None
         # libtorrent exempts private and loopback addresses from rate limits by default (its

@@ -107,6 +107,29 @@ def test_peer_download_is_incomplete_until_verified_then_renamed(tmp_path, swarm
     assert seeder.status(ih).bytes_uploaded >= len(blob.data)
 
 
+@pytest.mark.parametrize("disk_io", ["mmap", "pread", "posix"])
+def test_each_disk_io_moves_a_blob_and_only_mmap_maps_the_file(tmp_path, swarms, disk_io):
+    """`swarm.disk_io` reaches libtorrent, whose binding takes the constructor's name and reads back a
+    fixed string: the seeder's file is in this process's memory maps once it uploaded, with "mmap" only."""
+    blob = make_blob(3 * MiB, 2)
+    seeder = open_swarm(swarms, tmp_path / "s-state", disk_io=disk_io)
+    leecher = open_swarm(swarms, tmp_path / "l-state", disk_io=disk_io)
+    source = write_blob(tmp_path / "s", blob)
+    ih = seeder.seed(source, blob.info, [])
+    assert seeder.wait(ih, timeout=30).state == "seeding"
+    leecher.download(tmp_path / "l", blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
+    final = leecher.wait(ih, timeout=60)
+    assert final.state == "seeding", final.error
+    assert sha256_of(final.path) == blob.sha256
+    mapped = str(source) in Path("/proc/self/maps").read_text()
+    assert mapped == (disk_io == "mmap")
+
+
+def test_an_unknown_disk_io_is_refused_not_replaced_by_the_default(tmp_path):
+    with pytest.raises(SwarmError, match="unknown disk I/O 'io_uring': one of mmap, pread, posix"):
+        Swarm(dataclasses.replace(TEST_SETTINGS, disk_io="io_uring"), tmp_path / "state")
+
+
 def test_the_verified_prefix_holds_only_bytes_readable_from_the_file(tmp_path, swarms):
     """libtorrent says a piece passed its hash check before its disk backend has written it (10-25 ms
     later on loopback; the file may not even exist yet). The HF endpoint streams the verified prefix
