@@ -38,9 +38,9 @@ the seeding node's upload counts in ΣU; the origin is not needed), origin egres
 origin's own counter), the peak RSS and peak RssAnon of one process (sampled every 0.5 s: each
 `agent serve` for weightswarm, each `agent fetch` for naive, each aria2c; RSS includes the page
 cache of files a process mmaps, which libtorrent's mmap disk I/O does for every blob it serves
-(weightswarm_mmap), so the memory target is judged on RssAnon, the memory the process owns) and the mean CPU use of the
-machine (≥ 85 % → "CPU-bound": the figure then measures this machine's cores, not the
-protocol). Targets from issue 4:
+(weightswarm_mmap), so the memory target is judged on RssAnon, the memory the process owns) and
+the mean CPU use of the machine (≥ 85 % → "CPU-bound": the figure then measures this machine's
+cores, not the protocol). Targets from issue 4:
 warm and cold-known ≤ 1.25×, cold ≤ 1.5×, origin egress ≤ 1.1 × S, agent RSS ≤ 200 MiB.
 Results: a table on stdout, bench/out/swarm-<time>.{json,png} and every process's log in
 bench/out/swarm-<time>-logs/.
