@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import threading
 import time
@@ -109,12 +110,14 @@ class RelayDirectory:
 
     def join(self, blob_id: str, left: int) -> list[str] | None:
         """Announce this node as a source of `blob_id`; the other sources' base URLs (may be empty), or
-        None when the tracker could not be asked (the sources it named before may still relay)."""
+        None when the tracker could not be asked (the sources it named before may still relay). A source
+        the tracker did not hear of is announced at the next `refresh` (a holder that joined during a
+        tracker restart stayed unlisted for its whole download, and later nodes found no source)."""
         peers = self._announce(blob_id, left)
+        with self._lock:
+            self._joined[blob_id] = (left, time.monotonic() if peers is not None else -math.inf)
         if peers is None:
             return None
-        with self._lock:
-            self._joined[blob_id] = (left, time.monotonic())
         return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]
 
     def refresh(self, lost: bool = False) -> None:

@@ -12,8 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.swarm.relay import RELAY_PATH, relay_credential
+from agent.core.settings import DaemonSettings
+from agent.swarm.relay import RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
+from agent.swarm.tracker_client import TrackerClient
 from tests.support.cluster import (
+    PASSKEY,
+    TOKEN,
     AgentProcess,
     Origin,
     TrackerProcess,
@@ -155,6 +159,26 @@ def test_a_holder_stays_a_relay_source_past_the_peer_ttl_and_a_tracker_restart(t
             assert origin.hub.egress_bytes < 1.05 * origin.size
     finally:
         tracker.stop()
+
+
+def test_a_source_that_joined_while_the_tracker_was_down_is_announced_once_it_is_back(tmp_path, tracker):
+    """A lease holder joins the relay sources as it starts a blob; when that announce finds the tracker
+    down (killed, or restarting), the next refresh (the daemon's tracker probe) announces it, so the
+    nodes that ask later find it. It used to stay unlisted for its whole download."""
+    settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
+    client, other = TrackerClient(tracker.url, TOKEN, settings), TrackerClient(tracker.url, TOKEN, settings)
+    blob = hashlib.sha256(b"a blob joined during a tracker restart").hexdigest()
+    directory = RelayDirectory(client, lambda: 7470, "credential")
+    try:
+        tracker.kill()
+        assert directory.join(blob, 100) is None
+        tracker.start()
+        directory.refresh()
+        peers = other.announce(relay_infohash(blob), b"-WS0001-" + b"b" * 12, 7471, 100)
+        assert peers == [("127.0.0.1", 7470)]
+    finally:
+        client.close()
+        other.close()
 
 
 @pytest.mark.timeout(180)
