@@ -67,22 +67,22 @@ class _Http:
 
     def __init__(self, url: str, timeout: float) -> None:
         self.url, self.timeout = url, timeout
+        self._unix = url.startswith(UNIX)
+        self._parts = urllib.parse.urlsplit("http://agent" if self._unix else url)
 
     def _connection(self) -> http.client.HTTPConnection:
-        if self.url.startswith(UNIX):
+        if self._unix:
             return _UnixConnection(Path(self.url[len(UNIX) :]), self.timeout)
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.scheme == "https":
-            return http.client.HTTPSConnection(parts.netloc, timeout=self.timeout)
-        return http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+        if self._parts.scheme == "https":
+            return http.client.HTTPSConnection(self._parts.netloc, timeout=self.timeout)
+        return http.client.HTTPConnection(self._parts.netloc, timeout=self.timeout)
 
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
         headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         """(status, body); OSError or http.client.HTTPException when the agent cannot be reached."""
-        prefix = "" if self.url.startswith(UNIX) else urllib.parse.urlsplit(self.url).path
-        target = prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        target = self._parts.path + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else _json.dumps(body).encode()
         sent = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers or {}
         conn = self._connection()

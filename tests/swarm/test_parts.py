@@ -225,15 +225,22 @@ def test_a_tracker_restart_mid_transfer_loses_no_part_and_pulls_no_part_twice(bi
     """SIGKILL the tracker once a quarter of the shard has left the origin (during the measurement or
     just after it), start it again 3 s later: holders keep pulling and relaying, their heartbeats take
     their part and admission leases back, and nobody pulls a part that has a holder."""
-    _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
+    fetch_through_a_restart(big_shard, tracker, make_agent, tracker, down=3.0)
+
+
+def fetch_through_a_restart(origin: Origin, tracker, make_agent, proc, down: float) -> None:
+    """Nodes a, b and c fetch the model while `proc` (the tracker, or its redis-server) is SIGKILLed once
+    a quarter of the shard has left the origin and started again `down` s later: every node ends with
+    the right bytes, and no part came from the origin twice."""
+    _, jobs = three_nodes_fetch(origin, tracker, make_agent)
     restarted: list[float] = []
-    blip = threading.Thread(target=restart_when_busy, args=(tracker, big_shard, restarted), daemon=True)
+    blip = threading.Thread(target=restart_when_busy, args=(proc, origin, restarted, down), daemon=True)
     blip.start()
     for job in jobs:
-        assert_ready(job, big_shard, 120)
+        assert_ready(job, origin, 120)
     blip.join(30)
-    assert restarted and restarted[0] < big_shard.size * 0.9, "the tracker was not restarted mid-transfer"
-    assert big_shard.hub.egress_bytes < 1.1 * big_shard.size
+    assert restarted and restarted[0] < origin.size * 0.9, "it was not restarted mid-transfer"
+    assert origin.hub.egress_bytes < 1.1 * origin.size
 
 
 @pytest.mark.redis
@@ -251,16 +258,8 @@ def test_a_redis_restart_without_its_data_mid_transfer_loses_no_part_and_pulls_n
     tracker = TrackerProcess(tmp_path, redis.url)
     tracker.start()
     try:
-        shard, blob = shard_blob(big_shard)
-        _, jobs = three_nodes_fetch(big_shard, tracker, make_agent)
-        restarted: list[float] = []
-        blip = threading.Thread(target=restart_when_busy, args=(redis, big_shard, restarted, 2), daemon=True)
-        blip.start()
-        for job in jobs:
-            assert_ready(job, big_shard, 120)
-        blip.join(30)
-        assert restarted and restarted[0] < big_shard.size * 0.9, "Redis was not restarted mid-transfer"
-        assert big_shard.hub.egress_bytes < 1.1 * big_shard.size
+        _, blob = shard_blob(big_shard)
+        fetch_through_a_restart(big_shard, tracker, make_agent, redis, down=2.0)
         assert tracker.blob(blob).get("infohash") is not None
         assert part_holders(tracker, blob) == [None] * PARTS
     finally:
