@@ -347,6 +347,7 @@ class Swarm:
             self._forget_pieces(atp, incomplete)
         rec = self._add(atp, ih, dest_dir, blob_id, incomplete, complete=False)
         rec.web_seeded = bool(web_seeds)
+        self._order(rec, 0)
         for host, port in peers:
             rec.handle.connect_peer((host, port))
         return ih
@@ -515,6 +516,48 @@ class Swarm:
                 os.close(fd)
             rec.pieces_on_disk = n
         return min(rec.total, n * rec.piece_length)
+
+    def written(self, infohash: str) -> tuple[int, Path]:
+        """Bytes from the start of a downloading blob that passed their piece hashes and are in its
+        file, and the file's path now (the incomplete name until the rename).
+
+        libtorrent hashes a piece from the blocks in its cache and writes them later (`verified_prefix`).
+        A flush (`torrent_handle.flush_cache`: a fence on the torrent's disk jobs) covers every piece that
+        had passed before it was asked for, so the answer is the leading pieces seen passed when the last
+        confirmed flush was asked for; each call asks for another when more have passed since, one at a
+        time. Also moves the bands (`_order`) as the leading pieces fill in."""
+        rec = self._get(infohash)
+        with self._lock:
+            if rec.complete:
+                return rec.total, rec.save_path / rec.current_name
+            path = rec.save_path / rec.current_name
+            flushed, pending = rec.pieces_flushed, rec.flush_target
+        pieces = rec.handle.status(lt.torrent_handle.query_pieces).pieces
+        first_missing = next((i for i, have in enumerate(pieces) if not have), len(pieces))
+        self._order(rec, first_missing)
+        if not pending and first_missing > flushed:
+            with self._lock:
+                rec.flush_target = first_missing
+            rec.handle.flush_cache()
+        return min(rec.total, flushed * rec.piece_length), path
+
+    def _order(self, rec: TorrentRecord, first_missing: int) -> None:
+        """Fetch the band holding the first missing piece first (priority 7: before any other, in random
+        order), the band after it next (6: weighed with rarity), the rest as usual (4, rarest first), so
+        a blob arrives roughly front to back and `written` grows while it downloads. Bands of at least 16
+        pieces keep enough pieces in play that nodes fetching the same blob still trade."""
+        bands = self.settings.in_order_bands
+        n = -(-rec.total // rec.piece_length) if rec.piece_length else 0
+        if bands <= 1 or n == 0 or rec.complete:
+            return
+        per_band = max(16, -(-n // bands))
+        band = min(first_missing, n - 1) // per_band
+        if band == rec.band:
+            return
+        rec.band = band
+        rec.handle.prioritize_pieces(
+            [7 if i // per_band == band else 6 if i // per_band == band + 1 else 4 for i in range(n)]
+        )
 
     def read_ahead(self, infohash: str, offset: int, nbytes: int) -> None:
         """Ask for the pieces covering [offset, offset + nbytes) first, in order (a reader streams them).
@@ -709,6 +752,12 @@ class Swarm:
             self._on_finished(rec)
         elif isinstance(alert, lt.file_renamed_alert):
             self._on_renamed(rec, str(alert.new_name()))
+        elif isinstance(alert, lt.cache_flushed_alert):
+            # Ours (`written`), or libtorrent's own when the torrent finished (every piece passed then).
+            with self._changed:
+                rec.pieces_flushed = max(rec.pieces_flushed, rec.flush_target)
+                rec.flush_target = 0
+                self._changed.notify_all()
         elif isinstance(alert, lt.hash_failed_alert):
             with self._lock:
                 rec.hash_failures += 1
