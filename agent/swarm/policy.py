@@ -40,10 +40,17 @@ hashes sha256 and pieces in one stream; `agent publish` hashes its own files), a
 pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
 then every node would install the same wrong "verified" weights in silence. The re-read catches that
 (and the node recovers: "Wrong metainfo" above). Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for
-xxh3), once per blob per node. (Hashing in piece order while the download runs would hide it, but
-pieces arrive in rarest-first order, and sequential downloading would make every node want the same
-pieces at once.) The piece SHA-1s are not recomputed here (the metainfo has them): they were the
-larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
+xxh3), once per blob per node. The piece SHA-1s are not recomputed here (the metainfo has them): they
+were the larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
+
+Hashing while it arrives. Read after the last piece, that pass is a serial tail on every download:
+seconds per multi-GB shard once the network is done. So `_from_swarm` hashes the blob's written prefix
+as it grows (agent.swarm.hash_ahead; `Swarm.written`: pieces covered by a flush libtorrent confirmed),
+and the swarm fetches each blob front to back in `swarm.in_order_bands` bands, rarest first within a
+band (`Swarm._order`). Plain sequential order would make every node want the same few pieces at once;
+a band holds at least 16 pieces, so nodes fetching the same blob still have pieces to trade. Once the
+last piece is in, about one band is left to read. A blob whose hash taken so does not match is read
+again in one pass before the metainfo counts as proven wrong, which quarantines it cluster-wide.
 """
 
 from __future__ import annotations
