@@ -192,9 +192,6 @@ def make_test_model_command(
 @env_option("--disk-io", type=click.Choice(DISK_IO),
             help="libtorrent's disk I/O: pread/pwrite, a memory map of each file, or plain "
                  "reads and writes [pread].")
-@env_option("--in-order-bands", type=click.IntRange(min=1), metavar="N",
-            help="Fetch a blob over BitTorrent front to back in N bands and hash it while it arrives "
-                 "(1 = any order, hashed after its last piece) [8].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

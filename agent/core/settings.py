@@ -289,12 +289,6 @@ class SwarmSettings:
     writes). pread: the warm 8-node benchmark 10-13 % faster in three runs on two busy cores (bench.swarm
     weightswarm_mmap), and a seeded file's pages no longer count in the agent's RSS."""
 
-    in_order_bands: int = 8
-    """A blob downloaded over BitTorrent is fetched front to back in this many bands (of at least 16
-    pieces), rarest first within a band, and the node hashes its written prefix end to end while the
-    rest arrives (agent.swarm.policy "Hashing while it arrives"): once the last piece is in, at most
-    about one band is left to read. 1: pieces in any order, the whole blob read after its last piece."""
-
     aio_threads: int = 8
     """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little."""
 

@@ -478,7 +478,6 @@ def build_serve_settings(
     origin_holders: int | None = None,
     origin_part_min: int | None = None,
     disk_io: str | None = None,
-    in_order_bands: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -507,8 +506,6 @@ def build_serve_settings(
         swarm = dataclasses.replace(swarm, origin_part_min=origin_part_min)
     if disk_io is not None:
         swarm = dataclasses.replace(swarm, disk_io=disk_io)
-    if in_order_bands is not None:
-        swarm = dataclasses.replace(swarm, in_order_bands=in_order_bands)
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:

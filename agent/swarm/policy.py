@@ -40,17 +40,10 @@ hashes sha256 and pieces in one stream; `agent publish` hashes its own files), a
 pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
 then every node would install the same wrong "verified" weights in silence. The re-read catches that
 (and the node recovers: "Wrong metainfo" above). Its cost with SHA-NI is ~0.6 CPU-s/GiB (+0.15 for
-xxh3), once per blob per node. The piece SHA-1s are not recomputed here (the metainfo has them): they
-were the larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
-
-Hashing while it arrives. Read after the last piece, that pass is a serial tail on every download:
-seconds per multi-GB shard once the network is done. So `_from_swarm` hashes the blob's written prefix
-as it grows (agent.swarm.hash_ahead; `Swarm.written`: pieces covered by a flush libtorrent confirmed),
-and the swarm fetches each blob front to back in `swarm.in_order_bands` bands, rarest first within a
-band (`Swarm._order`). Plain sequential order would make every node want the same few pieces at once;
-a band holds at least 16 pieces, so nodes fetching the same blob still have pieces to trade. Once the
-last piece is in, about one band is left to read. A blob whose hash taken so does not match is read
-again in one pass before the metainfo counts as proven wrong, which quarantines it cluster-wide.
+xxh3), once per blob per node. (Hashing in piece order while the download runs would hide it, but
+pieces arrive in rarest-first order, and sequential downloading would make every node want the same
+pieces at once.) The piece SHA-1s are not recomputed here (the metainfo has them): they were the
+larger part of this pass (~1.1 CPU-s/GiB) until the warm benchmark showed it.
 """
 
 from __future__ import annotations
@@ -76,15 +69,15 @@ from agent.core.errors import (
     WaitTimeoutError,
     WeightswarmError,
 )
+from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.parts import PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
 from agent.swarm.admission import MORE, ONE, Verdicts, admission_key, growing, judge, steady_rate
-from agent.swarm.hash_ahead import HashAhead
 from agent.swarm.relay import RelayDirectory, blob_parts, part_key
 from agent.swarm.session import Swarm
-from agent.swarm.status import BlobStatus, WebSeed
+from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import BlobState, Lease, TrackerClient
 from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
 from tracker.bencode import bdecode
@@ -92,6 +85,7 @@ from tracker.bencode import bdecode
 log = logging.getLogger(__name__)
 
 BlobOrigin = Literal["cache", "peers", "origin"]
+_READ_BLOCK = 4 * 2**20
 _TICK = 0.5
 _ASK_PARTS = 1.0
 """Seconds a node keeps the tracker's answer about a part of a blob in parts (who holds it, seeders)."""
@@ -962,53 +956,6 @@ class SwarmFetcher:
         (pieces keep failing their hashes, none passing, for `_suspect_wait`)."""
         self._at(blob, "origin" if web_seed is not None else "peers")
         ih = self._start_download(cache, blob, info, web_seed)
-        ahead = HashAhead(blob) if self.settings.swarm.in_order_bands > 1 else None
-        try:
-            st = self._until_seeding(blob, info, ih, web_seed, progress, stall, ahead)
-            with self._locks_guard:
-                self._active.pop(blob.blob_id, None)
-            # The torrent may have been started for another repo (one torrent per blob, whoever asked
-            # first): the file is where libtorrent put it, and this repo gets a link to it.
-            self._verify_and_record(st.path, blob, info, ih, cache, ahead)
-        finally:
-            if ahead is not None:
-                ahead.close()
-        if not cache.adopt_blob(blob.blob_id, blob.size):
-            raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
-        self._installed(cache, blob)
-        log.info(
-            "%s: %d bytes from peers, %d from web seeds; %d hashed while it arrived",
-            blob.path,
-            st.bytes_from_peers,
-            st.bytes_from_web_seeds,
-            ahead.early if ahead is not None else 0,
-        )
-        self._on_seeding(blob.blob_id, ih, info)
-        with self._locks_guard:
-            web_seeded = blob.blob_id in self._web_seeded
-            self._web_seeded.discard(blob.blob_id)
-        if not web_seeded:
-            # No web seed on this torrent: every payload byte came from a peer, whatever the
-            # swarm's sampled split says (it attributes unsampled bytes to web seeds).
-            return BlobOutcome("peers", bytes_from_peers=st.bytes_from_peers + st.bytes_from_web_seeds)
-        return BlobOutcome(
-            "peers" if st.bytes_from_web_seeds == 0 else "origin",
-            bytes_from_peers=st.bytes_from_peers,
-            bytes_from_origin=st.bytes_from_web_seeds,
-        )
-
-    def _until_seeding(
-        self,
-        blob: FileEntry,
-        info: bytes,
-        ih: str,
-        web_seed: WebSeed | None,
-        progress: Progress,
-        stall: float | None,
-        ahead: HashAhead | None,
-    ) -> BlobStatus:
-        """Watch the download until it is complete (its status then), hashing its written prefix into
-        `ahead` meanwhile. Raises as `_from_swarm` says."""
         stall = stall or self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
         errors_at_progress = 0
@@ -1022,13 +969,11 @@ class SwarmFetcher:
             progress(st.done)
             if arrival is not None and st.state != "seeding":
                 self._feed_readers(ih, arrival)
-            if ahead is not None and st.state == "downloading":
-                ahead.advance(*self.swarm.written(ih))
             if st.state == "error":
                 self._drop_torrent(blob.blob_id, info)
                 raise SwarmError(f"BitTorrent download of {blob.path} failed: {st.error}")
             if st.state == "seeding":
-                return st
+                break
             now = time.monotonic()
             if st.pieces != pieces:
                 if pieces >= 0:  # a piece passed since the last look (a failure before the first counts)
@@ -1058,22 +1003,45 @@ class SwarmFetcher:
                 and now - last_change > _WEB_SEED_TRIES * self.settings.swarm.web_seed_retry
             ):
                 raise _Stalled(f"{st.web_seed_error} (nothing received for {now - last_change:.0f}s)")
+        with self._locks_guard:
+            self._active.pop(blob.blob_id, None)
+        # The torrent may have been started for another repo (one torrent per blob, whoever asked
+        # first): the file is where libtorrent put it, and this repo gets a link to it.
+        self._verify_and_record(st.path, blob, info, ih, cache)
+        if not cache.adopt_blob(blob.blob_id, blob.size):
+            raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
+        self._installed(cache, blob)
+        log.info(
+            "%s: %d bytes from peers, %d from web seeds",
+            blob.path,
+            st.bytes_from_peers,
+            st.bytes_from_web_seeds,
+        )
+        self._on_seeding(blob.blob_id, ih, info)
+        with self._locks_guard:
+            web_seeded = blob.blob_id in self._web_seeded
+            self._web_seeded.discard(blob.blob_id)
+        if not web_seeded:
+            # No web seed on this torrent: every payload byte came from a peer, whatever the
+            # swarm's sampled split says (it attributes unsampled bytes to web seeds).
+            return BlobOutcome("peers", bytes_from_peers=st.bytes_from_peers + st.bytes_from_web_seeds)
+        return BlobOutcome(
+            "peers" if st.bytes_from_web_seeds == 0 else "origin",
+            bytes_from_peers=st.bytes_from_peers,
+            bytes_from_origin=st.bytes_from_web_seeds,
+        )
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _verify_and_record(
-        self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache, ahead: HashAhead | None
-    ) -> None:
-        """One pass over `path` (what `ahead` has not hashed yet): the content id the origin promised, and
-        the xxh3 sidecar for cheap checks. BadMetainfo (proven, naming the seeds that sent the bytes) when
-        the content id differs."""
+    def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
+        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks.
+        BadMetainfo (proven, naming the seeds that sent the bytes) when the content id differs."""
         self._at(blob, "verifying")
-        got = (ahead or HashAhead(blob)).finish(path)
-        if (got.content_id != blob.blob_id or got.size != blob.size) and ahead is not None and ahead.early:
-            # Proof that a published metainfo is wrong gets it quarantined cluster-wide: it rests on a
-            # pass that read the whole file at once, never on the bytes read while it arrived.
-            log.warning("%s: the hash taken while it arrived does not match; reading it again", blob.path)
-            got = HashAhead(blob).finish(path)
+        hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
+        with open(path, "rb", buffering=0) as fh:
+            while chunk := fh.read(_READ_BLOCK):
+                hasher.update(chunk)
+        got = hasher.finish()
         if got.content_id != blob.blob_id or got.size != blob.size:
             try:
                 seeds = self.swarm.status(ih).seed_sources

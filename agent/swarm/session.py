@@ -72,9 +72,6 @@ INCOMPLETE_SUFFIX = ".incomplete"
 _FINAL_NAME_KEY = b"weightswarm-final-name"
 _CLEAN_KEY = b"weightswarm-clean"
 _TICK = 0.25  # seconds: alert wait bound, so close() stops the loop promptly
-WRITE_LAG = 1.0
-"""Seconds after its piece passed by which libtorrent has written a block (10-25 ms measured on loopback,
-`verified_prefix`): what `written` counts on."""
 _POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
 _CLOSE_TIMEOUT = 10.0
 _MAX_LOOP_RESTARTS = 20
@@ -350,7 +347,6 @@ class Swarm:
             self._forget_pieces(atp, incomplete)
         rec = self._add(atp, ih, dest_dir, blob_id, incomplete, complete=False)
         rec.web_seeded = bool(web_seeds)
-        self._order(rec, 0)
         for host, port in peers:
             rec.handle.connect_peer((host, port))
         return ih
@@ -519,53 +515,6 @@ class Swarm:
                 os.close(fd)
             rec.pieces_on_disk = n
         return min(rec.total, n * rec.piece_length)
-
-    def written(self, infohash: str) -> tuple[int, Path]:
-        """Bytes from the start of a downloading blob whose pieces had all passed their hashes
-        `WRITE_LAG` seconds ago, and the file's path now (the incomplete name until the rename).
-
-        libtorrent hashes a piece from the blocks in its cache and writes them a moment later
-        (`verified_prefix`), so this is what the file holds unless its writes lag by more than that.
-        A reader must treat it as a good guess: agent.swarm.hash_ahead hashes these bytes, and a hash
-        that does not match is taken again from the whole file (a flush libtorrent confirms would make it
-        certain, but a fence on every torrent's disk jobs as the prefix grows made the warm benchmark 1.6 x
-        slower). Called every look of a download; also moves the bands (`_order`)."""
-        rec = self._get(infohash)
-        with self._lock:
-            if rec.complete:
-                return rec.total, rec.save_path / rec.current_name
-            path = rec.save_path / rec.current_name
-        pieces = rec.handle.status(lt.torrent_handle.query_pieces).pieces
-        first_missing = next((i for i, have in enumerate(pieces) if not have), len(pieces))
-        self._order(rec, first_missing)
-        now = time.monotonic()
-        with self._lock:
-            seen = rec.prefix_seen
-            seen.append((now, first_missing))
-            while len(seen) > 1 and now - seen[1][0] >= WRITE_LAG:
-                seen.popleft()
-            if now - seen[0][0] >= WRITE_LAG:
-                rec.pieces_written = max(rec.pieces_written, seen[0][1])
-            return min(rec.total, rec.pieces_written * rec.piece_length), path
-
-    def _order(self, rec: TorrentRecord, first_missing: int) -> None:
-        """Priorities that fall by one per band after the band holding the first missing piece (7, 6, 5,
-        ... 1), so a blob arrives roughly front to back and `written` grows while it downloads.
-
-        libtorrent weighs priority with rarity (it picks the least of (peers that have it + 1) x (8 -
-        priority)), so a rare piece further on still comes before a common one in the current band:
-        nodes fetching the same blob keep trading. Hard bands (the current one 7, the rest 4) made every
-        node start each band at once with pieces only the seed had, and the warm benchmark 1.6 x slower."""
-        bands = self.settings.in_order_bands
-        n = -(-rec.total // rec.piece_length) if rec.piece_length else 0
-        if bands <= 1 or n == 0 or rec.complete:
-            return
-        per_band = max(16, -(-n // bands))
-        band = min(first_missing, n - 1) // per_band
-        if band == rec.band:
-            return
-        rec.band = band
-        rec.handle.prioritize_pieces([max(1, 7 - max(0, i // per_band - band)) for i in range(n)])
 
     def read_ahead(self, infohash: str, offset: int, nbytes: int) -> None:
         """Ask for the pieces covering [offset, offset + nbytes) first, in order (a reader streams them).
@@ -760,7 +709,6 @@ class Swarm:
             self._on_finished(rec)
         elif isinstance(alert, lt.file_renamed_alert):
             self._on_renamed(rec, str(alert.new_name()))
-
         elif isinstance(alert, lt.hash_failed_alert):
             with self._lock:
                 rec.hash_failures += 1

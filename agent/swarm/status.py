@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,9 +92,3 @@ class TorrentRecord:
     last_seed_sample: float = 0.0
     pieces_on_disk: int = 0
     """Leading pieces read back from the file and found to match their hashes (`Swarm.verified_prefix`)."""
-    prefix_seen: deque[tuple[float, int]] = field(default_factory=deque)
-    """(monotonic time, leading pieces passed) as `Swarm.written` looked, for the last `WRITE_LAG` s."""
-    pieces_written: int = 0
-    """Leading pieces that had passed `WRITE_LAG` s before a look (`Swarm.written`)."""
-    band: int = -1
-    """The band of pieces fetched first now (`Swarm._order`); -1: none set."""

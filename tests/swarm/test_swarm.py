@@ -163,63 +163,6 @@ def test_the_verified_prefix_holds_only_bytes_readable_from_the_file(tmp_path, s
     assert wrong == [], f"read back other bytes than the blob's in {wrong}"
 
 
-def _watch_written(leecher: Swarm, ih: str, blob: Blob) -> tuple[list[tuple[int, int]], int, int]:
-    """Read each new written prefix at once, without a pause, until the blob is complete: the ranges
-    read that held other bytes than the blob's, how often the prefix grew, and its largest size seen
-    before the last piece was in."""
-    seen, grew, wrong = 0, 0, []
-    deadline = time.monotonic() + 60
-    while leecher.status(ih).state not in ("seeding", "error") and time.monotonic() < deadline:
-        end, path = leecher.written(ih)
-        if end > seen:
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(seen)
-                    got = fh.read(end - seen)
-            except FileNotFoundError:  # renamed since (the blob is complete), or not written at all
-                if not path.with_name(blob.blob_id).exists():
-                    wrong.append((seen, end))
-                break
-            if got != blob.data[seen:end]:
-                wrong.append((seen, end))
-            seen, grew = end, grew + 1
-    assert leecher.wait(ih, timeout=60).state == "seeding"
-    return wrong, grew, seen
-
-
-@pytest.mark.parametrize("disk_io", ["pread", "mmap"])
-def test_a_blob_is_written_front_to_back_and_the_written_prefix_holds_its_bytes(tmp_path, swarms, disk_io):
-    """`written` is what the end-to-end hash reads while a blob arrives (agent.swarm.hash_ahead): the
-    bytes it counts must be in the file (pieces that passed a while ago, not at once: see the test above;
-    counted from libtorrent's word alone, the mmap case read zeros or no file in 3 runs of 3), and the
-    bands must make it grow during the download, not at its end."""
-    blob = make_blob(128 * MiB, 8)
-    seeder = open_swarm(swarms, tmp_path / "s-state", upload_rate_limit=32 * MiB)  # ~4 s to look
-    leecher = open_swarm(swarms, tmp_path / "l-state", in_order_bands=8, disk_io=disk_io)
-    ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
-    assert seeder.wait(ih, timeout=30).state == "seeding"
-    leecher.download(tmp_path / "l", blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
-    wrong, grew, before_end = _watch_written(leecher, ih, blob)
-    assert wrong == [], f"read back other bytes than the blob's in {wrong}"
-    assert grew >= 4, f"the written prefix grew {grew} times"
-    assert before_end >= len(blob.data) // 2, f"only {before_end} bytes written in order before the end"
-    assert leecher.written(ih) == (len(blob.data), tmp_path / "l" / blob.blob_id)
-
-
-def test_without_bands_pieces_come_in_any_order(tmp_path, swarms):
-    """The other side of the test above: with one band (rarest first over the whole blob) the leading
-    pieces are not there until near the end, so the bands are what makes the prefix grow early."""
-    blob = make_blob(128 * MiB, 9)
-    seeder = open_swarm(swarms, tmp_path / "s-state", upload_rate_limit=32 * MiB)
-    leecher = open_swarm(swarms, tmp_path / "l-state", in_order_bands=1)
-    ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
-    assert seeder.wait(ih, timeout=30).state == "seeding"
-    leecher.download(tmp_path / "l", blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
-    wrong, _, before_end = _watch_written(leecher, ih, blob)
-    assert wrong == []
-    assert before_end < len(blob.data) // 4, f"{before_end} bytes in order before the end without bands"
-
-
 class _Origin(http.server.BaseHTTPRequestHandler):
     """/resolve/<name> answers 302 to the CDN host; /cdn/<name> serves byte ranges."""
 
