@@ -28,7 +28,7 @@ from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.settings import Settings, default_admin_socket
 from agent.core.signing import load_private_key, load_public_key
-from agent.daemon.arenas import limit_malloc_arenas
+from agent.daemon.arenas import limit_malloc_arenas, trim_loop
 from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix_listener
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
@@ -205,6 +205,7 @@ class Daemon:
         restored = self.seeder.restore()
         log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)
         self._supervisor.spawn("backfill-pieces", self.seeder.backfill)
+        self._supervisor.spawn("malloc-trim", trim_loop)
         if s.swarm.peer_gate:
             self._supervisor.spawn("peer-gate", self.gate.run)
         tracker = self.tracker
