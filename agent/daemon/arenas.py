@@ -12,8 +12,8 @@ top of a heap), so a burst of block buffers (a warm fetch: the receive, send and
 seven peers and four blobs) left the agent's RssAnon at its high-water mark for good, with two of its
 64 MiB arena heaps fully resident. `trim_heaps` (glibc's malloc_trim, which hands every free page of
 every arena back to the kernel) runs every `TRIM_EVERY` seconds. The 8-node warm round
-(bench.swarm --systems weightswarm --scenarios warm): peak RssAnon 214-225 MiB in four runs without,
-177 MiB with (README, "Memory").
+(bench.swarm --systems weightswarm --scenarios warm): peak RssAnon 207-225 MiB in eight runs without
+(a ninth 301 MiB), 169-191 MiB in three with, in the same times (README, "Memory").
 """
 
 from __future__ import annotations
@@ -58,4 +58,3 @@ def trim_loop(stop: threading.Event) -> None:
     """The daemon's background task: `trim_heaps` every `TRIM_EVERY` seconds until `stop`."""
     while not stop.wait(TRIM_EVERY):
         trim_heaps()
-
