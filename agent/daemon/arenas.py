@@ -19,8 +19,10 @@ every arena back to the kernel) runs every `TRIM_EVERY` seconds. The 8-node warm
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +33,20 @@ _M_ARENA_MAX = -8
 """mallopt's parameter number for the arena cap (glibc malloc.h)."""
 
 
+@functools.cache
+def _libc(name: str) -> Any:
+    """The C library's function `name`, looked up once; None where it has none (not glibc)."""
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas at `arenas`; call before the daemon starts its threads (arenas made
     already stay). False where the C library has no mallopt (not glibc) or refused."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc("mallopt")
+    if mallopt is None:
         return False
     ok = bool(mallopt(_M_ARENA_MAX, arenas))
     if not ok:
@@ -47,11 +57,8 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
 def trim_heaps() -> bool:
     """Hand the free pages of every malloc arena back to the kernel (glibc malloc_trim). False where the
     C library has none (not glibc) or had nothing to give back."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    return bool(trim(0))
+    trim = _libc("malloc_trim")
+    return trim is not None and bool(trim(0))
 
 
 def trim_loop(stop: threading.Event) -> None:
