@@ -192,6 +192,9 @@ def make_test_model_command(
 @env_option("--disk-io", type=click.Choice(DISK_IO),
             help="libtorrent's disk I/O: pread/pwrite, a memory map of each file, or plain "
                  "reads and writes [pread].")
+@env_option("--peer-socket-buffer", type=click.IntRange(min=0), metavar="BYTES",
+            help="The kernel's receive buffer of each peer connection, which bounds the agent's own "
+                 "buffer per connection (0 = the kernel's autotuning) [524288].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited).")

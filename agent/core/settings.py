@@ -279,6 +279,16 @@ class SwarmSettings:
     send_buffer_low_watermark: int = 512 * 1024
     """Bytes per peer below which the send buffer is refilled, so a fast peer never drains it."""
 
+    peer_receive_socket_buffer: int = 512 * 1024
+    """The kernel's receive buffer of each peer connection (SO_RCVBUF; 0 = the kernel's autotuning, up
+    to net.ipv4.tcp_rmem's maximum, 6-32 MiB). libtorrent sizes a connection's own receive buffer to what
+    the kernel has queued for it, so an agent that falls behind its sockets (8 agents on 2 cores in the
+    benchmark; one network thread at 100 Gb/s) copied each connection's backlog into anonymous memory:
+    60 of 147 MiB of an agent's peak heap (heaptrack, warm round of bench.swarm). Peak RssAnon there:
+    191-209 MiB autotuned, 154-174 at 1 MiB, 130-133 at 512 KiB, in the same times (README, "Memory").
+    512 KiB is a window of ~1 GB/s per connection at a 0.5 ms round trip, and a node has a connection
+    per peer and blob. The kernel caps it at net.core.rmem_max (208 KiB on a stock kernel)."""
+
     max_queued_disk_bytes: int = 64 * MiB
     """Bytes received but not yet written before peers are throttled (default 100 MiB): 50 ms of a
     10 Gb/s link, which an NVMe drive or the page cache absorbs; more is only resident memory."""

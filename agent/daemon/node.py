@@ -479,6 +479,7 @@ def build_serve_settings(
     origin_holders: int | None = None,
     origin_part_min: int | None = None,
     disk_io: str | None = None,
+    peer_socket_buffer: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
     stall_timeout: float | None = None,
@@ -507,6 +508,8 @@ def build_serve_settings(
         swarm = dataclasses.replace(swarm, origin_part_min=origin_part_min)
     if disk_io is not None:
         swarm = dataclasses.replace(swarm, disk_io=disk_io)
+    if peer_socket_buffer is not None:
+        swarm = dataclasses.replace(swarm, peer_receive_socket_buffer=peer_socket_buffer)
     if upload_rate_limit is not None:
         swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
     if download_rate_limit is not None:

@@ -50,6 +50,7 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "send_buffer_watermark": s.send_buffer_watermark,
         "send_buffer_low_watermark": s.send_buffer_low_watermark,
         "max_queued_disk_bytes": s.max_queued_disk_bytes,
+        "recv_socket_buffer_size": s.peer_receive_socket_buffer,
         # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
         # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
         "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),

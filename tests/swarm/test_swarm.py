@@ -6,6 +6,9 @@ import dataclasses
 import hashlib
 import http.server
 import os
+import re
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ from agent.core.metainfo import PieceHasher, info_dict
 from agent.core.settings import SwarmSettings
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
-from tests.support.procs import loop_until
+from tests.support.procs import loop_until, require
 from tests.tracker.test_tracker_fixtures import SETTINGS, run_server
 from tracker.bencode import bencode
 
@@ -123,6 +126,43 @@ def test_each_disk_io_moves_a_blob_and_only_mmap_maps_the_file(tmp_path, swarms,
     assert sha256_of(final.path) == blob.sha256
     mapped = str(source) in Path("/proc/self/maps").read_text()
     assert mapped == (disk_io == "mmap")
+
+
+def _receive_buffer_of_connection_to(port: int) -> int | None:
+    """The kernel's receive buffer (`ss -m`'s rb: SO_RCVBUF doubled) of this host's TCP connection to
+    `port`; None while there is none."""
+    argv = ["ss", "-tmnH", "state", "established", f"dport = :{port}"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"\brb(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+@pytest.mark.parametrize("buffer", ["default", 0])
+def test_a_peer_connection_gets_the_receive_socket_buffer_of_the_settings(tmp_path, swarms, buffer):
+    """libtorrent sizes a connection's own receive buffer to what the kernel has queued for it, so an
+    agent behind its sockets copied each one's whole backlog (the kernel autotunes it up to
+    tcp_rmem's maximum) into its heap. `swarm.peer_receive_socket_buffer` (512 KiB by default) caps the
+    kernel's buffer: the leecher's connection has it (doubled by the kernel, capped at rmem_max);
+    with 0 the kernel's autotuning sizes it."""
+    if shutil.which("ss") is None:
+        require("ss", "ss (iproute2) reads a socket's buffers; apt-get install iproute2")
+    overrides = {} if buffer == "default" else {"peer_receive_socket_buffer": buffer}
+    blob = make_blob(3 * MiB, 4)
+    seeder = open_swarm(swarms, tmp_path / "s-state", upload_rate_limit=1 * MiB)
+    leecher = open_swarm(swarms, tmp_path / "l-state", **overrides)
+    ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
+    assert seeder.wait(ih, timeout=30).state == "seeding"
+    leecher.download(tmp_path / "l", blob.blob_id, blob.info, peers=[("127.0.0.1", seeder.listen_port)])
+    rb = loop_until(lambda: _receive_buffer_of_connection_to(seeder.listen_port), timeout=20)
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    capped = min(SwarmSettings().peer_receive_socket_buffer, rmem_max)
+    if buffer == "default":
+        assert rb == 2 * capped
+    else:
+        assert rb != 2 * capped
+    final = leecher.wait(ih, timeout=60)
+    assert final.state == "seeding", final.error
+    assert sha256_of(final.path) == blob.sha256
 
 
 def test_an_unknown_disk_io_is_refused_not_replaced_by_the_default(tmp_path):
