@@ -40,8 +40,8 @@ origin's own counter), the peak RSS and peak RssAnon of one process (sampled eve
 cache of files a process mmaps, which libtorrent's mmap disk I/O does for every blob it serves
 (weightswarm_mmap), so the memory target is judged on RssAnon, the memory the process owns) and
 the mean CPU use of the machine (≥ 85 % → "CPU-bound": the figure then measures this machine's
-cores, not the protocol). Targets from issue 4:
-warm and cold-known ≤ 1.25×, cold ≤ 1.5×, origin egress ≤ 1.1 × S, agent RSS ≤ 200 MiB.
+cores, not the protocol). Targets from issue 13 (max ÷ bound): cold ≤ 1.15×, cold-known ≤ 1.10×,
+warm ≤ 1.30×, each below aria2c; origin egress ≤ 1.05 × S; agent anon ≤ 150 MiB.
 Results: a table on stdout, bench/out/swarm-<time>.{json,png} and every process's log in
 bench/out/swarm-<time>-logs/.
 """
@@ -371,9 +371,10 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
                 f"{rss:>10}{anon:>9}{r.cpu_busy * 100:>5.0f}%  {', '.join(notes)}"
             )
     print(
-        "targets: warm, cold-known max/bnd <= 1.25; cold <= 1.5; egress/S <= 1.1; "
-        "agent memory <= 200 MiB, judged on anon (RssAnon: what the process owns; RSS adds the\n"
-        "  page cache of the blobs libtorrent mmaps to seed them with --disk-io mmap, reclaimable, shared)"
+        "targets (issue 13): max/bnd cold <= 1.15, cold-known <= 1.10, warm <= 1.30, each below aria2c; "
+        "egress/S <= 1.05;\n  agent memory <= 150 MiB, judged on anon (RssAnon: what the process owns; "
+        "RSS adds the page cache\n  of the blobs libtorrent mmaps to seed them with --disk-io mmap, "
+        "reclaimable, shared)"
     )
 
 

@@ -126,8 +126,11 @@ def test_an_origin_capped_in_total_gets_no_more_holders_and_the_lead_pulls_the_p
     agents, jobs = three_nodes_fetch(total_capped, tracker, make_agent)
     held, probers, verdicts = watch_parts(tracker, blob, jobs)
     # Two holders drew what one did: the prober kept its part, the lead took the other two, in order,
-    # and the third node pulled nothing from the origin.
-    assert verdicts == {ONE}
+    # and the third node pulled nothing from the origin. The verdict is published when the lead's rate
+    # with the prober settled; on a loaded machine it may not within the shard's 12 s ("no steady origin
+    # rate with a second node": 1 run in 3 with three such tests and two CPU hogs), and the lead then
+    # keeps ONE to itself, which changes none of the rest.
+    assert verdicts <= {ONE}
     assert len(probers) == 1 and held[PARTS - 1] == probers
     (lead,) = held[0]
     assert held[1] == {lead} and lead not in probers
