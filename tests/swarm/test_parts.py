@@ -128,7 +128,7 @@ def test_an_origin_capped_in_total_gets_no_more_holders_and_the_lead_pulls_the_p
     # Two holders drew what one did: the prober kept its part, the lead took the other two, in order,
     # and the third node pulled nothing from the origin. The verdict is published when the lead's rate
     # with the prober settled; on a loaded machine it may not within the shard's 12 s ("no steady origin
-    # rate with a second node": 1 run in 3 with three such tests and two CPU hogs), and the lead then
+    # rate with a second node": one CI run, and 1 run of 9 here beside two CPU hogs), and the lead then
     # keeps ONE to itself, which changes none of the rest.
     assert verdicts <= {ONE}
     assert len(probers) == 1 and held[PARTS - 1] == probers
