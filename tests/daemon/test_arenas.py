@@ -42,10 +42,15 @@ with tempfile.NamedTemporaryFile(suffix=".xml") as out:
 """
 
 
-def _arenas(mode: str) -> int:
-    done = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60)
+def _in_fresh_interpreter(script: str, mode: str) -> str:
+    """`script`'s stdout, run with argv[1] = `mode` in a new interpreter (malloc untouched by pytest)."""
+    done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return int(done.stdout)
+    return done.stdout
+
+
+def _arenas(mode: str) -> int:
+    return int(_in_fresh_interpreter(SCRIPT, mode))
 
 
 def test_the_daemon_threads_share_two_malloc_arenas():
@@ -91,9 +96,7 @@ print(before, anon())
 
 
 def _rss_anon_mib(mode: str) -> tuple[int, int]:
-    done = subprocess.run([sys.executable, "-c", FRAGMENT, mode], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    before, after = map(int, done.stdout.split())
+    before, after = map(int, _in_fresh_interpreter(FRAGMENT, mode).split())
     return before, after
 
 
