@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from agent.core.errors import (
     RateLimitedError,
     UnsafePathError,
 )
+from agent.core.progress import Progress
 from agent.fetch.engine import fetch_snapshot
 from agent.hub import server as hub_server
 from agent.hub.server import HubServer
@@ -377,6 +379,31 @@ def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
         assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
         ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
         assert len(ranges) == len(set(ranges)), f"a range asked for twice: {ranges}"
+
+
+def test_a_slow_range_shows_its_bytes_before_a_whole_block_has_come(tmp_path):
+    """The written prefix (what the relay streams, what a lease holder's heartbeats report) grows while
+    a slow range arrives, not a 1 MiB block at a time: on a shared origin a block took ~15 s, longer
+    than a holder may go without progress, and another node took the lease and pulled the blob again."""
+    root = tmp_path / "origin"
+    files = model(root, total=2 * MiB, shards=1)
+    shard = shards(files)[0]
+    rate = 400_000  # a 1 MiB block in 2.6 s
+    progress = Progress(quiet=True)
+    results = []
+    with HubServer(root, rate_per_connection=rate) as srv:
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=4 * MiB, connections=1)
+        fetch = threading.Thread(
+            target=lambda: results.append(fetch_snapshot(settings, REPO, include=[shard], progress=progress))
+        )
+        began = time.monotonic()
+        fetch.start()
+        loop_until(lambda: progress.done > 0, timeout=30, interval=0.02)
+        first_write = time.monotonic() - began
+        fetch.join(timeout=60)
+    assert len(files[shard]) > MiB and results, "one block, or no fetch: no test"
+    assert snapshot_contents(results[0].snapshot_path) == {shard: files[shard]}
+    assert first_write < 1.3, f"first bytes written after {first_write:.1f} s (one block: {MiB / rate:.1f} s)"
 
 
 def test_a_refused_head_leaves_its_connection_fit_for_the_next_request(origin):
