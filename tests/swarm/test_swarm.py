@@ -145,7 +145,7 @@ def test_a_peer_connection_gets_the_receive_socket_buffer_of_the_settings(tmp_pa
     kernel's buffer: the leecher's connection has it (doubled by the kernel, capped at rmem_max);
     with 0 the kernel's autotuning sizes it."""
     if shutil.which("ss") is None:
-        require("ss", "ss (iproute2) reads a socket's buffers; apt-get install iproute2")
+        require("ss", "Debian package iproute2 (./dev installs it)")
     overrides = {} if buffer == "default" else {"peer_receive_socket_buffer": buffer}
     blob = make_blob(3 * MiB, 4)
     seeder = open_swarm(swarms, tmp_path / "s-state", upload_rate_limit=1 * MiB)
