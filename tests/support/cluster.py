@@ -348,27 +348,9 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        for _ in range(3):
-            before = self.log.stat().st_size if self.log.exists() else 0
-            with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                loop_until(self.ready, timeout=30, what="agent ready")
-                return
-            except AssertionError:
-                # free_port() gives no lease: an outgoing connection may take the probe port as its
-                # source port before a restart binds it again. Only that is retried, on a new port.
-                since = self.log.read_bytes()[before:].decode(errors="replace")
-                if "cannot listen on --api-listen" not in since:
-                    raise
-                self._move_api_port()
-        raise AssertionError("agent could not bind an API port in 3 tries")
-
-    def _move_api_port(self) -> None:
-        i = self.argv.index("--api-listen") + 1
-        self.api_port = free_port()
-        self.argv[i] = f"127.0.0.1:{self.api_port}"
-        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        loop_until(self.ready, timeout=30, what="agent ready")
 
     def ready(self) -> bool:
         return _ready(self.proc, self.api_url, self.log, "agent", tail=3000)

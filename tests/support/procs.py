@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -31,10 +32,60 @@ def loop_until(
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that was free a moment ago on `host`, for TCP and UDP, and that no outgoing connection
+    will take before the server binds it.
+
+    A port the kernel hands out for bind(0) comes from the ephemeral range, which the source ports of
+    outgoing connections come from too: between the probe and a subprocess's bind, any connection in
+    the run may take it ("address already in use", seen in CI). So the ports come from below that
+    range, each xdist worker from its own slice, in turn: a port is not handed out twice in a run
+    until its slice wraps around."""
+    for _ in range(_PORTS.span):
+        port = next(_PORTS)
+        if _bindable(host, port):
+            return port
+    raise AssertionError(f"no free port in {_PORTS}")
+
+
+class _PortSlice:
+    """This process's slice of the ports between FIRST_PORT and the ephemeral range, walked in order
+    from an offset that differs per process (two test runs at once start apart)."""
+
+    FIRST_PORT = 10000
+
+    def __init__(self) -> None:
+        try:
+            ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            ephemeral = 32768
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        self.span = (ephemeral - self.FIRST_PORT) // max(workers, 1)
+        if self.span < 100:
+            raise RuntimeError(f"the ephemeral port range starts at {ephemeral}: too few ports below it")
+        self.start = self.FIRST_PORT + worker * self.span
+        self._next = os.getpid() % self.span
+
+    def __next__(self) -> int:
+        port = self.start + self._next
+        self._next = (self._next + 1) % self.span
+        return port
+
+    def __str__(self) -> str:
+        return f"{self.start}-{self.start + self.span - 1}"
+
+
+_PORTS = _PortSlice()
+
+
+def _bindable(host: str, port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
@@ -67,8 +118,6 @@ def _close_pipes(proc: subprocess.Popen[Any]) -> None:
 def in_ci() -> bool:
     """Whether this is a CI run: `CI` set to anything but empty/0/false (CI services set CI=true;
     `.ci/run` sets it too)."""
-    import os
-
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
@@ -96,8 +145,6 @@ def require_module(name: str, reason: str) -> ModuleType:
 
 def require_root(reason: str) -> None:
     """`require` root (CI runs as root) unless this process is root."""
-    import os
-
     if os.geteuid() != 0:
         require("root", reason)
 
