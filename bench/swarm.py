@@ -31,6 +31,8 @@ Systems (in one run):
               against a CDN's per-client cap, and without, what they cost on an origin capped in total
   weightswarm_mmap  the same with `agent serve --disk-io mmap`: libtorrent's memory maps in place of
               its pread/pwrite disk I/O (the agent's default)
+  weightswarm_super  the same with `agent serve --super-seed`: a node seeds complete blobs in
+              libtorrent's super-seeding mode (SwarmSettings.super_seed)
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -68,10 +70,11 @@ from tracker.bencode import bencode
 
 SYSTEMS = (
     "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts",
-    "weightswarm_mmap",
+    "weightswarm_mmap", "weightswarm_super",
 )
-DEFAULT_SYSTEMS = SYSTEMS[:-2]
-"""`weightswarm_parts` and `weightswarm_mmap` differ from `weightswarm` in one setting: asked for by name."""
+DEFAULT_SYSTEMS = SYSTEMS[:-3]
+"""`weightswarm_parts`, `weightswarm_mmap` and `weightswarm_super` differ from `weightswarm` in one setting:
+asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -297,6 +300,9 @@ class Bench:
     def weightswarm_mmap(self) -> None:
         self.weightswarm("weightswarm_mmap", ("--disk-io", "mmap"))
 
+    def weightswarm_super(self) -> None:
+        self.weightswarm("weightswarm_super", ("--super-seed",))
+
     def weightswarm(self, name: str = "weightswarm", serve_args: tuple[str, ...] = ()) -> None:
         s = self.stack
         s.wipe(self.nodes)
@@ -392,6 +398,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "weightswarm_norelay": "tab:gray",
         "weightswarm_parts": "tab:purple",
         "weightswarm_mmap": "tab:brown",
+        "weightswarm_super": "tab:pink",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))

@@ -192,6 +192,9 @@ def make_test_model_command(
 @env_option("--disk-io", type=click.Choice(DISK_IO),
             help="libtorrent's disk I/O: pread/pwrite, a memory map of each file, or plain "
                  "reads and writes [pread].")
+@env_option("--super-seed/--no-super-seed", default=False, show_default=True,
+            help="Seed complete blobs in libtorrent's super-seeding mode: a lone seed sends each piece "
+                 "about once to many receivers, at ~10 s more per connection (README: Super-seeding).")
 @env_option("--peer-socket-buffer", type=click.IntRange(min=0), metavar="BYTES",
             help="The kernel's receive buffer of each peer connection, which bounds the agent's own "
                  "buffer per connection (0 = the kernel's autotuning) [524288].")

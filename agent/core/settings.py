@@ -315,6 +315,13 @@ class SwarmSettings:
     unchoke_slots_limit: int = -1
     """Peers uploaded to at once; -1 = all. A private swarm has no free riders to punish with choking."""
 
+    super_seed: bool = False
+    """Seed complete blobs of more than one piece in libtorrent's super-seeding mode: each receiver is
+    shown one piece at a time that no other receiver is being shown, so a lone seed sends each piece
+    about once and the receivers trade the rest. Pays when one seed serves many receivers and the
+    transfer is long (README "Super-seeding"); costs ~10 s at the start of each connection to the seed
+    (libtorrent drops its first two HAVEs during the handshake and shows a first piece after 10 s)."""
+
     seed_choke_fastest_upload: bool = True
     """Seeds unchoke their fastest downloaders, not round robin (matters only if slots are limited)."""
 

@@ -479,6 +479,7 @@ def build_serve_settings(
     origin_holders: int | None = None,
     origin_part_min: int | None = None,
     disk_io: str | None = None,
+    super_seed: bool = False,
     peer_socket_buffer: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
@@ -498,7 +499,8 @@ def build_serve_settings(
         raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     swarm = dataclasses.replace(
-        settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate
+        settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate,
+        super_seed=super_seed,
     )
     if relay_fanout is not None:
         swarm = dataclasses.replace(swarm, relay_fanout=relay_fanout)

@@ -417,6 +417,12 @@ class Swarm:
         # Not auto-managed: libtorrent's queueing would pause torrents beyond active_limit,
         # and a node must seed every blob it has.
         atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+        # Set or cleared here, never taken from resume data (which keeps the flag): turning the setting
+        # off turns it off for the seeds a restart restores.
+        if complete and self.settings.super_seed and atp.ti.num_pieces() > 1:
+            atp.flags |= lt.torrent_flags.super_seeding
+        else:
+            atp.flags &= ~lt.torrent_flags.super_seeding
         atp.max_connections = self.settings.max_connections_per_torrent
         # Under the lock, so the alert loop (`_record_for`) cannot see this torrent's alerts before
         # its record exists: a small blob can be fetched from LAN peers before this thread gets the

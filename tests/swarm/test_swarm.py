@@ -128,6 +128,85 @@ def test_each_disk_io_moves_a_blob_and_only_mmap_maps_the_file(tmp_path, swarms,
     assert mapped == (disk_io == "mmap")
 
 
+@pytest.mark.parametrize("super_seed", [True, False])
+def test_a_super_seed_shows_a_stock_client_a_piece_at_a_time_and_still_delivers(tmp_path, swarms, super_seed):
+    """`swarm.super_seed` reaches libtorrent, seen from a stock libtorrent client: once the handshake is
+    over a plain seed shows every piece; a super-seed shows at most two (it reveals them one by one as
+    pieces go out). The client gets the whole blob either way. A one-piece blob is always seeded plainly
+    (nothing to spread)."""
+    blob = make_blob(2 * MiB, 11)  # 8 pieces
+    seeder = open_swarm(swarms, tmp_path / "s-state", super_seed=super_seed)
+    seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
+    one_piece = make_blob(PIECE, 12)
+    seeder.seed(write_blob(tmp_path / "s", one_piece), one_piece.info, [])
+    ses = lt.session(
+        {
+            "listen_interfaces": "127.0.0.1:0",
+            "enable_dht": False,
+            "enable_lsd": False,
+            "enable_upnp": False,
+            "enable_natpmp": False,
+            "allow_multiple_connections_per_ip": True,
+            # An upload-only client would drop a plain seed at once (neither has anything to get).
+            "close_redundant_connections": False,
+        }
+    )
+    handles = []
+    for b in (blob, one_piece):
+        atp = lt.add_torrent_params()
+        atp.ti = lt.torrent_info(b"d4:info" + b.info + b"e")
+        atp.save_path = str(tmp_path / "stock")
+        atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+        if b is blob:
+            # Nothing requested until the bitfield is looked at: a 2 MiB download on loopback would
+            # be over, and the connection closed, before a plain seed's pieces could be counted.
+            atp.flags |= lt.torrent_flags.upload_mode
+        handle = ses.add_torrent(atp)
+        handle.connect_peer(("127.0.0.1", seeder.listen_port))
+        handles.append(handle)
+
+    def seed_as_seen(handle: object) -> object:
+        busy = lt.peer_info.handshake | lt.peer_info.connecting
+        peers = [p for p in handle.get_peer_info() if not p.flags & busy]  # type: ignore[attr-defined]
+        return peers[0] if peers else None
+
+    big, small = handles
+    total = big.torrent_file().num_pieces()
+    loop_until(lambda: seed_as_seen(big), timeout=10, what="a connection to the seed")
+    if super_seed:
+        # For 3 s (a plain seed's bitfield arrives within milliseconds) it shows at most two pieces.
+        shown = []
+        for _ in range(30):
+            shown.append(seed_as_seen(big).num_pieces)
+            time.sleep(0.1)
+        assert max(shown) <= 2 < total, shown
+    else:
+        loop_until(lambda: seed_as_seen(big).num_pieces == total, timeout=5, what="a plain seed's bitfield")
+    big.unset_flags(lt.torrent_flags.upload_mode)
+    # The one-piece blob: shown (and fetched) at once in both modes.
+    loop_until(lambda: small.status().is_seeding, timeout=10, what="the one-piece blob")
+    # The super-seed's first piece comes ~10 s after the handshake (see SwarmSettings.super_seed).
+    loop_until(lambda: big.status().is_seeding, timeout=60, what="the whole blob from the seed")
+    got = tmp_path / "stock" / blob.blob_id
+    assert sha256_of(got) == blob.sha256
+
+
+def test_turning_super_seeding_off_reaches_the_seeds_a_restart_restores(tmp_path, swarms):
+    """libtorrent's resume data keeps a torrent's super-seeding flag; the setting, not the resume data,
+    decides for the seeds the daemon restores at start."""
+    blob = make_blob(2 * MiB, 13)
+    path = write_blob(tmp_path / "s", blob)
+    first = open_swarm(swarms, tmp_path / "state", super_seed=True)
+    ih = first.seed(path, blob.info, [])
+    assert first._torrents[ih].handle.flags() & lt.torrent_flags.super_seeding
+    first.close()
+    assert b"13:super_seedingi1e" in (tmp_path / "state" / f"{ih}.resume").read_bytes()
+    restored = open_swarm(swarms, tmp_path / "state", super_seed=False)
+    assert restored.restore() == [ih]  # what the daemon does at start
+    assert restored.wait(ih, timeout=10).state == "seeding"
+    assert not restored._torrents[ih].handle.flags() & lt.torrent_flags.super_seeding
+
+
 def _receive_buffer_of_connection_to(port: int) -> int | None:
     """The kernel's receive buffer (`ss -m`'s rb: SO_RCVBUF doubled) of this host's TCP connection to
     `port`; None while there is none."""
