@@ -24,6 +24,7 @@ from tests.support.cluster import (
     wait_until_seeded,
 )
 from tests.support.procs import loop_until, require
+from tests.support.stock import stock_session
 from tracker.bencode import bdecode, bencode
 
 OUTSIDER = "127.0.0.2"
@@ -46,18 +47,8 @@ def test_an_outsider_with_the_metainfo_gets_no_byte(
     blob_id = _largest(origin, fetch_and_wait(a, origin.repo_id))
     wait_until_seeded(tracker, a)
     info = _metainfo(tracker, blob_id)
-    ses = lt.session(
-        {
-            "listen_interfaces": f"{OUTSIDER}:0",
-            "outgoing_interfaces": OUTSIDER,
-            "enable_dht": False,
-            "enable_lsd": False,
-            "enable_upnp": False,
-            "enable_natpmp": False,
-            "allow_multiple_connections_per_ip": True,
-            "enable_outgoing_utp": False,  # the agents speak TCP only
-        }
-    )
+    # enable_outgoing_utp off: the agents speak TCP only.
+    ses = stock_session(f"{OUTSIDER}:0", outgoing_interfaces=OUTSIDER, enable_outgoing_utp=False)
     atp = lt.add_torrent_params()
     atp.ti = lt.torrent_info(bencode({"info": bdecode(info)}))
     atp.save_path = str(tmp_path / "outsider")

@@ -24,6 +24,7 @@ from agent.core.settings import SwarmSettings
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from tests.support.procs import loop_until, require
+from tests.support.stock import stock_session
 from tests.tracker.test_tracker_fixtures import SETTINGS, run_server
 from tracker.bencode import bencode
 
@@ -139,18 +140,8 @@ def test_a_super_seed_shows_a_stock_client_a_piece_at_a_time_and_still_delivers(
     seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
     one_piece = make_blob(PIECE, 12)
     seeder.seed(write_blob(tmp_path / "s", one_piece), one_piece.info, [])
-    ses = lt.session(
-        {
-            "listen_interfaces": "127.0.0.1:0",
-            "enable_dht": False,
-            "enable_lsd": False,
-            "enable_upnp": False,
-            "enable_natpmp": False,
-            "allow_multiple_connections_per_ip": True,
-            # An upload-only client would drop a plain seed at once (neither has anything to get).
-            "close_redundant_connections": False,
-        }
-    )
+    # An upload-only client would drop a plain seed at once (neither has anything to get).
+    ses = stock_session(close_redundant_connections=False)
     handles = []
     for b in (blob, one_piece):
         atp = lt.add_torrent_params()
@@ -408,18 +399,7 @@ def _corrupt_seeder(tmp_path: Path, blob: Blob, bad_pieces: list[int]) -> tuple[
     directory = tmp_path / "evil"
     directory.mkdir()
     (directory / blob.blob_id).write_bytes(bytes(bad))
-    ses = lt.session(
-        {
-            "listen_interfaces": "127.0.0.1:0",
-            "enable_dht": False,
-            "enable_lsd": False,
-            "enable_upnp": False,
-            "enable_natpmp": False,
-            "enable_outgoing_utp": False,
-            "enable_incoming_utp": False,
-            "allow_multiple_connections_per_ip": True,
-        }
-    )
+    ses = stock_session(enable_outgoing_utp=False, enable_incoming_utp=False)
     atp = lt.add_torrent_params()
     atp.ti = lt.torrent_info(b"d4:info" + blob.info + b"e")
     atp.save_path = str(directory)

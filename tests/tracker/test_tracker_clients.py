@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import free_port, kill_process, loop_until, require, require_module
+from tests.support.stock import stock_session
 from tests.tracker.test_tracker_fixtures import AUTH, SETTINGS, Tracker, make_info, run_server
 from tracker.bencode import bdecode, bencode
 
@@ -27,18 +28,7 @@ PIECE = 64 * 1024
 
 
 def make_session(**extra: object) -> object:
-    settings = {
-        "listen_interfaces": "127.0.0.1:0",
-        "enable_dht": False,
-        "enable_lsd": False,
-        "enable_upnp": False,
-        "enable_natpmp": False,
-        "allow_multiple_connections_per_ip": True,
-        "announce_to_all_trackers": True,
-        "alert_mask": 0,
-        **extra,
-    }
-    return lt.session(settings)
+    return stock_session(**{"announce_to_all_trackers": True, "alert_mask": 0, **extra})
 
 
 @pytest.fixture
