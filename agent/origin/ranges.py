@@ -111,6 +111,18 @@ HEDGE_AFTER = 1.0
 coming, before a free worker asks for the rest of it on its own connection. One stalled connection (a
 lost segment's retransmit backing off, seen for 8 s under tc shaping) otherwise holds the prefix that
 readers stream (the HF endpoint, the relay to other nodes) while the download front runs far ahead."""
+WINDOW = 2
+"""How far the download front may run ahead of the head chunk (the one holding the contiguous prefix
+back), in connections' worth of chunks; in order it runs about one ahead. A flow that keeps moving,
+only slowly (one of eight connections on a shaped origin getting a small share for seconds), held a
+lease holder's prefix at 0 for 6.7 s while its front reached 166 MiB; the relayed nodes, whose
+streams each carry a third of a node's uplink, then caught up 3-5 s after the holder had the blob
+(bench.swarm, one 512-MiB shard: 1.36-1.41 x the bound, against 1.13 x when no head lagged). At the
+window a free worker asks for the head's rest on its own connection (once; `_hedge`), and the others
+wait for the head, which leaves it the origin's bandwidth, for at most `WINDOW_PATIENCE` seconds."""
+WINDOW_PATIENCE = 5.0
+"""Seconds the workers wait at the window after the head was hedged: an origin slow for one range
+only (a CDN fetching it from further away) must not hold the whole download to that range's pace."""
 _TURN_EVERY = 0.1
 """Seconds between looks at whether background work must step aside (`Turn.due`)."""
 
@@ -135,8 +147,10 @@ class _Job:
     """Contiguous bytes written from each chunk's start (for chunks in flight)."""
     moved: dict[int, float] = field(default_factory=dict)
     """When each chunk in flight last brought bytes (monotonic)."""
-    hedged: set[int] = field(default_factory=set)
-    """Chunks a second worker was sent after (at most once each)."""
+    hedged: dict[int, float] = field(default_factory=dict)
+    """Chunks a second worker was sent after (at most once each), and when."""
+    taken: dict[int, float] = field(default_factory=dict)
+    """When each chunk in flight was taken (monotonic)."""
     read_gap: float = 0.0
     """Seconds between a connection's reads (`_Reader.step`), smoothed over all of them: on a slow shared
     origin every chunk goes quiet that long between bytes without being stalled."""
@@ -548,6 +562,9 @@ class OriginSource:
                     idx = self._hedge(job) if job.mode == "ranges" else None
                     hedge = idx is not None
                     if idx is None:
+                        if job.mode == "ranges" and self._at_window(job):
+                            job.cond.wait(HEDGE_AFTER / 4)
+                            continue
                         if not job.pending:
                             unhedged = [i for i in self._in_flight(job) if i not in job.hedged]
                             if job.mode == "ranges" and unhedged:
@@ -556,6 +573,7 @@ class OriginSource:
                             return
                         idx = job.pending.pop(0)
                     job.moved.setdefault(idx, time.monotonic())
+                    job.taken.setdefault(idx, time.monotonic())
                 try:
                     self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge)
                 except _ChunkDone:
@@ -568,6 +586,7 @@ class OriginSource:
                         job.done.add(idx)
                     job.written.pop(idx, None)
                     job.moved.pop(idx, None)
+                    job.taken.pop(idx, None)
                     for other in job.readers.pop(idx, []):
                         if other.resp is not None:  # the other worker, perhaps blocked on a stalled read
                             _cut(other.resp)
@@ -588,14 +607,43 @@ class OriginSource:
         return [i for i in job.moved if i not in job.done]
 
     @staticmethod
-    def _hedge(job: _Job) -> int | None:
-        """The chunk holding the contiguous prefix back, when it has stalled for `HEDGE_AFTER` seconds and
-        no second worker went after it yet (called under `job.cond`)."""
+    def _window(job: _Job) -> tuple[int, bool] | None:
+        """(the head chunk, whether the next pending chunk lies beyond the `WINDOW` from it); None when
+        nothing is in flight (called under `job.cond`)."""
         in_flight = OriginSource._in_flight(job)
         if not in_flight:
             return None
         head = min(in_flight)
+        span = WINDOW * max(1, len(job.workers))
+        return head, bool(job.pending) and job.pending[0] - head >= span
+
+    @staticmethod
+    def _at_window(job: _Job) -> bool:
+        """A free worker waits instead of taking the next chunk: the front is at the window and the head's
+        hedge is younger than `WINDOW_PATIENCE` (called under `job.cond`)."""
+        window = OriginSource._window(job)
+        if window is None or not window[1]:
+            return False
+        since = job.hedged.get(window[0])
+        return since is None or time.monotonic() - since < WINDOW_PATIENCE
+
+    @staticmethod
+    def _hedge(job: _Job) -> int | None:
+        """The chunk holding the contiguous prefix back, when it has stalled for `HEDGE_AFTER` seconds or
+        the front reached the `WINDOW` from it, and no second worker went after it yet (called under
+        `job.cond`)."""
+        window = OriginSource._window(job)
+        if window is None:
+            return None
+        head, at_window = window
+        if head in job.hedged or head in job.waiting:
+            return None
         now = time.monotonic()
+        if at_window and now - job.taken.get(head, now) >= HEDGE_AFTER:
+            # Slow, not stalled: the others are the proof that the origin has bandwidth for a second flow.
+            job.hedged[head] = now
+            return head
+        in_flight = OriginSource._in_flight(job)
         # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
         # A step (`READ_STEP`) takes 0.65 s there.
@@ -604,11 +652,11 @@ class OriginSource:
             # No read has returned yet, so nothing says how long one takes here: a slow start (a loaded
             # node, a far origin) is no stall, and a hedge now asks for the whole chunk again.
             return None
-        if head in job.hedged or head in job.waiting or now - job.quiet_since(head) < quiet:
+        if now - job.quiet_since(head) < quiet:
             return None
         if not any(now - job.quiet_since(i) < quiet for i in in_flight if i != head) and job.pending:
             return None  # everything is slow: a second request would only share the same link
-        job.hedged.add(head)
+        job.hedged[head] = now
         return head
 
     def _fetch_chunk(

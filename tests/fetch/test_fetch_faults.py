@@ -363,12 +363,14 @@ def test_a_stalled_range_that_comes_back_is_not_served_twice_beside_its_hedge(tm
 def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
     """Under a shaped link shared by several nodes one flow may get a small share: its bytes come, just
     slowly. Seen a read block (1 MiB) at a time, the head chunk looked stalled beside fast ones and was
-    asked for again from its first byte (a whole 4 MiB range served twice in the namespace test)."""
+    asked for again from its first byte (a whole 4 MiB range served twice in the namespace test). While
+    the front is within the `WINDOW` (4 connections: 8 chunks; there are 6 others), it is left alone
+    (the next test: when the front reaches it)."""
     root = tmp_path / "origin"
-    files = model(root, total=8 * MiB, shards=1)
+    files = model(root, total=6 * MiB, shards=1)
     shard = shards(files)[0]
     chunk = 1 * MiB
-    assert len(files[shard]) >= 6 * chunk
+    assert 6 * chunk <= len(files[shard]) < 7 * chunk
     with HubServer(root) as srv:
         # The first body (the probe: chunk 0, the head of the prefix) goes at 300 KB/s, 3.5 s for its
         # 1 MiB; every other chunk comes at loopback speed.
@@ -379,6 +381,40 @@ def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
         assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
         ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
         assert len(ranges) == len(set(ranges)), f"a range asked for twice: {ranges}"
+
+
+def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_path):
+    """One of eight connections on a shaped origin kept flowing, slowly, for seconds: the lease holder's
+    prefix (what it relays) stood at 0 while its front reached 166 MiB, and the relayed nodes finished
+    3-5 s after it. The front stops at the `WINDOW`, a free connection asks for the head's rest, and the
+    slow response is closed once that flows."""
+    from agent.origin.ranges import WINDOW
+
+    root = tmp_path / "origin"
+    files = model(root, total=12 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk, connections, slow = 512 * 1024, 4, 100_000
+    assert len(files[shard]) >= (WINDOW * connections + 4) * chunk
+    with HubServer(root) as srv:
+        # The first body (the probe: chunk 0, the head of the prefix) goes at 100 KB/s, 5.2 s for its
+        # 512 KiB, a 64-KiB read every 0.65 s: flowing, never quiet for `HEDGE_AFTER`. Every other chunk
+        # comes at loopback speed.
+        srv.faults.slow_rate = slow
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
+        t0 = time.monotonic()
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        elapsed = time.monotonic() - t0
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
+        assert len(head) == 2, f"the head chunk was asked for {len(head)} times: {head}"
+        # Until the head's rest was asked for, the front stayed within the window.
+        assert ranges.index(head[1]) <= WINDOW * connections, ranges
+        assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
+        time.sleep(0.5)
+        extra = srv.egress_bytes - len(files[shard])
+        assert extra <= chunk, f"{extra} bytes served twice"
 
 
 def test_a_slow_range_shows_its_bytes_before_a_whole_block_has_come(tmp_path):
