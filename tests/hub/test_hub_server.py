@@ -461,6 +461,31 @@ def test_egress_counter_and_stats_route(hub: HubServer):
     assert hub.egress_bytes == 0 and hub.requests == []
 
 
+def test_a_body_the_client_closes_halfway_counts_the_bytes_it_sent(tmp_path: Path):
+    """The fetch engine closes a hedged range halfway. Counted per whole sendfile call, none of such a
+    body reached the stats, and a cold start, which cannot take less than one copy from the origin,
+    read 0.95 x S (bench.swarm, 8 nodes)."""
+    make_model(tmp_path, REPO, total_bytes=64 * MiB, shards=1, seed=4)
+    shard = next(p.name for p in (tmp_path / REPO).glob("*.safetensors"))
+    with HubServer(tmp_path) as srv:
+        cdn = httpx.head(f"{srv.url}/{REPO}/resolve/main/{shard}").headers["location"]  # LFS: a redirect
+        path = httpx.URL(cdn).raw_path.decode()
+        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        request = f"GET {path} HTTP/1.1\r\nHost: x\r\nRange: bytes=0-\r\n\r\n"
+        sock.sendall(request.encode())
+        got = 0
+        while got < 4 * MiB:
+            data = sock.recv(MiB)
+            assert data, "the origin closed the connection first"
+            got += len(data)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()  # with unread data and linger 0: a reset, as a closed hedged range
+        loop_until(lambda: srv.egress_bytes >= 3 * MiB, timeout=10, what="the sent bytes counted")
+        time.sleep(0.5)
+        assert srv.egress_bytes < 64 * MiB, "the whole body counted: it was not cut short, no test"
+
+
 # -- test models ----------------------------------------------------------------------------------
 
 
