@@ -1,7 +1,8 @@
 """`OriginSource`: one blob from the origin with parallel HTTP range requests, resumable.
 
-Per blob: `connections_per_file` worker threads take `chunk_size` chunks in order and
-`os.pwrite` them into the preallocated `blobs/<id>.incomplete`; the calling thread hashes the
+Per blob: `connections_per_file` worker threads take `chunk_size` chunks in order (at most `WINDOW`
+connections' worth ahead of the oldest one still in flight) and `os.pwrite` them into the
+preallocated `blobs/<id>.incomplete`; the calling thread hashes the
 contiguous written prefix as it grows (`os.preadv` from the page cache), so when the last
 byte lands only the tail is left to hash. A dropped connection, truncated body or 5xx
 retries that chunk from the byte it had reached; a server that ignores Range (200 instead
@@ -117,7 +118,7 @@ back), in connections' worth of chunks; in order it runs about one ahead. A flow
 only slowly (one of eight connections on a shaped origin getting a small share for seconds), held a
 lease holder's prefix at 0 for 6.7 s while its front reached 166 MiB; the relayed nodes, whose
 streams each carry a third of a node's uplink, then caught up 3-5 s after the holder had the blob
-(bench.swarm, one 512-MiB shard: 1.36-1.41 x the bound, against 1.13 x when no head lagged). At the
+(bench.swarm, one 512-MiB shard: 1.36 x the bound, against 1.13 x when no head lagged). At the
 window a free worker asks for the head's rest on its own connection (once; `_hedge`), and the others
 wait for the head, which leaves it the origin's bandwidth, for at most `WINDOW_PATIENCE` seconds."""
 WINDOW_PATIENCE = 5.0
