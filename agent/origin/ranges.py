@@ -117,7 +117,7 @@ WINDOW = 2
 back), in connections' worth of chunks; in order it runs about one ahead. A flow that keeps moving,
 only slowly (one of eight connections on a shaped origin getting a small share for seconds), held a
 lease holder's prefix at 0 for 6.7 s while its front reached 166 MiB; the relayed nodes, whose
-streams each carry a third of a node's uplink, then caught up 3-5 s after the holder had the blob
+streams each carry a third of a node's uplink, then caught up 2.5-4 s after the holder had the blob
 (bench.swarm, one 512-MiB shard: 1.36 x the bound, against 1.13 x when no head lagged). At the
 window a free worker asks for the head's rest on its own connection (once; `_hedge`), and the others
 wait for the head, which leaves it the origin's bandwidth, for at most `WINDOW_PATIENCE` seconds."""

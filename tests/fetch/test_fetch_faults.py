@@ -386,7 +386,7 @@ def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
 def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_path):
     """One of eight connections on a shaped origin kept flowing, slowly, for seconds: the lease holder's
     prefix (what it relays) stood at 0 while its front reached 166 MiB, and the relayed nodes finished
-    3-5 s after it. The front stops at the `WINDOW`, a free connection asks for the head's rest, and the
+    2.5-4 s after it. The front stops at the `WINDOW`, a free connection asks for the head's rest, and the
     slow response is closed once that flows."""
     from agent.origin.ranges import WINDOW
 
