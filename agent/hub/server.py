@@ -33,6 +33,7 @@ import os
 import secrets
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
@@ -64,6 +65,15 @@ IDLE_TIMEOUT = 300.0
 """Seconds a keep-alive connection may sit idle (or a send may block) before the server drops it."""
 
 _SENDFILE_CAP = 8 * 2**20  # bytes one os.sendfile call may take (the stats move at least this often)
+
+
+def _acked(sock: socket.socket) -> int | None:
+    """Bytes of the connection its peer has acknowledged (Linux TCP_INFO `tcpi_bytes_acked`), or None."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 128)
+    except (OSError, AttributeError):
+        return None
+    return int(struct.unpack_from("=Q", info, 120)[0]) if len(info) >= 128 else None
 
 
 class RequestRecord(NamedTuple):
@@ -307,6 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
     _request_id = ""
     _status = 0
     _recorded = True
+    _body_sent = 0
+    """Bytes of the body being sent that were counted as egress."""
 
     def setup(self) -> None:
         super().setup()
@@ -563,6 +575,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_body(f, start, length, names)
 
     def _send_body(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
+        """The body, its bytes counted as egress as the kernel takes them; when the client leaves halfway,
+        only what it acknowledged stays counted (the rest of the socket's send buffer never went out)."""
+        self._body_sent = 0
+        acked = _acked(self.connection)
+        try:
+            self._send_payload(f, start, length, names)
+        except OSError:
+            now = _acked(self.connection)
+            if acked is not None and now is not None:
+                self.hub._add_egress(-max(0, self._body_sent - (now - acked)))
+            raise
+
+    def _send_payload(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
         faults = self.hub.faults
         truncate = faults.take_truncate()
         corrupt = faults.take_corrupt(names)
@@ -588,7 +613,7 @@ class _Handler(BaseHTTPRequestHandler):
                     break
                 self.wfile.write(bytes([data[0] ^ 0xFF]) + data[1:])
                 n = len(data)
-                self.hub._add_egress(n)
+                self._counted(n)
             else:
                 # sendfile: a capped body costs the server no copies through Python, so a
                 # benchmark measures the client, not this test origin's CPU.
@@ -613,10 +638,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise BrokenPipeError("file shrank while sending")
 
     def _send_counted(self, f: BinaryIO, offset: int, count: int) -> int:
-        """Up to `count` bytes of `f` from `offset` by sendfile; every byte the kernel takes counts as
-        egress when it is taken. (socket.sendfile reports nothing of a call that ends in an error: a
-        response the client closed halfway, as the fetch engine closes a hedged range, went uncounted,
-        and a cold start, which cannot take less than one copy, read 0.95 x S of origin egress.)"""
+        """Up to `count` bytes of `f` from `offset` by sendfile, counted as the kernel takes them.
+        (socket.sendfile reports nothing of a call that ends in an error: a response the client closed
+        halfway, as the fetch engine closes a hedged range, went uncounted, and a cold start, which cannot
+        take less than one copy, read 0.95 x S of origin egress.)"""
         sock = self.connection
         out, src = sock.fileno(), f.fileno()
         sent = 0
@@ -632,8 +657,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if n == 0:
                     break
                 sent += n
-                self.hub._add_egress(n)
+                self._counted(n)
         return sent
+
+    def _counted(self, n: int) -> None:
+        self._body_sent += n
+        self.hub._add_egress(n)
 
     # -- responses ---------------------------------------------------------------------------------
 

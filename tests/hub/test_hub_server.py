@@ -464,7 +464,8 @@ def test_egress_counter_and_stats_route(hub: HubServer):
 def test_a_body_the_client_closes_halfway_counts_the_bytes_it_sent(tmp_path: Path):
     """The fetch engine closes a hedged range halfway. Counted per whole sendfile call, none of such a
     body reached the stats, and a cold start, which cannot take less than one copy from the origin,
-    read 0.95 x S (bench.swarm, 8 nodes)."""
+    read 0.95 x S (bench.swarm, 8 nodes). Counted as the kernel took it, it counted the send buffer
+    too, which the kernel drops with the connection: what the client acknowledged is what went out."""
     make_model(tmp_path, REPO, total_bytes=64 * MiB, shards=1, seed=4)
     shard = next(p.name for p in (tmp_path / REPO).glob("*.safetensors"))
     with HubServer(tmp_path) as srv:
@@ -481,9 +482,11 @@ def test_a_body_the_client_closes_halfway_counts_the_bytes_it_sent(tmp_path: Pat
             got += len(data)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()  # with unread data and linger 0: a reset, as a closed hedged range
-        loop_until(lambda: srv.egress_bytes >= 3 * MiB, timeout=10, what="the sent bytes counted")
+        loop_until(lambda: len(srv.requests) >= 2, timeout=10, what="the body to end (its request recorded)")
         time.sleep(0.5)
-        assert srv.egress_bytes < 64 * MiB, "the whole body counted: it was not cut short, no test"
+        # What the client took, and at most its receive buffer more: not the origin's send buffer
+        # (megabytes the kernel had taken and dropped with the connection), nor the whole body.
+        assert 4 * MiB <= srv.egress_bytes <= 5 * MiB, srv.egress_bytes
 
 
 # -- test models ----------------------------------------------------------------------------------
