@@ -76,6 +76,14 @@ def _acked(sock: socket.socket) -> int | None:
     return int(struct.unpack_from("=Q", info, 120)[0]) if len(info) >= 128 else None
 
 
+def _wait_writable(sock: socket.socket) -> None:
+    """Until `sock` takes bytes again, at most its timeout."""
+    with selectors.DefaultSelector() as ready:
+        ready.register(sock, selectors.EVENT_WRITE)
+        if not ready.select(sock.gettimeout()):
+            raise TimeoutError("the client stopped reading")
+
+
 class RequestRecord(NamedTuple):
     """One request as the server saw it (path without the query string, which is `query`)."""
 
@@ -645,19 +653,16 @@ class _Handler(BaseHTTPRequestHandler):
         sock = self.connection
         out, src = sock.fileno(), f.fileno()
         sent = 0
-        with selectors.DefaultSelector() as ready:
-            ready.register(sock, selectors.EVENT_WRITE)
-            while sent < count:
-                try:
-                    n = os.sendfile(out, src, offset + sent, min(_SENDFILE_CAP, count - sent))
-                except BlockingIOError:  # the socket has a timeout, so it is non-blocking underneath
-                    if not ready.select(sock.gettimeout()):
-                        raise TimeoutError("the client stopped reading") from None
-                    continue
-                if n == 0:
-                    break
-                sent += n
-                self._counted(n)
+        while sent < count:
+            try:
+                n = os.sendfile(out, src, offset + sent, min(_SENDFILE_CAP, count - sent))
+            except BlockingIOError:  # the socket has a timeout, so it is non-blocking underneath
+                _wait_writable(sock)
+                continue
+            if n == 0:
+                break
+            sent += n
+            self._counted(n)
         return sent
 
     def _counted(self, n: int) -> None:

@@ -608,24 +608,24 @@ class OriginSource:
         return [i for i in job.moved if i not in job.done]
 
     @staticmethod
-    def _window(job: _Job) -> tuple[int, bool] | None:
-        """(the head chunk, whether the next pending chunk lies beyond the `WINDOW` from it); None when
-        nothing is in flight (called under `job.cond`)."""
+    def _window(job: _Job) -> tuple[list[int], int, bool] | None:
+        """(the chunks in flight, the head among them, whether the next pending chunk lies beyond the
+        `WINDOW` from it); None when nothing is in flight (called under `job.cond`)."""
         in_flight = OriginSource._in_flight(job)
         if not in_flight:
             return None
         head = min(in_flight)
         span = WINDOW * max(1, len(job.workers))
-        return head, bool(job.pending) and job.pending[0] - head >= span
+        return in_flight, head, bool(job.pending) and job.pending[0] - head >= span
 
     @staticmethod
     def _at_window(job: _Job) -> bool:
         """A free worker waits instead of taking the next chunk: the front is at the window and the head's
         hedge is younger than `WINDOW_PATIENCE` (called under `job.cond`)."""
         window = OriginSource._window(job)
-        if window is None or not window[1]:
+        if window is None or not window[2]:
             return False
-        since = job.hedged.get(window[0])
+        since = job.hedged.get(window[1])
         return since is None or time.monotonic() - since < WINDOW_PATIENCE
 
     @staticmethod
@@ -636,7 +636,7 @@ class OriginSource:
         window = OriginSource._window(job)
         if window is None:
             return None
-        head, at_window = window
+        in_flight, head, at_window = window
         if head in job.hedged or head in job.waiting:
             return None
         now = time.monotonic()
@@ -644,7 +644,6 @@ class OriginSource:
             # Slow, not stalled: the others are the proof that the origin has bandwidth for a second flow.
             job.hedged[head] = now
             return head
-        in_flight = OriginSource._in_flight(job)
         # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
         # A step (`READ_STEP`) takes 0.65 s there.
