@@ -49,6 +49,10 @@ class Faults:
     stall_times: int = 1
     """How many responses stall."""
 
+    range_stalls: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Bodies that end at this byte (each request for the rest of one chunk: the first, a hedge) stall in
+    turn, one (bytes sent first, seconds) each in the order they are asked for; later ones run."""
+
     slow_rate: float = 0.0
     """Send the next file bodies at this many bytes/s: one flow slow beside fast ones (a connection
     that got a small share of a shaped, shared link)."""
@@ -100,8 +104,12 @@ class Faults:
                 self.corrupt_times -= 1
             return True
 
-    def take_stall(self) -> tuple[int, float] | None:
+    def take_stall(self, last: int) -> tuple[int, float] | None:
+        """The stall of a body whose last byte is `last`, if any."""
         with self._lock:
+            queued = self.range_stalls.get(last)
+            if queued:
+                return queued.pop(0)
             if self.stall_seconds <= 0 or self.stall_times <= 0:
                 return None
             self.stall_times -= 1

@@ -599,7 +599,7 @@ class _Handler(BaseHTTPRequestHandler):
         faults = self.hub.faults
         truncate = faults.take_truncate()
         corrupt = faults.take_corrupt(names)
-        stall = faults.take_stall()
+        stall = faults.take_stall(start + length - 1)
         caps = (self.hub.total_bucket, self.hub.client_bucket(self.client_address[0]), self.conn_bucket)
         buckets = [b for b in (*caps, faults.take_slow()) if b is not None]
         if not (buckets or corrupt or stall or truncate is not None):
@@ -610,6 +610,9 @@ class _Handler(BaseHTTPRequestHandler):
         f.seek(start)
         sent = 0
         while sent < limit:
+            if stall is not None and sent >= stall[0]:
+                time.sleep(stall[1])
+                stall = None
             want = min(step, limit - sent)
             if stall is not None and sent < stall[0]:
                 want = min(want, stall[0] - sent)
@@ -629,9 +632,6 @@ class _Handler(BaseHTTPRequestHandler):
                 if n == 0:
                     break
             sent += n
-            if stall is not None and sent >= stall[0]:
-                time.sleep(stall[1])
-                stall = None
         if stall is not None:  # stall_after beyond the body: stall at the end instead
             time.sleep(stall[1])
         if sent < length:  # a truncated body: the client sees the connection drop

@@ -88,8 +88,9 @@ class _Reader:
 
     pos: int
     """File offset of its next byte."""
-    hedge: bool
-    """A second worker on a stalled chunk, whose bytes have not flowed yet."""
+    hedge: str
+    """Why this is a second worker on its chunk ("stall" or "window", from `_hedge`) until its bytes
+    flow; "" otherwise."""
     cut: bool = False
     """Set in the one a flowing hedge replaces."""
     resp: urllib3.BaseHTTPResponse | None = None
@@ -560,8 +561,8 @@ class OriginSource:
                 with job.cond:
                     if job.error is not None:
                         return
-                    idx = self._hedge(job) if job.mode == "ranges" else None
-                    hedge = idx is not None
+                    found = self._hedge(job) if job.mode == "ranges" else None
+                    idx, hedge = found if found is not None else (None, "")
                     if idx is None:
                         if job.mode == "ranges" and self._at_window(job):
                             job.cond.wait(HEDGE_AFTER / 4)
@@ -629,10 +630,10 @@ class OriginSource:
         return since is None or time.monotonic() - since < WINDOW_PATIENCE
 
     @staticmethod
-    def _hedge(job: _Job) -> int | None:
-        """The chunk holding the contiguous prefix back, when it has stalled for `HEDGE_AFTER` seconds or
-        the front reached the `WINDOW` from it, and no second worker went after it yet (called under
-        `job.cond`)."""
+    def _hedge(job: _Job) -> tuple[int, str] | None:
+        """The chunk holding the contiguous prefix back, and why a second worker goes after it ("stall" or
+        "window"): it has stalled for `HEDGE_AFTER` seconds or the front reached the `WINDOW` from it, and
+        no second worker went after it yet (called under `job.cond`)."""
         window = OriginSource._window(job)
         if window is None:
             return None
@@ -643,7 +644,7 @@ class OriginSource:
         if at_window and now - job.taken.get(head, now) >= HEDGE_AFTER:
             # Slow, not stalled: the others are the proof that the origin has bandwidth for a second flow.
             job.hedged[head] = now
-            return head
+            return head, "window"
         # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
         # A step (`READ_STEP`) takes 0.65 s there.
@@ -657,7 +658,7 @@ class OriginSource:
         if not any(now - job.quiet_since(i) < quiet for i in in_flight if i != head) and job.pending:
             return None  # everything is slow: a second request would only share the same link
         job.hedged[head] = now
-        return head
+        return head, "stall"
 
     def _fetch_chunk(
         self,
@@ -667,11 +668,11 @@ class OriginSource:
         idx: int,
         probe: bool,
         buf: memoryview,
-        hedge: bool = False,
+        hedge: str = "",
     ) -> None:
-        """`hedge`: a second worker on a stalled chunk; once its bytes flow, the stalled response is
-        closed. Left open, a stall that ends (a retransmit backing off under shaping) sent the same
-        bytes down both connections: up to a chunk served twice."""
+        """`hedge`: why this is a second worker on the chunk (`_hedge`); once its bytes flow, one of the
+        two responses is closed (`_settle_hedge`). Left open, a stall that ends (a retransmit backing off
+        under shaping) sent the same bytes down both connections: up to a chunk served twice."""
         start, end = job.chunk_bounds(idx)
         what = job.entry.path
         with job.cond:
@@ -681,7 +682,7 @@ class OriginSource:
             job.readers.setdefault(idx, []).append(reader)  # until the chunk is done
 
         def attempt() -> None:
-            pos = reader.pos
+            pos = asked = reader.pos
             reader.start()
             with job.cond:
                 if idx in job.done or reader.cut:
@@ -713,8 +714,7 @@ class OriginSource:
                     pos += n
                     reader.pos = pos
                     if reader.hedge:
-                        reader.hedge = False
-                        self._replace_stalled(job, idx, reader)
+                        self._settle_hedge(job, idx, reader, asked)
                     if self._wrote(job, idx, pos - start, n):
                         self._save_record(cache, plan, job)
                 if pos < end:
@@ -754,10 +754,23 @@ class OriginSource:
                 # The read failed because `_step_aside` cut it: not an origin failure.
 
     @staticmethod
-    def _replace_stalled(job: _Job, idx: int, reader: _Reader) -> None:
-        """The hedge's bytes flow: close the stalled response, whose worker takes the next chunk."""
+    def _settle_hedge(job: _Job, idx: int, reader: _Reader, asked: int) -> None:
+        """The hedge's bytes flow (it asked from byte `asked`): close the response it was sent to replace,
+        whose worker takes the next chunk. But a stalled response that came back meanwhile and is past
+        `asked` keeps the chunk, and the hedge gives way (`_ChunkDone`); the chunk may be hedged again if
+        it stalls again. On an origin shared by 16 connections a hedge took 7 s to its first byte, while
+        the response it was to replace came back after 1.2 s: cut then, at 3 MiB, it had the origin send
+        those 3 MiB twice (bench.swarm at 16 nodes, cold: 1.07 x S of egress)."""
+        kind, reader.hedge = reader.hedge, ""
+        now = time.monotonic()
         with job.cond:
-            stalled = [other for other in job.readers.get(idx, []) if other is not reader]
+            readers = job.readers.get(idx, [])
+            stalled = [other for other in readers if other is not reader]
+            if kind == "stall" and any(o.pos > asked and now - o.seen < HEDGE_AFTER for o in stalled):
+                reader.cut = True
+                readers.remove(reader)
+                job.hedged.pop(idx, None)
+                raise _ChunkDone()
             for other in stalled:
                 other.cut = True
             open_ = [other.resp for other in stalled if other.resp is not None]

@@ -360,6 +360,30 @@ def test_a_stalled_range_that_comes_back_is_not_served_twice_beside_its_hedge(tm
         assert extra <= 256 * 1024, f"{extra} bytes served twice: {ranges}"
 
 
+def test_a_stalled_range_that_comes_back_before_its_hedge_flows_keeps_the_chunk(tmp_path):
+    """On an origin shared by 16 connections a hedge took 7 s to its first byte, while the response it
+    was sent to replace came back after 1.2 s. Cut when the hedge's bytes came, at 3 MiB, it had the origin
+    send those 3 MiB twice. A stalled response that is back and ahead keeps its chunk, and the hedge gives
+    way."""
+    root = tmp_path / "origin"
+    files = model(root, total=12 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk = 4 * MiB
+    with HubServer(root, rate_per_connection=1e6) as srv:
+        # Chunk 0 (the probe) stalls after 64 KiB for 2 s; its hedge, asked for at ~1 s, stalls before
+        # its first byte for 3 s, by when the first response has brought ~2 MB more.
+        srv.faults.range_stalls = {chunk - 1: [(64 * 1024, 2.0), (0, 3.0)]}
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=4)
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
+        assert len(head) == 2 and not srv.faults.range_stalls[chunk - 1], f"no hedge, no test: {ranges}"
+        time.sleep(0.5)
+        extra = srv.egress_bytes - len(files[shard])
+        assert extra <= 512 * 1024, f"{extra} bytes served twice: {ranges}"
+
+
 def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
     """Under a shaped link shared by several nodes one flow may get a small share: its bytes come, just
     slowly. Seen a read block (1 MiB) at a time, the head chunk looked stalled beside fast ones and was
