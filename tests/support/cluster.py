@@ -228,13 +228,16 @@ def make_agent(tmp_path: Path) -> Iterator:
         tracker: TrackerProcess | None,
         daemon: dict[str, Any] | None = None,
         origin_client: dict[str, Any] | None = None,
+        fetch: dict[str, Any] | None = None,
         **swarm: object,
     ) -> Daemon:
-        """An in-process agent on the origin (and tracker); `daemon` / `origin_client` / `swarm`: settings
-        overrides."""
+        """An in-process agent on the origin (and tracker); `daemon` / `origin_client` / `fetch` / `swarm`:
+        settings overrides."""
         settings = agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm)
         if daemon:
             settings = dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **daemon))
+        if fetch:
+            settings = dataclasses.replace(settings, fetch=dataclasses.replace(settings.fetch, **fetch))
         if origin_client:
             origin_settings = dataclasses.replace(settings.origin, **origin_client)
             settings = dataclasses.replace(settings, origin=origin_settings)
