@@ -92,7 +92,8 @@ class _Reader:
     """Why this is a second worker on its chunk ("stall" or "window", from `_hedge`) until its bytes
     flow; "" otherwise."""
     cut: bool = False
-    """Set in the one a flowing hedge replaces."""
+    """Set in the one of two that loses (`_settle_hedge`): the response a flowing hedge replaces, or a
+    hedge that gives way."""
     resp: urllib3.BaseHTTPResponse | None = None
     """Its open response, if any (guarded by the job's `cond`)."""
     seen: float = field(default_factory=time.monotonic)
