@@ -767,7 +767,8 @@ class OriginSource:
         with job.cond:
             readers = job.readers.get(idx, [])
             stalled = [other for other in readers if other is not reader]
-            if kind == "stall" and any(o.pos > asked and now - o.seen < HEDGE_AFTER for o in stalled):
+            back = [o for o in stalled if not o.cut and o.pos > asked and now - o.seen < HEDGE_AFTER]
+            if kind == "stall" and back:
                 reader.cut = True
                 readers.remove(reader)
                 job.hedged.pop(idx, None)
