@@ -8,6 +8,7 @@ handled by the CLI layer (every option has one).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -267,8 +268,12 @@ class SwarmSettings:
     enable_utp: bool = False
     """uTP (incoming and outgoing): off; its congestion control yields to TCP, pointless on a DC link."""
 
-    allow_multiple_connections_per_ip: bool = True
-    """Several agents behind one IP (tests, hostNetwork pods on one node) must be able to peer."""
+    allow_multiple_connections_per_ip: bool | None = None
+    """Several connections to and from one IP address; None = only when listening on loopback
+    (`several_connections_per_ip`), where every agent of a demo or test shares 127.0.0.1. On a
+    network each node has its own address, and one connection per address is what makes libtorrent's
+    ban of a peer that sent bad pieces hold: with several allowed, its peer list is keyed by address
+    and port, so the banned peer connecting in again from a new port is a new peer, and is let in."""
 
     send_buffer_watermark: int = 2 * MiB
     """Bytes queued per peer connection before reading from disk pauses (default 500 KB). Several
@@ -424,6 +429,19 @@ class SwarmSettings:
 
     peer_fingerprint: str = "-WS0100-"
     """Start of the 20-byte peer id (Azureus style), so other clients can recognise our agents."""
+
+    @property
+    def several_connections_per_ip(self) -> bool:
+        """`allow_multiple_connections_per_ip`, with None decided by `listen`: yes on loopback only."""
+        if self.allow_multiple_connections_per_ip is not None:
+            return self.allow_multiple_connections_per_ip
+        host = self.listen.rpartition(":")[0].strip("[]")
+        if host in ("localhost", "lo"):
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:  # an interface name such as eth0
+            return False
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "enable_incoming_utp": s.enable_utp,
         # With uTP off there is nothing to balance TCP against.
         "mixed_mode_algorithm": int(lt.bandwidth_mixed_algo_t.prefer_tcp),
-        "allow_multiple_connections_per_ip": s.allow_multiple_connections_per_ip,
+        "allow_multiple_connections_per_ip": s.several_connections_per_ip,
         "upload_rate_limit": s.upload_rate_limit,
         "download_rate_limit": s.download_rate_limit,
         "connections_limit": s.connections_limit,

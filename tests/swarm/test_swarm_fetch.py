@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -37,10 +38,12 @@ def _corrupt_shards(cache_dir: Path, state_dir: Path, repo_id: str) -> int:
     return n
 
 
-def test_a_corrupting_peer_does_not_corrupt_the_result(origin, tracker, make_agent):
+def test_a_corrupting_peer_does_not_corrupt_the_result(origin, tracker, make_agent, caplog):
     good = make_agent("good", origin, tracker)
     fetch_and_wait(good, origin.repo_id)
-    bad = make_agent("bad", origin, tracker)
+    # `bad` on its own address, and the victim with one connection per address, as on nodes: so
+    # libtorrent's ban of `bad` holds (on one shared address, `bad` came back in as a new peer).
+    bad = make_agent("bad", origin, tracker, listen="127.0.0.2:0")
     fetch_and_wait(bad, origin.repo_id)
     wait_until_seeded(tracker, good, bad)
     # `bad` got its blobs from the swarm, so it seeds from resume data and never re-checks them.
@@ -50,12 +53,29 @@ def test_a_corrupting_peer_does_not_corrupt_the_result(origin, tracker, make_age
     # A longer stall (so 15 s of failing pieces, none passing, before the metainfo is suspect): under a
     # loaded CI machine the good peer once sent nothing for 5 s, and the victim rightly took that blob
     # from the origin, which is the suspect-metainfo path, not the one this test is about.
-    victim = make_agent("victim", origin, tracker, stall_timeout=60.0)
+    victim = make_agent(
+        "victim", origin, tracker, stall_timeout=60.0, allow_multiple_connections_per_ip=False
+    )
+    caplog.set_level(logging.WARNING, logger="agent.swarm.session")
     status = fetch_and_wait(victim, origin.repo_id, timeout=120)
     assert_snapshot_verifies(status["snapshot"], origin)
-    assert status["bytes_from_origin"] == 0 and file_requests(origin.hub) == []
+    # The good peer fills in for the bad one, so no byte comes from the origin: except for a blob where
+    # libtorrent banned the good peer too. A piece whose blocks came from both peers (before either
+    # had a download rate, libtorrent takes a piece's blocks from any peer) and failed costs each
+    # sender trust, and a small blob's four pieces failing at once cost the good peer its place (seen
+    # under a loaded CI machine). Nothing is then left to send it, and the victim rightly takes it
+    # from the origin, verified.
+    assert good.swarm is not None
+    framed = {
+        r.args[2]
+        for r in caplog.records
+        if r.msg.startswith("banned peer") and r.args[:2] == ("127.0.0.1", good.swarm.listen_port)
+    }
+    from_origin = {f["blob_id"]: f["size"] for f in status["files"] if f["source"] == "origin"}
+    assert set(from_origin) <= framed, (from_origin, framed)
+    assert status["bytes_from_origin"] == sum(from_origin.values())
     # The victim did take data from the corrupt peer: libtorrent's piece check threw it away and
-    # banned the sender, and the good peer filled in.
+    # banned the sender.
     assert victim.swarm is not None
     seen = [victim.swarm.status(ih) for ih in victim.held_blobs().values()]
     assert sum(s.hash_failures for s in seen) > 0, seen
