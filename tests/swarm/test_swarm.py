@@ -422,7 +422,7 @@ def test_corrupting_seeder_is_caught_stays_banned_and_download_completes(tmp_pat
     """The leecher runs as on a node, one connection per address: once libtorrent bans the peer that
     sent a bad piece, that peer is refused when it comes back (here restarted, on a new port). With
     several connections per address it came back in as a new peer, sent bad pieces and was banned
-    again, over and over (seen in CI: the victim gave up on the swarm)."""
+    again, over and over (1.6 MB of bad pieces here)."""
     blob = make_blob(4 * MiB, 5)
     evil, evil_port = _corrupt_seeder(tmp_path / "evil", blob, bad_pieces=list(range(16)))
     sessions = [evil]  # closed when the last reference goes
