@@ -8,8 +8,9 @@ A calculation on paper, calibrated on what this machine measures:
   model through the tracker's own RedisStore; INFO's used_memory before and after, divided by the
   announces, is the cost of one live peer entry with everything the store keeps beside it.
 - Announces per second: every node announces each torrent once per tracker interval (30 s by
-  default); a node that streams a blob for others also announces its relay key (at most one per
-  blob it has in flight), counted here for every blob: an upper bound for a cold start.
+  default); a node also announces the relay key of each blob it streams for others or seeds whole
+  (agent.swarm.relay: blobs of 16 MiB and more), counted here for every blob: the steady state of a
+  model's shards, an upper bound for its small files. Each relay key is a peer entry in Redis too.
   Replicas needed: that rate ÷ one replica's measured rate (`--replica-rate`, from
   bench/tracker_load.py: 4,190 announces/s is the lowest figure the README reports).
 - Completion: the lower bound max(S/U_origin, S/D_node, N·S/(U_origin + N·U_node)) times the ratio
@@ -135,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("-" * len(head))
     for n in (int(x) for x in args.fleet.split(",")):
-        rate = n * torrents * 2 / args.interval  # x2: a relay key per blob in flight (upper bound)
+        rate = n * torrents * 2 / args.interval  # x2: a relay key per blob (an upper bound)
         replicas = math.ceil(rate / args.replica_rate)
-        memory = n * torrents * per_entry
+        memory = n * torrents * 2 * per_entry  # x2 as well: the relay keys are peer entries too
         cold = lower_bound(args.model_size, n, n, args.node_rate, args.origin_rate, warm=False)
         warm = lower_bound(args.model_size, n - 1, n, args.node_rate, args.origin_rate, warm=True)
         projected = {}

@@ -33,6 +33,8 @@ Systems (in one run):
               its pread/pwrite disk I/O (the agent's default)
   weightswarm_super  the same with `agent serve --super-seed`: a node seeds complete blobs in
               libtorrent's super-seeding mode (SwarmSettings.super_seed)
+  weightswarm_bt  the same with `agent serve --no-relay-seeds`: a blob some node has whole comes
+              by BitTorrent alone, not as a chain of relays first (agent.swarm.relay "Warm starts")
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -70,11 +72,11 @@ from tracker.bencode import bencode
 
 SYSTEMS = (
     "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts",
-    "weightswarm_mmap", "weightswarm_super",
+    "weightswarm_mmap", "weightswarm_super", "weightswarm_bt",
 )
-DEFAULT_SYSTEMS = SYSTEMS[:-3]
-"""`weightswarm_parts`, `weightswarm_mmap` and `weightswarm_super` differ from `weightswarm` in one setting:
-asked for by name."""
+DEFAULT_SYSTEMS = SYSTEMS[:-4]
+"""`weightswarm_parts`, `weightswarm_mmap`, `weightswarm_super` and `weightswarm_bt` differ from
+`weightswarm` in one setting: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -300,6 +302,9 @@ class Bench:
     def weightswarm_mmap(self) -> None:
         self.weightswarm("weightswarm_mmap", ("--disk-io", "mmap"))
 
+    def weightswarm_bt(self) -> None:
+        self.weightswarm("weightswarm_bt", ("--no-relay-seeds",))
+
     def weightswarm_super(self) -> None:
         self.weightswarm("weightswarm_super", ("--super-seed",))
 
@@ -399,6 +404,7 @@ def plot(rows: list[Row], path: Path) -> None:
         "weightswarm_parts": "tab:purple",
         "weightswarm_mmap": "tab:brown",
         "weightswarm_super": "tab:pink",
+        "weightswarm_bt": "tab:cyan",
     }
     # Own y scale per scenario: warm and cold differ by an order of magnitude.
     fig, axes = plt.subplots(1, len(SCENARIOS), figsize=(5 * len(SCENARIOS), 4.5))

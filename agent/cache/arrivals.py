@@ -54,6 +54,8 @@ class Arrival:
     extent: Callable[[int], int] | None = None
     """Set by a producer that writes the blob in parts (agent.core.parts `Shares`): how far from a
     position past `ready` the file is written, so the relay serves every part as it grows."""
+    chain: bool = False
+    """Received from a stream rooted at a seed (a warm start): relayed on to one node at a time."""
     _generation: int = 0
     """Counts `restart`s."""
     _readers: dict[int, int] = field(default_factory=dict)

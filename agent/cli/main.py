@@ -184,6 +184,9 @@ def make_test_model_command(
             help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
 @env_option("--relay-fanout", type=click.IntRange(min=0), metavar="N",
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
+@env_option("--relay-seeds/--no-relay-seeds", default=True, show_default=True,
+            help="Offer blobs seeded whole as relay sources, and take a blob some node has whole as a "
+                 "chain of relays before BitTorrent (a warm start at the links' full rate).")
 @env_option("--origin-holders", type=click.IntRange(min=1), metavar="N",
             help="At most this many nodes pull disjoint parts of one large blob from the origin at "
                  "once; how many do is measured per blob (1 = one holder, no parts) [1].")
@@ -200,7 +203,8 @@ def make_test_model_command(
                  "buffer per connection (0 = the kernel's autotuning) [524288].")
 @env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
 @env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
-            help="BitTorrent upload cap, bytes/s (0 = unlimited).")
+            help="BitTorrent upload cap, bytes/s (0 = unlimited); a capped node passes no whole blob on "
+                 "over the relay (--relay-seeds is off there).")
 @env_option("--download-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent download cap, bytes/s (0 = unlimited).")
 @env_option("--stall-timeout", type=click.FloatRange(min=1), metavar="SECONDS",

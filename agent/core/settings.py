@@ -384,6 +384,11 @@ class SwarmSettings:
     the relay off (a blob then reaches other nodes only once its lease holder has it whole). Each stream
     runs at the origin's pace, so the node's uplink should carry this many times the origin rate."""
 
+    relay_seeds: bool = True
+    """Blobs seeded whole are relay sources too (agent.swarm.relay "Warm starts"): a node that wants a
+    large blob some node holds whole takes it as a chain of relays, before BitTorrent. Needs the relay
+    (`relay_fanout` > 0), and is off on a node with an `upload_rate_limit` (`chains_seeds`)."""
+
     origin_holders: int = 1
     """At most this many nodes pull disjoint parts of one large blob from the origin at once
     (agent.swarm.relay "Parts"). How many do is measured per blob (agent.swarm.admission): the first
@@ -429,6 +434,12 @@ class SwarmSettings:
 
     peer_fingerprint: str = "-WS0100-"
     """Start of the 20-byte peer id (Azureus style), so other clients can recognise our agents."""
+
+    @property
+    def chains_seeds(self) -> bool:
+        """`relay_seeds` in effect: the relay on, and no upload cap (`upload_rate_limit` is libtorrent's; a
+        node capped so would pass a whole blob on over the relay at any rate)."""
+        return self.relay_seeds and self.relay_fanout > 0 and not self.upload_rate_limit
 
     @property
     def several_connections_per_ip(self) -> bool:

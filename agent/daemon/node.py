@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from agent.cache.eviction import repo_id_of, scan_repo
 from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.core.errors import ConfigError, WeightswarmError
+from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.settings import Settings, default_admin_socket
 from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.arenas import limit_malloc_arenas, trim_loop
@@ -146,6 +147,8 @@ class Daemon:
                 else None
             )
             """This node among the relay sources of the blobs it pulls or receives (agent.swarm.relay)."""
+            if relay is not None and s.swarm.chains_seeds:
+                relay.seeds = self._relay_seeds
             self.fetcher = SwarmFetcher(
                 s, self.swarm, self.tracker, self.node_id, self.seeder.remember, relay=relay
             )
@@ -195,6 +198,17 @@ class Daemon:
         if podsync.fleet is not None:
             self.ops.metrics.preheat_counts = podsync.fleet.phase_counts
         return podsync
+
+    def _relay_seeds(self) -> list[str]:
+        """The blobs this node seeds whole that the relay offers (those it would relay while arriving)."""
+        out = []
+        for blob_id, ih in self.seeder.held().items():
+            try:
+                if self.swarm.status(ih).total >= SMALL_FILE_BYTES:
+                    out.append(blob_id)
+            except WeightswarmError:
+                pass  # removed meanwhile
+        return out
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -480,6 +494,7 @@ def build_serve_settings(
     origin_part_min: int | None = None,
     disk_io: str | None = None,
     super_seed: bool = False,
+    relay_seeds: bool = True,
     peer_socket_buffer: int | None = None,
     upload_rate_limit: int | None = None,
     download_rate_limit: int | None = None,
@@ -500,7 +515,7 @@ def build_serve_settings(
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     swarm = dataclasses.replace(
         settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate,
-        super_seed=super_seed,
+        super_seed=super_seed, relay_seeds=relay_seeds,
     )
     if relay_fanout is not None:
         swarm = dataclasses.replace(swarm, relay_fanout=relay_fanout)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
-from agent.cache.arrivals import Arrivals
+from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.eviction import (
     BlobReaders,
     Evicted,
@@ -165,10 +165,24 @@ class NodeOps:
         s = self.settings
         metrics = [metrics_router(self.metrics)] if s.daemon.metrics_on_network else []
         credential = relay_credential(s)
+        if not credential:
+            return [*metrics, hf_router(self.hf)]
         fanout, admits, stall = s.swarm.relay_fanout, self._swarm.admits, self._relay_stall
         parts = functools.partial(blob_parts, settings=s)
-        relay = [relay_router(self._arrivals, credential, admits, fanout, stall, parts)] if credential else []
-        return [*metrics, *relay, hf_router(self.hf)]
+        seeded = self._seeded if s.swarm.chains_seeds else lambda _blob_id: None
+        relay = relay_router(self._arrivals, credential, admits, fanout, stall, parts, seeded)
+        return [*metrics, relay, hf_router(self.hf)]
+
+    def _seeded(self, blob_id: str) -> Arrival | None:
+        """A blob this node seeds whole, for the relay route (a warm start)."""
+        ih = self._seeder.held().get(blob_id)
+        if ih is None:
+            return None
+        try:
+            st = self._swarm.status(ih)
+        except WeightswarmError:
+            return None  # removed meanwhile
+        return Arrival.whole(blob_id, st.total, st.path) if st.state == "seeding" else None
 
     def _remove(self, repo_id: str, revision: str | None, force: bool = False) -> Removed:
         def uses(pin: str) -> bool:

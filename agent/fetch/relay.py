@@ -136,9 +136,12 @@ class RelayReceiver:
         origin: OriginSource,
         progress: FileProgress,
         prefix: Callable[[int], None],
+        patient: bool = True,
     ) -> tuple[BlobHashes, int] | None:
         """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
-        for the caller to install; None when no source could finish it (what arrived stays recorded)."""
+        for the caller to install; None when no source could finish it (what arrived stays recorded).
+        `patient`: wait up to `_NO_SOURCE_WAIT` for a first source to be listed (a holder announces as it
+        starts); else None at once when none is."""
         path = cache.incomplete_path(entry.blob_id)
         start = origin.contiguous_record(cache, entry)
         try:
@@ -159,7 +162,7 @@ class RelayReceiver:
                 r.pos += len(data)
             progress.advance(r.pos)
             prefix(r.pos)
-            self._from_sources(r)
+            self._from_sources(r, _NO_SOURCE_WAIT if patient else 0.0)
         except _SourceFailed as exc:
             log.warning("%s: %s; dropping what was relayed", entry.path, exc)
             cache.discard_partial(entry.blob_id)
@@ -197,7 +200,7 @@ class RelayReceiver:
             log.info("%s: %d bytes of the part at %d relayed by %d sources", r.entry.path, r.received, at, n)
         return r.pos >= r.end
 
-    def _from_sources(self, r: _Receiving) -> None:
+    def _from_sources(self, r: _Receiving, no_source_wait: float = _NO_SOURCE_WAIT) -> None:
         end = r.end
         first_ask = last_progress = time.monotonic()
         known: list[str] = []
@@ -225,7 +228,7 @@ class RelayReceiver:
                 if r.pos >= end or r.cancelled:
                     return
             now = time.monotonic()
-            if not sources and now - first_ask < _NO_SOURCE_WAIT:
+            if not sources and now - first_ask < no_source_wait:
                 time.sleep(_BUSY_PAUSE)
                 continue
             if not sources or (gone == len(sources) and not busy) or now - last_progress > self.stall:

@@ -5,11 +5,12 @@
 Who: requests with the relay credential (`Authorization: Bearer`, derived from the agents' passkey)
 from an address the peer gate admits. Without the credential: 404, as if the route did not exist; with
 it from an address the gate does not know yet: 503, and the gate asks the tracker again. What:
-only blobs arriving now (a complete blob goes by BitTorrent), as far as they are written (each part
-of a blob pulled in parts); 410 for one that failed its end-to-end check here lately, so that a
-receiver drops what it took from this node. How many: `swarm.relay_fanout` streams per blob (per
-part), and only to a receiver this node is ahead of; otherwise 503, and the receiver asks another
-source.
+blobs arriving now, as far as they are written (each part of a blob pulled in parts), and blobs this
+node seeds whole (`swarm.relay_seeds`: a warm start); 410 for one that failed its end-to-end check
+here lately, so that a receiver drops what it took from this node. How many: `swarm.relay_fanout`
+streams per blob (per part) of one arriving from the origin, one of a blob rooted at a seed (seeded
+here, or received from a chain: `Arrival.chain`), and only to a receiver this node is ahead of;
+otherwise 503, and the receiver asks another source.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
 
-from agent.cache.arrivals import Arrivals
+from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.layout import is_blob_id
 from agent.http.stream import arrival_response, parse_range
 
@@ -32,10 +33,12 @@ def relay_router(
     fanout: int,
     stall: float,
     parts: Callable[[int], list[tuple[int, int]]],
+    seeded: Callable[[str], Arrival | None] = lambda _blob_id: None,
 ) -> APIRouter:
     """`admitted(address)`: the peer gate's word on a client address. `parts(size)`: the byte ranges a
     blob of that size is pulled from the origin in (agent.swarm.relay `blob_parts`): each is a relay
-    tree of its own, with `fanout` streams per node."""
+    tree of its own, with `fanout` streams per node. `seeded(blob_id)`: a blob this node seeds whole, as
+    an arrival that is complete (None when it seeds no such blob, or offers none: `swarm.relay_seeds`)."""
     router = APIRouter(tags=["relay"], include_in_schema=False)
     streams: dict[tuple[str, int], int] = {}
     lock = threading.Lock()
@@ -51,7 +54,10 @@ def relay_router(
             # the gate asks the tracker again now): the receiver retries in a moment.
             return Response(status_code=503, headers={"Retry-After": "1"})
         arrival = arrivals.get(blob_id)
-        if arrival is None or arrival.state != "arriving":
+        whole = seeded(blob_id) if arrival is None or arrival.state != "arriving" else None
+        if whole is not None:
+            arrival = whole  # a warm start: the stream is the root of a chain
+        elif arrival is None or arrival.state != "arriving":
             # 410: the blob failed its check here, so what this node relayed of it may be wrong.
             failed = arrival.state == "failed" if arrival is not None else arrivals.failed_recently(blob_id)
             return Response(status_code=410 if failed else 404)
@@ -66,7 +72,9 @@ def relay_router(
             return Response(status_code=503, headers={"Retry-After": "1"})
         key = (blob_id, sum(1 for begin, _ in parts(arrival.size) if begin <= start))
         with lock:
-            if streams.get(key, 0) >= fanout:
+            # A stream rooted at a seed moves at link speed: passed on to one node at a time (a chain), it
+            # keeps every uplink's whole rate; a tree would split each parent's among its children.
+            if streams.get(key, 0) >= (1 if whole is not None or arrival.chain else fanout):
                 return Response(status_code=503, headers={"Retry-After": "1"})
             streams[key] = streams.get(key, 0) + 1
         done = False

@@ -1,7 +1,9 @@
 """The per-blob policy of the swarm: where each blob's bytes come from (ARCHITECTURE "Fetch flow").
 
     1. complete in the local cache                          -> done (size + xxh3 sidecar, no re-hash)
-    2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers
+    2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers; a blob not `small`
+       first as a chain of relays from the nodes that hold it whole (agent.swarm.relay "Warm starts"),
+       when a seed offers it (`swarm.chains_seeds`)
     3. metainfo known, no seeders                           -> ask for the origin lease; the holder
        joins the swarm first and, unless its own announce finds a seeder within
        `swarm.seeder_grace` (then it gives the lease back and does 2), adds the origin (a resolved
@@ -112,9 +114,10 @@ class BlobOutcome:
 OriginDownload = Callable[[Callable[[int], None]], None]
 """Runs the origin engine for this one blob, telling the callable it is given how far the blob is written
 from the start (readers stream that); returns once `blobs/<id>` and its sidecar are installed."""
-RelayDownload = Callable[[Callable[[int], None]], "int | None"]
+RelayDownload = Callable[[Callable[[int], None], bool], "int | None"]
 """Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
-it is written; the bytes received once `blobs/<id>` and its sidecar are installed, else None."""
+it is written, and waiting a moment for a first source to be listed if the bool says so; the bytes
+received once `blobs/<id>` and its sidecar are installed, else None."""
 PartedDownload = Callable[[Callable[[int], None], Shares], int]
 """Runs the origin engine for a blob that comes in parts (agent.core.parts `Shares`), telling the
 callable it is given how far the blob is written from the start; returns the bytes its feeds
@@ -438,6 +441,7 @@ class SwarmFetcher:
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
         peers_stalled = relay_tried = False
         parts = blob_parts(blob.size, self.settings) if parted is not None and self._relayed(blob) else []
+        warm = self.settings.swarm.chains_seeds
         waiting_on: str | None = None
         while True:
             if self._trust.bad_count(blob) >= MAX_BAD_METAINFO:
@@ -446,6 +450,13 @@ class SwarmFetcher:
             info = self._trust.usable(blob, self.tracker.get_metainfo(blob.blob_id))
             state = self.tracker.blob_state(blob.blob_id)
             if info is not None and state.seeders > 0 and not peers_stalled:
+                if relay_download is not None and not relay_tried and self._relayed(blob) and warm:
+                    # A warm start: the seeds offer the blob over the relay, as a chain at link speed
+                    # (agent.swarm.relay "Warm starts"); BitTorrent if none does, or the chain breaks.
+                    relay_tried = True
+                    outcome = self._from_relay(cache, blob, relay_download, chain=True)
+                    if outcome is not None:
+                        return outcome
                 outcome = self._swarm_or_none(cache, blob, info, progress)
                 if outcome is not None:
                     return outcome
@@ -903,15 +914,18 @@ class SwarmFetcher:
         return BlobOutcome("origin")
 
     def _from_relay(
-        self, cache: RepoCache, blob: FileEntry, relay_download: RelayDownload
+        self, cache: RepoCache, blob: FileEntry, relay_download: RelayDownload, chain: bool = False
     ) -> BlobOutcome | None:
-        """The blob from the nodes relaying it (agent.fetch.relay); None when they could not finish it."""
+        """The blob from the nodes relaying it (agent.fetch.relay); None when they could not finish it.
+        `chain`: from seeds (a warm start): relayed on to one node at a time, and no wait for a source
+        to be listed (a seed that offers the blob is listed already)."""
         self._at(blob, "peers")
         self._drop_torrent(blob.blob_id, self._known_info(blob))
         arrival = self._arrival(blob)
         if arrival is not None:
             arrival.restart()
-        received = relay_download(arrival.advance if arrival is not None else lambda _end: None)
+            arrival.chain = chain
+        received = relay_download(arrival.advance if arrival is not None else lambda _end: None, not chain)
         if received is None:
             return None
         self._installed(cache, blob)
