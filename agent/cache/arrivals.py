@@ -80,6 +80,7 @@ class Arrival:
             if self.state == "arriving":
                 self.ready = 0
                 self.extent = None
+                self.chain = False  # the next producer says again (agent.swarm.policy `_from_relay`)
                 self._generation += 1
 
     def finish(self, final_path: Path) -> None:
