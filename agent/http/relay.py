@@ -54,13 +54,13 @@ def relay_router(
             # the gate asks the tracker again now): the receiver retries in a moment.
             return Response(status_code=503, headers={"Retry-After": "1"})
         arrival = arrivals.get(blob_id)
-        whole = seeded(blob_id) if arrival is None or arrival.state != "arriving" else None
-        if whole is not None:
-            arrival = whole  # a warm start: the stream is the root of a chain
-        elif arrival is None or arrival.state != "arriving":
-            # 410: the blob failed its check here, so what this node relayed of it may be wrong.
-            failed = arrival.state == "failed" if arrival is not None else arrivals.failed_recently(blob_id)
-            return Response(status_code=410 if failed else 404)
+        if arrival is None or arrival.state != "arriving":
+            whole = seeded(blob_id)  # a warm start: the stream is the root of a chain
+            if whole is None:
+                # 410: the blob failed its check here, so what this node relayed of it may be wrong.
+                failed = arrivals.failed_recently(blob_id) if arrival is None else arrival.state == "failed"
+                return Response(status_code=410 if failed else 404)
+            arrival = whole
         wanted = parse_range(request.headers.get("range"), arrival.size)
         if wanted == "unsatisfiable":
             return Response(status_code=416, headers={"Content-Range": f"bytes */{arrival.size}"})
@@ -74,7 +74,7 @@ def relay_router(
         with lock:
             # A stream rooted at a seed moves at link speed: passed on to one node at a time (a chain), it
             # keeps every uplink's whole rate; a tree would split each parent's among its children.
-            if streams.get(key, 0) >= (1 if whole is not None or arrival.chain else fanout):
+            if streams.get(key, 0) >= (1 if arrival.state == "finished" or arrival.chain else fanout):
                 return Response(status_code=503, headers={"Retry-After": "1"})
             streams[key] = streams.get(key, 0) + 1
         done = False

@@ -441,7 +441,6 @@ class SwarmFetcher:
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
         peers_stalled = relay_tried = False
         parts = blob_parts(blob.size, self.settings) if parted is not None and self._relayed(blob) else []
-        warm = self.settings.swarm.chains_seeds
         waiting_on: str | None = None
         while True:
             if self._trust.bad_count(blob) >= MAX_BAD_METAINFO:
@@ -450,6 +449,7 @@ class SwarmFetcher:
             info = self._trust.usable(blob, self.tracker.get_metainfo(blob.blob_id))
             state = self.tracker.blob_state(blob.blob_id)
             if info is not None and state.seeders > 0 and not peers_stalled:
+                warm = self.settings.swarm.chains_seeds
                 if relay_download is not None and not relay_tried and self._relayed(blob) and warm:
                     # A warm start: the seeds offer the blob over the relay, as a chain at link speed
                     # (agent.swarm.relay "Warm starts"); BitTorrent if none does, or the chain breaks.
