@@ -29,17 +29,17 @@ from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate, write_failed
-from agent.swarm.relay import RELAY_PATH, RelayDirectory
+from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
 
 _READ = 1 << 20
-_WRITE_WITHIN = 0.1
+_WRITE_WITHIN = 0.02
 """Seconds received bytes may wait to be written (else up to `_READ` of them are written at once). A node
 relays only what it has written, so bytes held back here hold back every node below it in the tree:
 read a whole MiB at a time (httpx `iter_bytes(1 MiB)` fills its chunk first), each hop cost 2 s on a
 0.5 MB/s stream, and the last of 16 nodes, three hops down, finished 6 s after its sources (bench.scaling,
-cold: a 50-s bound)."""
+cold: a 50-s bound). A warm chain has a hop per node: at most 50 writes a second cost little."""
 _NO_SOURCE_WAIT = 3.0
 """Seconds to keep asking for sources when the tracker lists none yet (the holder announces as it starts)."""
 _BUSY_PAUSE = 0.2
@@ -210,10 +210,14 @@ class RelayReceiver:
             sources = known if found is None else found
             known = sources
             random.shuffle(sources)
+            queue, asked = list(sources), 0
             busy = gone = 0
-            for url in sources:
+            # Each source once, and the nodes a busy one names (walking down a chain) once more each.
+            while queue and asked < 2 * len(sources):
+                url = queue.pop(0)
+                asked += 1
                 while True:
-                    status, got = self._stream(url, r)
+                    status, got, named = self._stream(url, r)
                     if got:
                         r.sources.add(url)
                     if status == 410:
@@ -227,6 +231,9 @@ class RelayReceiver:
                 gone += status in (0, 404)
                 if r.pos >= end or r.cancelled:
                     return
+                if named:  # busy, streaming to these: one of them may have room, so ask them first
+                    first = [u for u in sources if httpx.URL(u).host in named and u != url]
+                    queue = first + [u for u in queue if u not in first]
             now = time.monotonic()
             if not sources and now - first_ask < no_source_wait:
                 time.sleep(_BUSY_PAUSE)
@@ -235,8 +242,8 @@ class RelayReceiver:
                 return  # nobody is relaying it (not yet, or no more): the caller asks the tracker again
             time.sleep(_BUSY_PAUSE)
 
-    def _stream(self, url: str, r: _Receiving) -> tuple[int, int]:
-        """From one source, [r.pos, r.end): (its status, bytes taken)."""
+    def _stream(self, url: str, r: _Receiving) -> tuple[int, int, set[str]]:
+        """From one source, [r.pos, r.end): (its status, bytes taken, the nodes it says it streams to)."""
         start, unrecorded, end = r.pos, 0, r.end
         pending = bytearray()
         since = 0.0
@@ -259,7 +266,8 @@ class RelayReceiver:
             ) as resp:
                 where = resp.headers.get("content-range", "")
                 if resp.status_code != 206 or not where.startswith(f"bytes {r.pos}-"):
-                    return resp.status_code, 0
+                    named = resp.headers.get(NEXT_HEADER, "") if resp.status_code == 503 else ""
+                    return resp.status_code, 0, {h.strip() for h in named.split(",") if h.strip()}
                 for piece in resp.iter_bytes():  # what each socket read brought
                     if not pending:
                         since = time.monotonic()
@@ -271,12 +279,12 @@ class RelayReceiver:
                     if r.pos >= end or r.cancelled:
                         break
                 write()
-                return resp.status_code, r.pos - start
+                return resp.status_code, r.pos - start, set()
         except httpx.HTTPError as exc:
             write()  # what came before the source broke is as good as the rest
             what = type(exc).__name__
             log.info("relay source %s stopped at byte %d of %s: %s", url, r.pos, r.entry.path, what)
-            return 0, r.pos - start
+            return 0, r.pos - start, set()
         finally:
             if r.pos > start:
                 r.record()

@@ -9,21 +9,29 @@ blobs arriving now, as far as they are written (each part of a blob pulled in pa
 node seeds whole (`swarm.relay_seeds`: a warm start); 410 for one that failed its end-to-end check
 here lately, so that a receiver drops what it took from this node. How many: `swarm.relay_fanout`
 streams per blob (per part) of one arriving from the origin, one of a blob rooted at a seed (seeded
-here, or received from a chain: `Arrival.chain`), and only to a receiver this node is ahead of;
-otherwise 503, and the receiver asks another source.
+here, or received from a chain: `Arrival.chain`), and only to a receiver this node is ahead of (or
+gets ahead of within `AHEAD_WAIT`); otherwise 503, and the receiver asks another source: first the nodes
+a busy one names in `X-Relay-Next`, the nodes it streams to. The last byte goes as soon as it is written:
+the receiver checks the whole blob itself (agent.cache.arrivals).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import threading
+import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request, Response
 
 from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.layout import is_blob_id
-from agent.http.stream import arrival_response, parse_range
+from agent.http.stream import POLL, arrival_response, parse_range
+from agent.swarm.relay import NEXT_HEADER
+
+AHEAD_WAIT = 1.0
+"""Seconds a request waits for a node that is not ahead of it yet (see the route)."""
 
 
 def relay_router(
@@ -40,7 +48,8 @@ def relay_router(
     tree of its own, with `fanout` streams per node. `seeded(blob_id)`: a blob this node seeds whole, as
     an arrival that is complete (None when it seeds no such blob, or offers none: `swarm.relay_seeds`)."""
     router = APIRouter(tags=["relay"], include_in_schema=False)
-    streams: dict[tuple[str, int], int] = {}
+    streams: dict[tuple[str, int], list[str]] = {}
+    """(blob, part) -> the addresses this node streams it to now."""
     lock = threading.Lock()
     expected = f"Bearer {credential}".encode() if credential else None
 
@@ -66,17 +75,17 @@ def relay_router(
             return Response(status_code=416, headers={"Content-Range": f"bytes */{arrival.size}"})
         span = wanted if isinstance(wanted, tuple) else None
         start = span[0] if span else 0
-        if arrival.available(start) <= start:
-            # Not ahead of the receiver: it asks another source. Streaming only from a node that is ahead
-            # keeps the relay a tree (two receivers waiting on each other would stall both).
-            return Response(status_code=503, headers={"Retry-After": "1"})
         key = (blob_id, sum(1 for begin, _ in parts(arrival.size) if begin <= start))
+        client = request.client.host if request.client else ""
         with lock:
             # A stream rooted at a seed moves at link speed: passed on to one node at a time (a chain), it
             # keeps every uplink's whole rate; a tree would split each parent's among its children.
-            if streams.get(key, 0) >= (1 if arrival.state == "finished" or arrival.chain else fanout):
-                return Response(status_code=503, headers={"Retry-After": "1"})
-            streams[key] = streams.get(key, 0) + 1
+            served = streams.setdefault(key, [])
+            if len(served) >= (1 if arrival.state == "finished" or arrival.chain else fanout):
+                # The nodes this one streams to: the receiver asks them next, and so walks down a chain
+                # to its end in a request a hop, not in a round of every source and a pause.
+                return Response(status_code=503, headers={"Retry-After": "1", NEXT_HEADER: ",".join(served)})
+            served.append(client)
         done = False
 
         def release() -> None:
@@ -85,14 +94,23 @@ def relay_router(
                 if done:
                     return
                 done = True
-                left = streams.get(key, 1) - 1
-                if left > 0:
-                    streams[key] = left
-                else:
+                served = streams.get(key, [])
+                if client in served:
+                    served.remove(client)
+                if not served:
                     streams.pop(key, None)
 
         try:
-            return arrival_response(arrival, span, {}, stall, release)
+            # Streaming only from a node that is ahead keeps the relay a tree (two receivers waiting on
+            # each other would stall both). One that has just found its own source is ahead a moment
+            # later: waited for briefly, so that the nodes of a chain need not ask again one by one.
+            waited = time.monotonic()
+            while arrival.available(start, checked=True) <= start:
+                if arrival.state != "arriving" or time.monotonic() - waited > AHEAD_WAIT:
+                    release()
+                    return Response(status_code=503, headers={"Retry-After": "1"})
+                await asyncio.sleep(POLL)
+            return arrival_response(arrival, span, {}, stall, release, checked=True)
         except BaseException:
             release()
             raise

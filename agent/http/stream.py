@@ -23,8 +23,9 @@ from starlette.background import BackgroundTask
 from agent.cache.arrivals import Arrival
 
 CHUNK = 1 << 20
-POLL = 0.05
-"""Seconds between looks at an arrival that has nothing new to serve."""
+POLL = 0.02
+"""Seconds between looks at an arrival that has nothing new to serve (a look is a lock and a compare;
+each relay hop waits up to this long, and a chain of relays has as many hops as nodes)."""
 
 
 def arrival_response(
@@ -33,15 +34,17 @@ def arrival_response(
     headers: dict[str, str],
     stall: float,
     release: Callable[[], None],
+    checked: bool = False,
 ) -> StreamingResponse:
     """The response streaming `wanted` ([start, end); None: the whole blob, 200) of an arrival; `release`
-    runs once when it ends, however it ends."""
+    runs once when it ends, however it ends. `checked`: the client checks the whole blob itself (another
+    agent), so the last byte goes as soon as it is written (agent.cache.arrivals)."""
     start, end = wanted if wanted is not None else (0, arrival.size)
     headers = {**headers, "Content-Length": str(end - start)}
     if wanted is not None:
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{arrival.size}"
     return StreamingResponse(
-        stream_arrival(arrival, start, end, stall, release),
+        stream_arrival(arrival, start, end, stall, release, checked),
         status_code=206 if wanted is not None else 200,
         headers=headers,
         media_type="application/octet-stream",
@@ -83,6 +86,7 @@ async def stream_arrival(
     end: int,
     stall: float,
     on_done: Callable[[], None],
+    checked: bool = False,
 ) -> AsyncIterator[bytes]:
     """Bytes [start, end) of the arriving blob, in order, as they become servable. Raises `StreamCut`
     when the blob fails, or when no byte becomes servable for `stall` seconds. `on_done` runs once,
@@ -92,7 +96,9 @@ async def stream_arrival(
     last_progress = time.monotonic()
     try:
         while pos < end:
-            data = await anyio.to_thread.run_sync(arrival.read, pos, min(CHUNK, end - pos))
+            data = b""
+            if arrival.available(pos, checked) > pos:  # a look under a lock: no thread for nothing new
+                data = await anyio.to_thread.run_sync(arrival.read, pos, min(CHUNK, end - pos), checked)
             if data:
                 arrival.want(reader, pos + len(data))
                 yield data

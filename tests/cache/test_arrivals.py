@@ -31,6 +31,24 @@ def test_only_the_announced_prefix_is_served_and_never_the_last_byte_before_the_
     assert a.read(990, 10) == data[990:]
 
 
+def test_a_reader_that_checks_the_blob_itself_gets_the_last_byte_once_it_is_written(tmp_path):
+    """Another agent over the relay hashes the whole blob itself: it need not wait for this node's check
+    and install (a chain of relays waited for each node's in turn), and a restart still hides everything."""
+    data = os.urandom(1000)
+    a = arriving(tmp_path, data)
+    a.advance(999)
+    assert a.read(0, 1000, checked=True) == data[:999]  # not written yet
+    a.advance(1000)
+    assert a.read(0, 1000) == data[:999] and a.available(0) == 999  # an HF client still waits
+    assert a.read(0, 1000, checked=True) == data and a.available(0, checked=True) == 1000
+    a.restart()
+    assert a.read(0, 1000, checked=True) == b"" and a.available(0, checked=True) == 0
+    written = {0: 400, 600: 1000}  # in parts: the last part's end is the blob's
+    a.extent = lambda pos: next((end for start, end in written.items() if start <= pos < end), pos)
+    assert a.read(600, 1000) == data[600:999]
+    assert a.read(600, 1000, checked=True) == data[600:]
+
+
 def test_a_restart_hides_what_was_announced_until_the_new_producer_announces_it(tmp_path):
     old = os.urandom(500)
     a = arriving(tmp_path, old)

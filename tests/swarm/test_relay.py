@@ -302,3 +302,36 @@ def test_the_relay_route_answers_only_agents_with_the_credential(one_shard, trac
     with httpx.Client(transport=outsider, timeout=10) as client:
         assert client.get(url, headers=good).status_code == 503
     assert job_a.wait(60)
+
+
+@pytest.mark.timeout(120)
+def test_a_source_about_to_be_ahead_of_a_receiver_waits_for_it(tmp_path, tracker, make_agent):
+    """A node that has just found its own source is behind a receiver for a moment: asked then, it waits
+    (up to a second) and streams, so that the nodes of a chain need not go round their sources and pause
+    once per hop. One seconds behind still says 503, once it has waited."""
+    rate = 1_500_000
+    with model_origin(
+        tmp_path / "hub", "acme/ahead", total_bytes=SHARD, shards=1, seed=59, rate_total=rate
+    ) as origin:
+        shard, blob = shard_blob(origin)
+        data = origin.files[shard]
+        a = make_agent("a", origin, tracker, daemon=LEASE, fetch={"connections_per_file": 1})
+        job_a = a.request_model(origin.repo_id, "main")
+        url = f"{a.api_url}{RELAY_PATH}{blob}"
+        good = {"Authorization": f"Bearer {relay_credential(a.settings)}"}
+
+        def relay(start: int) -> tuple[int, bytes, float]:
+            began = time.monotonic()
+            with httpx.stream("GET", url, headers={**good, "Range": f"bytes={start}-"}, timeout=10) as resp:
+                first = next(resp.iter_bytes(), b"") if resp.status_code == 206 else b""
+                return resp.status_code, first, time.monotonic() - began
+
+        loop_until(lambda: relay(0)[0] == 206, timeout=30, what="a relays the shard to an agent")
+        done = shard_status(job_a, shard)["done"]  # one connection: a's prefix, give or take a read
+        near = done + 300_000  # 0.2 s of a's pace ahead of it
+        status, first, _ = relay(near)
+        assert status == 206 and first == data[near : near + len(first)] and first
+        far = min(done + 9 * MiB, len(data) - 1)  # 6 s ahead: not worth waiting for
+        status, _, took = relay(far)
+        assert status == 503 and 0.9 < took < 5, (status, took)
+        assert job_a.wait(60)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agent.core.settings import DaemonSettings, SwarmSettings
-from agent.swarm.relay import RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
+from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
 from agent.swarm.tracker_client import TrackerClient
 from tests.support.cluster import (
     PASSKEY,
@@ -115,7 +115,10 @@ def test_a_seed_relays_a_whole_blob_to_one_agent_at_a_time_and_to_agents_only(on
             assert resp.status_code == 206
             body = resp.iter_bytes()
             got = bytearray(next(body))
-            assert second.get(url, headers=tail).status_code == 503  # one stream of a whole blob at a time
+            busy = second.get(url, headers=tail)
+            assert busy.status_code == 503  # one stream of a whole blob at a time
+            # The node it streams to: a receiver asks it next (down the chain), not every source in turn.
+            assert busy.headers[NEXT_HEADER] == "127.0.0.1"
             for chunk in body:
                 got += chunk
         assert hashlib.sha256(got).hexdigest() == blob
