@@ -26,7 +26,7 @@ class PartSink(Protocol):
     def cancelled(self) -> bool:
         """The blob failed or finished: stop feeding."""
 
-    def write(self, pos: int, data: bytes) -> None:
+    def write(self, pos: int, data: bytes | memoryview) -> None:
         """`data` at `pos`, which must be `pos` above (a part is written in order); raises once the blob
         is done with (the feed's stream stops there)."""
 

@@ -282,7 +282,7 @@ class Share:
     def cancelled(self) -> bool:
         return self._job.error is not None or self._job.closed
 
-    def write(self, pos: int, data: bytes) -> None:
+    def write(self, pos: int, data: bytes | memoryview) -> None:
         """Raises `_Cancelled` once the blob is done with."""
         job, n = self._job, len(data)
         with job.write_lock:

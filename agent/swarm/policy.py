@@ -155,7 +155,7 @@ class _Claimable:
     def cancelled(self) -> bool:
         return self.share.cancelled or self.claimed.is_set()
 
-    def write(self, pos: int, data: bytes) -> None:
+    def write(self, pos: int, data: bytes | memoryview) -> None:
         self.share.write(pos, data)
 
     def take_over(self) -> None:
