@@ -246,9 +246,9 @@ class RelayReceiver:
         0 when the source could not be reached or broke off.
 
         The body goes from the socket straight into one buffer (`readinto1`: what one socket read brings),
-        from which it is written and hashed: httpx's stream cost a chunk's parsing and three copies of
-        every byte, about half of a receiver's CPU on loopback (py-spy: 7.4 CPU-s a GiB before), and a
-        warm start on two cores is bound by what 7 receivers cost."""
+        from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
+        three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
+        and a warm start on two cores is bound by what its receivers cost."""
         start, unrecorded, end = r.pos, 0, r.end
         view = memoryview(self._buffer())
         held = 0

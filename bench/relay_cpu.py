@@ -1,0 +1,103 @@
+"""CPU a relay stream costs: one seed, one receiver, one blob over the relay on loopback (no shaping).
+
+A warm start on two cores is bound by what the receivers cost (bench.swarm's warm rows are CPU-bound),
+so this measures the relay's receive and send paths alone: a real tracker, two real `agent serve`
+processes, a test hub. Agent a fetches the model from the hub and offers its shard over the relay;
+agent b fetches it (a warm start: the shard comes over the relay) and the CPU seconds (user + system)
+both processes spent during b's fetch are read from /proc. With `--checkout DIR` (e.g. `git worktree
+add DIR REV`) the agents of that checkout run too, interleaved with this tree's.
+
+Usage:
+  .venv/bin/python -m bench.relay_cpu
+  .venv/bin/python -m bench.relay_cpu --size 1024 --runs 3 --checkout /tmp/before
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.support.cluster import AgentProcess, TrackerProcess, admin_request, model_origin
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def fetch(agent: AgentProcess, repo: str, timeout: float = 300) -> None:
+    job = admin_request(agent.url, "POST", "/v1/fetch", json={"repo_id": repo}).json()["job_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        phase = admin_request(agent.url, "GET", f"/v1/jobs/{job}").json()["phase"]
+        if phase == "Ready":
+            return
+        if phase == "Failed":
+            raise SystemExit(f"the fetch on {agent.argv[-1]} failed; see its log")
+        time.sleep(0.05)
+    raise SystemExit(f"the fetch on {agent.argv[-1]} did not finish in {timeout}s")
+
+
+def cpu(agent: AgentProcess) -> float:
+    assert agent.proc is not None
+    t = psutil.Process(agent.proc.pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def one_run(checkout: Path, size_mib: int) -> tuple[float, float, float]:
+    """(wall s, seed CPU s, receiver CPU s) of one relayed fetch by agents of `checkout`."""
+    os.environ["PYTHONPATH"] = str(checkout)  # the agents' `agent` entry point imports that tree
+    with tempfile.TemporaryDirectory(prefix="ws-relay-cpu-") as d:
+        tmp = Path(d)
+        tracker = TrackerProcess(tmp)
+        tracker.start()
+        a = b = None
+        try:
+            with model_origin(tmp / "hub", "bench/relay", total_bytes=size_mib << 20, shards=1, seed=3) as o:
+                a = AgentProcess(tmp, "a", o.hub.url, tracker)
+                a.start()
+                fetch(a, o.repo_id)
+                b = AgentProcess(tmp, "b", o.hub.url, tracker)
+                b.start()
+                time.sleep(12)  # a's offer announced (at the tracker's interval), b settled
+                seed0, recv0, t0 = cpu(a), cpu(b), time.monotonic()
+                fetch(b, o.repo_id)
+                wall, seed, recv = time.monotonic() - t0, cpu(a) - seed0, cpu(b) - recv0
+                if "relayed from" not in b.log.read_text():
+                    raise SystemExit("b did not take the shard over the relay: nothing measured")
+                return wall, seed, recv
+        finally:
+            for agent in (a, b):
+                if agent is not None:
+                    agent.stop()
+            tracker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=512, help="the shard, MiB (default 512)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each checkout (default 3)")
+    ap.add_argument("--checkout", type=Path, default=None, help="also measure the agents of this checkout")
+    args = ap.parse_args(argv)
+    checkouts = {"this tree": HERE}
+    if args.checkout is not None:
+        checkouts[str(args.checkout)] = args.checkout.resolve()
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in checkouts}
+    for _ in range(args.runs):
+        for name, path in checkouts.items():
+            runs[name].append(one_run(path, args.size))
+    gib = args.size / 1024
+    print(f"one {args.size} MiB shard over the relay, loopback; medians of {args.runs} runs")
+    print("| agents | wall s | seed CPU s | receiver CPU s | receiver CPU s per GiB |")
+    print("|---|---|---|---|---|")
+    for name, rows in runs.items():
+        wall, seed, recv = (statistics.median(col) for col in zip(*rows, strict=True))
+        print(f"| {name} | {wall:.2f} | {seed:.2f} | {recv:.2f} | {recv / gib:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
