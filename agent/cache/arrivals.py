@@ -50,10 +50,8 @@ class Arrival:
     """Where the bytes are being written (`blobs/<id>.incomplete`)."""
     final_path: Path | None = None
     """Set by `finish`: the installed blob."""
-    ready: int = 0
-    """Bytes from the start that may be served now (never `size` before `finish`)."""
     written: int = 0
-    """Bytes from the start the producer has in place (`ready` but for the last byte)."""
+    """Bytes from the start the producer has in place."""
     state: str = "arriving"
     """"arriving", "finished" (verified and installed) or "failed"."""
     error: str | None = None
@@ -70,7 +68,13 @@ class Arrival:
     @classmethod
     def whole(cls, blob_id: str, size: int, path: Path) -> Arrival:
         """A blob already complete, read through the same interface."""
-        return cls(blob_id, size, path, final_path=path, ready=size, written=size, state="finished")
+        return cls(blob_id, size, path, final_path=path, written=size, state="finished")
+
+    @property
+    def ready(self) -> int:
+        """Bytes from the start that may be served now to any reader: `written`, but never the last byte
+        before `finish`."""
+        return self.written if self.state == "finished" else min(self.written, self.size - 1)
 
     # -- producer side ------------------------------------------------------------------
 
@@ -79,13 +83,12 @@ class Arrival:
         with self._lock:
             if self.state == "arriving":
                 self.written = max(self.written, min(end, self.size))
-                self.ready = min(self.written, self.size - 1)
 
     def restart(self) -> None:
         """The file is about to be started over: nothing of it may be served until `advance` again."""
         with self._lock:
             if self.state == "arriving":
-                self.ready = self.written = 0
+                self.written = 0
                 self.extent = None
                 self.chain = False  # the next producer says again (agent.swarm.policy `_from_relay`)
                 self._generation += 1
@@ -93,7 +96,7 @@ class Arrival:
     def finish(self, final_path: Path) -> None:
         with self._lock:
             self.final_path = final_path
-            self.ready = self.written = self.size
+            self.written = self.size
             self.state = "finished"
 
     def fail(self, error: str) -> None:
@@ -121,7 +124,7 @@ class Arrival:
         """How far from `pos` the blob may be served now (`pos` itself when nothing is). `checked`: to a
         reader that checks the whole blob itself, which may have the last byte before `finish`."""
         with self._lock:
-            ready = max(self.written, self.ready) if checked else self.ready
+            ready = self.written if checked else self.ready
             extent, state = self.extent, self.state
             last = self.size if checked else self.size - 1
         if pos < ready or extent is None or state != "arriving":
