@@ -164,7 +164,7 @@ def test_a_seed_with_a_corrupt_copy_costs_the_receiver_one_stream_not_its_bytes(
 ):
     """A seed's file changed on disk after it was verified (a bad disk, a hand edit): what it relays fails
     the receiver's sha256, which drops it and takes the blob by BitTorrent (whose piece hashes refuse the
-    bad seed's bad piece)."""
+    bad seed's bad piece) or, where BitTorrent keeps failing, by the origin-lease path."""
     blob = shard_blob(one_shard)
     bad = make_agent("bad", one_shard, tracker)
     fetch_and_wait(bad, one_shard.repo_id)
@@ -184,7 +184,10 @@ def test_a_seed_with_a_corrupt_copy_costs_the_receiver_one_stream_not_its_bytes(
     status = fetch_and_wait(b, one_shard.repo_id)
     assert_snapshot_verifies(status["snapshot"], one_shard)
     assert "relayed bytes fail the blob's sha256" in caplog.text  # b took bad's stream, then dropped it
-    assert torrent_bytes(b, blob)[0] > 0  # and BitTorrent brought the blob
+    # BitTorrent brought the blob, or the trust rule gave up on it: on loopback libtorrent's ban of bad does
+    # not hold (SwarmSettings.allow_multiple_connections_per_ip), so bad can reconnect and serve its bad
+    # piece again until b has had nothing from peers for a while (seen in CI, 1 run in many).
+    assert torrent_bytes(b, blob)[0] > 0 or "taking the origin-lease path" in caplog.text
 
 
 def test_a_seeded_blob_is_offered_on_refresh_and_withdrawn_once_it_is_gone(tracker):
