@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tracker.bencode import bencode
+from tracker.bencode import bdecode, bencode
 
 MIN_PIECE_LENGTH = 256 * 1024
 MAX_PIECE_LENGTH = 16 * 1024 * 1024
@@ -80,3 +80,20 @@ def encoded_info(blob_id: str, size: int, piece_length: int, pieces: bytes) -> b
 def infohash(info: bytes | dict[str, object]) -> str:
     """Hex sha1 of the bencoded info dict (given encoded or as a dict): the torrent's v1 infohash."""
     return hashlib.sha1(info if isinstance(info, bytes) else bencode(info)).hexdigest()
+
+
+def listed_pieces(info: bytes, blob_id: str, size: int) -> bytes | None:
+    """The piece sha1s of `info` when it is exactly the metainfo this node would build for the blob
+    (`encoded_info` at `piece_length_for`), so a copy seeded with them joins the same torrent; else None.
+    Whether they match the blob's bytes is another matter: libtorrent checks each piece it serves."""
+    try:
+        d = bdecode(info)
+    except ValueError:
+        return None
+    pieces = d.get(b"pieces") if isinstance(d, dict) else None
+    if not isinstance(pieces, bytes):
+        return None
+    try:
+        return pieces if encoded_info(blob_id, size, piece_length_for(size), pieces) == info else None
+    except ValueError:  # a count of hashes that does not fit the size
+        return None

@@ -12,6 +12,7 @@ its own sources, written through the origin engine's `PartSink`, which records a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import http.client
 import logging
@@ -136,18 +137,22 @@ class RelayReceiver:
         progress: FileProgress,
         prefix: Callable[[int], None],
         patient: bool = True,
+        pieces: bytes | None = None,
     ) -> tuple[BlobHashes, int] | None:
         """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
         for the caller to install; None when no source could finish it (what arrived stays recorded).
         `patient`: wait up to `_NO_SOURCE_WAIT` for a first source to be listed (a holder announces as it
-        starts); else None at once when none is."""
+        starts); else None at once when none is. `pieces`: the piece sha1s of the metainfo the tracker
+        lists (agent.core.metainfo `listed_pieces`), taken as the blob's instead of hashing its pieces
+        here, a third of a receiver's CPU: the sha256 checks the bytes, and a seed's libtorrent checks each
+        piece before serving it (and never writes to the blob: agent.swarm.session `_add`)."""
         path = cache.incomplete_path(entry.blob_id)
         start = origin.contiguous_record(cache, entry)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
-        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=True)
+        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None)
         r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, origin=origin, fd=fd,
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
@@ -174,6 +179,8 @@ class RelayReceiver:
         if r.pos < entry.size:
             return None
         hashes = hasher.finish()
+        if pieces is not None:
+            hashes = dataclasses.replace(hashes, pieces=pieces)
         if hashes.content_id != entry.blob_id:
             cache.discard_partial(entry.blob_id)
             log.warning("%s: relayed bytes fail the blob's sha256; discarded, fetching it again", entry.path)

@@ -96,10 +96,10 @@ class SwarmSource:
 
         relay = self.relay
 
-        def from_relay(prefix: Callable[[int], None], patient: bool) -> int | None:
+        def from_relay(prefix: Callable[[int], None], patient: bool, pieces: bytes | None) -> int | None:
             nonlocal reported
             assert relay is not None
-            got = relay.receive(plan, entry, cache, self.origin, progress, prefix, patient)
+            got = relay.receive(plan, entry, cache, self.origin, progress, prefix, patient, pieces)
             if got is None:
                 return None
             hashes, received = got

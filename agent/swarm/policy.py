@@ -72,7 +72,7 @@ from agent.core.errors import (
     WeightswarmError,
 )
 from agent.core.hashing import BlobHasher
-from agent.core.metainfo import infohash
+from agent.core.metainfo import infohash, listed_pieces
 from agent.core.parts import PartSink, Shares
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
@@ -114,9 +114,10 @@ class BlobOutcome:
 OriginDownload = Callable[[Callable[[int], None]], None]
 """Runs the origin engine for this one blob, telling the callable it is given how far the blob is written
 from the start (readers stream that); returns once `blobs/<id>` and its sidecar are installed."""
-RelayDownload = Callable[[Callable[[int], None], bool], "int | None"]
+RelayDownload = Callable[[Callable[[int], None], bool, "bytes | None"], "int | None"]
 """Receives the blob from its relay sources (agent.fetch.relay), telling the callable it is given how far
-it is written, and waiting a moment for a first source to be listed if the bool says so; the bytes
+it is written, waiting a moment for a first source to be listed if the bool says so, and taking the piece
+hashes given (the tracker's metainfo) rather than computing them when there are some; the bytes
 received once `blobs/<id>` and its sidecar are installed, else None."""
 PartedDownload = Callable[[Callable[[int], None], Shares], int]
 """Runs the origin engine for a blob that comes in parts (agent.core.parts `Shares`), telling the
@@ -454,7 +455,7 @@ class SwarmFetcher:
                     # A warm start: the seeds offer the blob over the relay, as a chain at link speed
                     # (agent.swarm.relay "Warm starts"); BitTorrent if none does, or the chain breaks.
                     relay_tried = True
-                    outcome = self._from_relay(cache, blob, relay_download, chain=True)
+                    outcome = self._from_relay(cache, blob, relay_download, info, chain=True)
                     if outcome is not None:
                         return outcome
                 outcome = self._swarm_or_none(cache, blob, info, progress)
@@ -495,7 +496,7 @@ class SwarmFetcher:
             if relay_download is not None and not relay_tried and self._relayed(blob):
                 # The holder is pulling the blob from the origin and relaying it: take it as it arrives.
                 relay_tried = True
-                outcome = self._from_relay(cache, blob, relay_download)
+                outcome = self._from_relay(cache, blob, relay_download, info)
                 if outcome is not None:
                     return outcome
                 continue  # ask again at once: the holder may have finished, or died
@@ -914,9 +915,15 @@ class SwarmFetcher:
         return BlobOutcome("origin")
 
     def _from_relay(
-        self, cache: RepoCache, blob: FileEntry, relay_download: RelayDownload, chain: bool = False
+        self,
+        cache: RepoCache,
+        blob: FileEntry,
+        relay_download: RelayDownload,
+        info: bytes | None,
+        chain: bool = False,
     ) -> BlobOutcome | None:
         """The blob from the nodes relaying it (agent.fetch.relay); None when they could not finish it.
+        `info`: the metainfo the tracker lists, if any (its piece hashes are taken, not computed).
         `chain`: from seeds (a warm start): relayed on to one node at a time, and no wait for a source
         to be listed (a seed that offers the blob is listed already)."""
         self._at(blob, "peers")
@@ -925,14 +932,17 @@ class SwarmFetcher:
         if arrival is not None:
             arrival.restart()
             arrival.chain = chain
-        received = relay_download(arrival.advance if arrival is not None else lambda _end: None, not chain)
+        pieces = None if info is None else listed_pieces(info, blob.blob_id, blob.size)
+        advance = arrival.advance if arrival is not None else lambda _end: None
+        received = relay_download(advance, not chain, pieces)
         if received is None:
             return None
         self._installed(cache, blob)
         digest = cache.read_sidecar(blob.blob_id)
         if digest is None:
             raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
-        # The holder publishes the metainfo; ours is the same (same bytes, same piece length).
+        # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the listed
+        # one whose pieces were taken.
         self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
         return BlobOutcome("peers", bytes_from_peers=received)
 

@@ -423,6 +423,14 @@ class Swarm:
             atp.flags |= lt.torrent_flags.super_seeding
         else:
             atp.flags &= ~lt.torrent_flags.super_seeding
+        # A complete blob is the cache's, verified: libtorrent never writes to it. Without upload mode, a
+        # piece failing its check in seed mode (a file changed on disk, a forged metainfo) takes the torrent
+        # into a recheck, after which it downloads what it then lacks into that file, from any peer whose
+        # bytes match the metainfo.
+        if complete:
+            atp.flags |= lt.torrent_flags.upload_mode
+        else:
+            atp.flags &= ~lt.torrent_flags.upload_mode
         atp.max_connections = self.settings.max_connections_per_torrent
         # Under the lock, so the alert loop (`_record_for`) cannot see this torrent's alerts before
         # its record exists: a small blob can be fetched from LAN peers before this thread gets the
@@ -777,6 +785,7 @@ class Swarm:
             rec.current_name = rec.final_name
             rec.complete = True
             self._changed.notify_all()
+        rec.handle.set_flags(lt.torrent_flags.upload_mode)  # as `_add` does for a complete blob
         self._request_save(rec, flush=True)
         # Tell the tracker now: libtorrent's own "completed" announce waits out its back-off from the
         # announces that failed during a tracker or Redis restart, and the seed stayed unlisted for

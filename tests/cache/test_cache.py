@@ -13,7 +13,14 @@ import pytest
 from agent.cache.layout import BlobDigest, RepoCache, repo_folder_name, safe_relpath
 from agent.core.errors import ConfigError, IntegrityError, UnsafePathError
 from agent.core.hashing import BlobHasher
-from agent.core.metainfo import PieceHasher, info_dict, infohash, piece_length_for
+from agent.core.metainfo import (
+    PieceHasher,
+    encoded_info,
+    info_dict,
+    infohash,
+    listed_pieces,
+    piece_length_for,
+)
 from agent.fetch.safetensors import check_index, check_safetensors
 from tests.support.procs import require_module
 from tracker.bencode import bencode
@@ -107,6 +114,22 @@ def test_piece_hasher_matches_independent_sha1s():
     assert infohash(info) == hashlib.sha1(bencode(info)).hexdigest()
     with pytest.raises(ValueError):
         info_dict(BLOB, len(data), 262144, expected[:-20])
+
+
+def test_listed_pieces_are_taken_only_from_the_metainfo_this_node_would_build():
+    size = 600_000
+    pieces = os.urandom(20 * -(-size // piece_length_for(size)))  # hashes of bytes this test never saw
+    info = encoded_info(BLOB, size, piece_length_for(size), pieces)
+    assert listed_pieces(info, BLOB, size) == pieces
+    assert listed_pieces(info, BLOB, size + 1) is None  # another size
+    assert listed_pieces(info, "b" * 64, size) is None  # another blob
+    double = 2 * piece_length_for(size)
+    other_length = bencode(info_dict(BLOB, size, double, pieces[: 20 * -(-size // double)]))
+    assert listed_pieces(other_length, BLOB, size) is None  # seeded so, it would be another torrent
+    extra = bencode({**info_dict(BLOB, size, piece_length_for(size), pieces), "private": 1})
+    assert listed_pieces(extra, BLOB, size) is None
+    for junk in (b"", b"i3e", b"d6:pieces3:abce", info[:-1]):
+        assert listed_pieces(junk, BLOB, size) is None
 
 
 def test_infohash_agrees_with_libtorrent():

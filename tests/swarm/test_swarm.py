@@ -707,3 +707,39 @@ def test_a_downloader_gets_a_blob_at_once_from_a_peer_that_just_finished_it(tmp_
         assert all(n >= 1 for pair in connected for n in pair), connected
         for blob in blobs:
             assert sha256_of(tmp_path / "b" / blob.blob_id) == blob.sha256
+
+
+def test_a_seed_whose_metainfo_does_not_match_its_file_never_writes_to_it(tmp_path, swarms):
+    """A relayed blob is seeded under the tracker's metainfo, whose piece hashes the node did not compute
+    (its sha256 checked the bytes). A forged metainfo (the blob's name and size, another file's pieces):
+    the first piece a peer asks for fails its check, libtorrent leaves seed mode and rechecks, and then
+    would download every piece again, into the cache's verified file, from a peer holding bytes that match
+    the forgery. A complete blob is the cache's: it is seeded in upload mode, never written."""
+    blob = make_blob(2 * MiB, 7)
+    forged = make_blob(2 * MiB, 8)
+    hasher = PieceHasher(PIECE)
+    hasher.update(forged.data)
+    forged_info = bencode(info_dict(blob.blob_id, len(blob.data), PIECE, hasher.digest()))
+    node = open_swarm(swarms, tmp_path / "n-state")
+    path = write_blob(tmp_path / "n", blob)
+    ih = node.seed(path, forged_info, [])
+    forger, asker = stock_session(), stock_session()
+    (tmp_path / "forger").mkdir()
+    (tmp_path / "forger" / blob.blob_id).write_bytes(forged.data)
+    for ses, save, have in ((forger, tmp_path / "forger", True), (asker, tmp_path / "asker", False)):
+        atp = lt.add_torrent_params()
+        atp.ti = lt.torrent_info(b"d4:info" + forged_info + b"e")
+        atp.save_path = str(save)
+        if have:
+            atp.have_pieces = [True] * atp.ti.num_pieces()
+        atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+        ses.add_torrent(atp).connect_peer(("127.0.0.1", node.listen_port))
+    handle = node._torrents[ih].handle
+    loop_until(lambda: not handle.status().is_seeding, timeout=30, what="the node's check of a piece failing")
+    node.add_peer(ih, "127.0.0.1", forger.listen_port())  # seed to seed, they had parted
+    (forging,) = forger.get_torrents()
+    deadline = time.monotonic() + 5  # without upload mode the forger's 2 MiB were in the file within a second
+    while time.monotonic() < deadline and not forging.status().total_payload_upload:
+        time.sleep(0.1)
+    assert forging.status().total_payload_upload == 0
+    assert sha256_of(path) == blob.sha256

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.core import hashing
 from agent.core.settings import DaemonSettings, SwarmSettings
 from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
 from agent.swarm.tracker_client import TrackerClient
@@ -71,7 +72,7 @@ def offered(tracker, blob: str, port: int = 7471) -> list:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("relay_seeds", [True, False])
 def test_a_blob_a_node_has_whole_comes_over_the_relay_before_bittorrent(
-    one_shard, tracker, make_agent, relay_seeds
+    one_shard, tracker, make_agent, relay_seeds, monkeypatch
 ):
     blob = shard_blob(one_shard)
     a = make_agent("a", one_shard, tracker, relay_seeds=relay_seeds)
@@ -80,6 +81,14 @@ def test_a_blob_a_node_has_whole_comes_over_the_relay_before_bittorrent(
     if relay_seeds:
         loop_until(lambda: len(offered(tracker, blob)) == 1, timeout=10, what="a offers the blob")
     one_shard.hub.reset_counters()
+    piece_hashed: list[int] = []
+
+    class CountingPieceHasher(hashing.PieceHasher):
+        def update(self, data: bytes | bytearray | memoryview) -> None:
+            piece_hashed.append(memoryview(data).nbytes)
+            super().update(data)
+
+    monkeypatch.setattr(hashing, "PieceHasher", CountingPieceHasher)  # b runs in this process
     b = make_agent("b", one_shard, tracker, relay_seeds=relay_seeds)
     status = fetch_and_wait(b, one_shard.repo_id)
     assert_snapshot_verifies(status["snapshot"], one_shard)
@@ -88,6 +97,9 @@ def test_a_blob_a_node_has_whole_comes_over_the_relay_before_bittorrent(
     assert one_shard.hub.egress_bytes < 64 * 1024  # the shard from a (a small file may come from the hub)
     # Over the relay, libtorrent brought none of it (b seeds it now); without, BitTorrent brought it all.
     assert torrent_bytes(b, blob) == ((0, 0) if relay_seeds else (len(data), 0))
+    # Either way b seeds it under a's metainfo, whose piece hashes it took: the sha256 checked the bytes.
+    assert b.held_blobs()[blob] == a.held_blobs()[blob]
+    assert sum(piece_hashed) == 0
 
 
 def test_a_seed_relays_a_whole_blob_to_one_agent_at_a_time_and_to_agents_only(one_shard, tracker, make_agent):
