@@ -737,9 +737,8 @@ def test_a_seed_whose_metainfo_does_not_match_its_file_never_writes_to_it(tmp_pa
     handle = node._torrents[ih].handle
     loop_until(lambda: not handle.status().is_seeding, timeout=30, what="the node's check of a piece failing")
     node.add_peer(ih, "127.0.0.1", forger.listen_port())  # seed to seed, they had parted
-    (forging,) = forger.get_torrents()
     deadline = time.monotonic() + 5  # without upload mode the forger's 2 MiB were in the file within a second
-    while time.monotonic() < deadline and not forging.status().total_payload_upload:
+    while time.monotonic() < deadline and not handle.status().total_payload_download:
         time.sleep(0.1)
-    assert forging.status().total_payload_upload == 0
+    assert handle.status().total_payload_download == 0
     assert sha256_of(path) == blob.sha256
