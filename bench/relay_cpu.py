@@ -23,21 +23,22 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.cluster import AgentProcess, TrackerProcess, admin_request, model_origin
+from agent.http.client import AgentClient
+from tests.support.cluster import AgentProcess, TrackerProcess, model_origin
 
 HERE = Path(__file__).resolve().parent.parent
 
 
 def fetch(agent: AgentProcess, repo: str, timeout: float = 300) -> None:
-    job = admin_request(agent.url, "POST", "/v1/fetch", json={"repo_id": repo}).json()["job_id"]
+    client = AgentClient(agent.url)
+    job = client.start_fetch(repo, "main", [], [])["job_id"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        phase = admin_request(agent.url, "GET", f"/v1/jobs/{job}").json()["phase"]
+        phase = client.job(job, wait=1.0)["phase"]  # answers as soon as the job ends
         if phase == "Ready":
             return
         if phase == "Failed":
             raise SystemExit(f"the fetch on {agent.argv[-1]} failed; see its log")
-        time.sleep(0.05)
     raise SystemExit(f"the fetch on {agent.argv[-1]} did not finish in {timeout}s")
 
 
