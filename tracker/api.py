@@ -248,13 +248,17 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         return Response(await metrics.render(store), media_type="text/plain; version=0.0.4")
 
     # -- blobs ---------------------------------------------------------------------------
-    async def blob_state(blob_id: str) -> dict[str, Any]:
+    async def swarm_counts(blob_id: str) -> tuple[str | None, SwarmCounts]:
+        """The blob's infohash (None while no metainfo is published) and its torrent's counts."""
         meta = await store.get_metainfo(blob_id)
         infohash = meta[0] if meta else None
-        counts = SwarmCounts()
-        if infohash:
-            ih = bytes.fromhex(infohash)
-            counts = (await store.scrape([ih]))[ih]
+        if not infohash:
+            return None, SwarmCounts()
+        ih = bytes.fromhex(infohash)
+        return infohash, (await store.scrape([ih]))[ih]
+
+    async def blob_state(blob_id: str) -> dict[str, Any]:
+        infohash, counts = await swarm_counts(blob_id)
         holders = await store.lease_holders(blob_id)
         return {
             "blob_id": blob_id,
@@ -384,8 +388,9 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
         node asking again renews it, and its stall clock starts over (it started over). Others get
         granted=false and who holds it (`leases`: each holder's reported bytes and idle seconds),
         unless `stale_after` lets them take over the lease of a holder that made no progress for
-        that long. For `lease_amnesty` seconds after the store lost its state, only former holders
-        get a lease, and a refusal says in `retry_in` when others may ask again."""
+        that long. A grant says how many seeders the blob has (`seeders`, counted after it). For
+        `lease_amnesty` seconds after the store lost its state, only former holders get a lease, and a
+        refusal says in `retry_in` when others may ask again."""
         ttl = min(body.ttl, settings.max_lease_ttl)
         amnesty = await state_loss.amnesty_left()
         if amnesty > 0:
@@ -399,7 +404,13 @@ def create_api(settings: TrackerSettings, store: Store, metrics: Metrics) -> Fas
             check_blob_id(blob_id), body.node_id, ttl, settings.max_lease_holders, body.stale_after
         )
         (metrics.lease_grants if state.granted else metrics.lease_denials).inc()
-        return lease_json(state, body.node_id)
+        reply = lease_json(state, body.node_id)
+        if state.granted:
+            # Counted after the grant, so a seeder that announced since the asker last looked is in it:
+            # a holder told 0 goes to the origin at once, instead of waiting for its own announce's
+            # answer to say the same (agent.swarm.policy `_seeder_appeared`; about a second).
+            reply["seeders"] = (await swarm_counts(blob_id))[1].complete
+        return reply
 
     @app.post("/v1/leases/{blob_id}/heartbeat", tags=["leases"], dependencies=agent_only)
     async def heartbeat(blob_id: str, body: HeartbeatRequest) -> dict[str, Any]:

@@ -358,8 +358,9 @@ class SwarmSettings:
 
     seeder_grace: float = 3.0
     """Seconds an origin-lease holder whose metainfo is known first waits for its own announce to
-    find a seeder, before adding the origin as web seed. Closes the race between a seeder's announce
-    and our tracker query; with truly no seeders the announce reply ends the wait in milliseconds."""
+    find a seeder, before adding the origin as web seed, when the tracker's grant does not count the
+    blob's seeders (an older tracker; the count, taken after the grant, closes the same race between a
+    seeder's announce and our tracker query). With no seeders the announce reply ends the wait."""
 
     lease_spread: float = 2.0
     """Seconds a node that already holds an origin lease waits before asking for another (blobs of

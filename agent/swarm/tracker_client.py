@@ -64,6 +64,8 @@ class Lease:
     """Seconds since the idlest holder's reported bytes last changed (None: the tracker cannot say)."""
     retry_in: float | None = None
     """Seconds until the tracker grants leases again after losing its state (None: not refused for that)."""
+    seeders: int | None = None
+    """With a grant, the blob's seeders as the tracker counted them after granting (None: not said)."""
 
 
 class TrackerClient:
@@ -264,6 +266,7 @@ class TrackerClient:
             expires_in=float(data.get("expires_in") or 0.0),
             holder_idle=max(idle) if idle else None,
             retry_in=float(data["retry_in"]) if data.get("retry_in") is not None else None,
+            seeders=int(data["seeders"]) if data.get("seeders") is not None else None,
         )
 
     def heartbeat(

@@ -141,6 +141,12 @@ def test_a_known_blob_comes_over_parallel_origin_ranges_and_is_relayed(tmp_path,
         origin.hub.reset_counters()
 
         a = make_agent("a", origin, tracker, daemon=LEASE)
+        assert a.swarm is not None
+        joined: list[str] = []  # blobs whose torrent a joined to download them (the call goes through)
+        download = a.swarm.download
+        a.swarm.download = lambda blobs_dir, blob_id, *rest, **kw: (  # type: ignore[method-assign]
+            joined.append(blob_id) or download(blobs_dir, blob_id, *rest, **kw)
+        )
         job_a = a.request_model(origin.repo_id, "main")
         loop_until(lambda: holder(tracker, blob) == a.node_id, timeout=30, what="a holds the origin lease")
         b = make_agent("b", origin, tracker, daemon=LEASE)
@@ -155,6 +161,9 @@ def test_a_known_blob_comes_over_parallel_origin_ranges_and_is_relayed(tmp_path,
         assert shard_status(job_a, shard)["source"] == "origin"
         assert shard_status(job_b, shard)["source"] == "peers"
         assert origin.hub.egress_bytes < 1.05 * origin.size
+        # The grant said the shard had no seeder: a went to the origin without first joining its torrent
+        # to hear the same from its own announce (about a second, bench.swarm cold-known).
+        assert blob not in joined, joined
         # Neither node's libtorrent moved the shard: no web seed on the holder, no BitTorrent on b.
         for d in (a, b):
             assert d.swarm is not None

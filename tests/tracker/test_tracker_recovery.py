@@ -132,6 +132,27 @@ def test_a_holder_whose_bytes_stop_moving_can_be_taken_over(store_settings: Trac
         assert "tracker_lease_takeovers_total 1.0" in t.http.get("/metrics").text
 
 
+def test_a_grant_counts_the_seeders_after_it(store_settings: TrackerSettings) -> None:
+    """A grant says how many seeders the blob has, counted after granting: the new holder learns of a
+    seeder that announced since it last looked without waiting for its own announce (agent.swarm.policy
+    `_seeder_appeared`). A refusal says nothing of seeders (the asker waits; it does not pull)."""
+    blob_id, info = make_info(TRUE_BYTES)
+    ih = hashlib.sha1(info).digest()
+    with run_server(store_settings) as t:
+
+        def ask(node: str) -> dict:
+            return dict(t.http.post(f"/v1/leases/{blob_id}", json={"node_id": node, "ttl": 60}).json())
+
+        first = ask("a")
+        assert first["granted"] and first["seeders"] == 0, "no metainfo yet: nobody can seed it"
+        assert "seeders" not in ask("b")
+        t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info).raise_for_status()
+        assert ask("a")["seeders"] == 0, "metainfo, no seeder"
+        t.announce(ih, b"-WS0100-" + bytes(12), 7001, left=0, event="completed")
+        t.announce(ih, b"-WS0100-" + bytes(11) + b"\x01", 7002, left=5)  # a leecher is not a seeder
+        assert ask("a")["seeders"] == 1
+
+
 def test_a_holder_that_asks_again_starts_its_stall_clock_over(store_settings: TrackerSettings) -> None:
     """A restarted agent asks for its lease again: from then on it is a fresh holder, not one idle for
     as long as its process was dead (the chaos run's all-at-once scenario: a waiter took over a holder
