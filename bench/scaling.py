@@ -61,7 +61,7 @@ def series(rows: list[dict], scenario: str, system: str) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print()
     head = f"{'N':>4}  {'scenario':<9}{'system':<13}{'max/bnd':>8}{'med/bnd':>8}{'egress/S':>9}{'anon':>9}"
-    head += f"{'CPU':>6}"
+    head += f"{'CPU':>6}{'steal':>6}"
     print(head)
     print("-" * len(head))
     for row in sorted(rows, key=lambda r: (SCENARIOS.index(r["scenario"]), r["system"], r["n"])):
@@ -69,7 +69,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{row['n']:>4}  {row['scenario']:<9}{row['system']:<13}{ratio(row, 'max'):>8.2f}"
             f"{ratio(row, 'median'):>8.2f}{row['egress'] / row['size']:>9.2f}{anon:>9}"
-            f"{row['cpu_busy'] * 100:>5.0f}%"
+            f"{row['cpu_busy'] * 100:>5.0f}%{row.get('cpu_steal', 0.0) * 100:>5.0f}%"
         )
     print()
     for scen in SCENARIOS:

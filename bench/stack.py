@@ -102,6 +102,10 @@ class FetchResult:
     owns. libtorrent 2.x mmaps the blobs it serves, so RSS also counts page-cache pages of those
     files, which the kernel drops under pressure: the memory target is judged on this."""
     cpu_busy: float = 0.0
+    """The machine's mean CPU use, steal included (as psutil's `cpu_percent` counts it)."""
+    cpu_steal: float = 0.0
+    """The part of it the hypervisor gave to other guests (steal): on this shared machine up to half of
+    both cores at times (a /proc/stat sampler during `bench.swarm --nodes 32`), which no run controls."""
 
 
 class Stack:
@@ -354,10 +358,11 @@ class Stack:
         res = FetchResult()
         for node in nodes:
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
-        psutil.cpu_percent(None)
+        psutil.cpu_times_percent(None)
         t0 = time.monotonic()
         procs = {n: self.c.spawn(n, argv_for(n), self.env, self.log(f"{tag}-{n}")) for n in nodes}
         cpu: list[float] = []
+        steal: list[float] = []
         pending = set(nodes)
         deadline = t0 + timeout
         last_sample = 0.0
@@ -382,9 +387,10 @@ class Stack:
             now = time.monotonic()
             if now - last_sample >= 0.5:
                 last_sample = now
-                cpu.append(psutil.cpu_percent(None))
-                for pid in rss_pids():
-                    rss, anon = _memory(pid)
+                use = psutil.cpu_times_percent(None)
+                cpu.append(100.0 - use.idle - use.iowait)
+                steal.append(use.steal)
+                for rss, anon in _memory(rss_pids()):
                     res.peak_rss, res.peak_anon = max(res.peak_rss, rss), max(res.peak_anon, anon)
             time.sleep(0.05)
         for n in pending:
@@ -392,20 +398,35 @@ class Stack:
         for p in procs.values():
             self.c.stop(p)
         res.cpu_busy = sum(cpu) / len(cpu) / 100 if cpu else 0.0
+        res.cpu_steal = sum(steal) / len(steal) / 100 if steal else 0.0
         return res
 
     def agent_pids(self) -> list[int]:
         return [p.pid for p in self.agents.values() if p.poll() is None]
 
 
-def _memory(pid: int) -> tuple[int, int]:
-    """(RSS, RssAnon) bytes of a process and its children; (0, 0) if gone."""
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-        return sum(int(p.memory_info().rss) for p in procs), sum(_rss_anon(p.pid) for p in procs)
-    except psutil.Error:
-        return 0, 0
+def _memory(pids: Sequence[int]) -> list[tuple[int, int]]:
+    """(RSS, RssAnon) bytes of each process with its children ((0, 0) for one gone), from one scan of the
+    process table for all of them. psutil's `children()` scans the whole table per call: sampling 32
+    agents twice a second that way kept this process at 0.5 CPU-s per 2 s (a quarter of a core the
+    agents under test did not get; /tmp sampler of /proc during `bench.swarm --nodes 32`, warm)."""
+    kids: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
+    sizes = []
+    for pid in pids:
+        tree = [pid]
+        for member in tree:  # grows as it goes: the whole subtree
+            tree += kids.get(member, [])
+        rss = anon = 0
+        for member in tree:
+            try:
+                rss += int(psutil.Process(member).memory_info().rss)
+            except psutil.Error:
+                continue
+            anon += _rss_anon(member)
+        sizes.append((rss, anon))
+    return sizes
 
 
 def _rss_anon(pid: int) -> int:
