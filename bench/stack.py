@@ -105,7 +105,7 @@ class FetchResult:
     """The machine's mean CPU use, steal included (as psutil's `cpu_percent` counts it)."""
     cpu_steal: float = 0.0
     """The part of it the hypervisor gave to other guests (steal): on this shared machine up to half of
-    both cores at times (a /proc/stat sampler during `bench.swarm --nodes 32`), which no run controls."""
+    both cores at times (`bench.cpu_sample` beside `bench.swarm --nodes 32`), which no run controls."""
 
 
 class Stack:
@@ -409,7 +409,7 @@ def _memory(pids: Sequence[int]) -> list[tuple[int, int]]:
     """(RSS, RssAnon) bytes of each process with its children ((0, 0) for one gone), from one scan of the
     process table for all of them. psutil's `children()` scans the whole table per call: sampling 32
     agents twice a second that way kept this process at 0.5 CPU-s per 2 s (a quarter of a core the
-    agents under test did not get; /tmp sampler of /proc during `bench.swarm --nodes 32`, warm)."""
+    agents under test did not get; `bench.cpu_sample` beside `bench.swarm --nodes 32`, warm)."""
     kids: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["ppid"]):
         kids.setdefault(proc.info["ppid"], []).append(proc.pid)
