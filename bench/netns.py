@@ -29,6 +29,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,9 +60,11 @@ def have_netns_support() -> str | None:
 
 
 def _run(
-    argv: Sequence[str], check: bool = True, timeout: float = _CMD_TIMEOUT
+    argv: Sequence[str], check: bool = True, timeout: float = _CMD_TIMEOUT, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(
+        list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[:300]}")
     return proc
@@ -183,6 +186,10 @@ class Cluster:
         """The address of member `name` inside the cluster."""
         return self._addr[name]
 
+    def mac(self, name: str) -> str:
+        """The MAC address of member `name`'s eth0 (locally administered, from its address)."""
+        return f"02:77:73:00:00:{int(self._addr[name].rsplit('.', 1)[1]):02x}"
+
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> Cluster:
         atexit.register(self.close)
@@ -218,9 +225,10 @@ class Cluster:
             ns = self.ns(name)
             self._add_ns(ns)
             peer = f"v{k}"
-            _run(
-                ["ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", peer, "netns", br]
-            )
+            _run([
+                "ip", "link", "add", "eth0", "netns", ns, "address", self.mac(name),
+                "type", "veth", "peer", "name", peer, "netns", br,
+            ])
             _run(["ip", "-n", br, "link", "set", peer, "master", "br0"])
             _run(["ip", "-n", br, "link", "set", peer, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.ip(name)}/24", "dev", "eth0"])
@@ -228,6 +236,17 @@ class Cluster:
             up = self.origin_rate if name == "origin" else self.node_rate
             self._shape(ns, "eth0", up)
             self._shape(br, peer, self.node_rate)
+        # Every member knows every other's MAC address from the start. The kernel keeps one ARP table
+        # for all namespaces, capped at net.ipv4.neigh.default.gc_thresh3 (1024) learned entries: 34
+        # members that all talk to each other need 1,122, and past the cap a connection to a member not
+        # in the table yet waits out its SYN retries ("neighbor table overflow!" in dmesg). That held
+        # one node of every 32-node run 10 s per connect. Permanent entries do not count toward the cap.
+        for name in self.members:
+            table = "".join(
+                f"neigh replace {self.ip(other)} lladdr {self.mac(other)} dev eth0 nud permanent\n"
+                for other in self.members if other != name
+            )
+            _run(["ip", "-n", self.ns(name), "-batch", "-"], stdin=table)
 
     def _add_ns(self, ns: str) -> None:
         _run(["ip", "netns", "add", ns])
@@ -345,6 +364,27 @@ class Cluster:
     @property
     def procs(self) -> list[Proc]:
         return list(self._procs)
+
+    def net_counters(self) -> dict[str, dict[str, int]]:
+        """Counters that tell a slow network apart from a slow process, per member (each counts from its
+        namespace's creation: subtract an earlier reading). `listen_drops`: connections a listener's full
+        accept queue refused (its process did not accept in time); `syn_retrans`: SYNs sent again (a
+        connect that waits 1, 3, 7 s); `rto`: retransmission timeouts; `qdisc_drops`: packets the shaped
+        links dropped (both ends of the member's veth)."""
+        names = {"ListenDrops": "listen_drops", "TCPSynRetrans": "syn_retrans", "TCPTimeouts": "rto"}
+        counters = {}
+        for k, member in enumerate(self.members):
+            got = dict.fromkeys((*names.values(), "qdisc_drops"), 0)
+            text = self.run(member, ["cat", "/proc/net/netstat"], timeout=5).stdout.splitlines()
+            for head, values in zip(text[::2], text[1::2], strict=False):
+                for key, value in zip(head.split()[1:], values.split()[1:], strict=False):
+                    if key in names:
+                        got[names[key]] += int(value)
+            for ns, dev in ((self.ns(member), "eth0"), (self.ns("br"), f"v{k}")):
+                out = _run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev], check=False).stdout
+                got["qdisc_drops"] += sum(int(d) for d in re.findall(r"dropped (\d+)", out))
+            counters[member] = got
+        return counters
 
 
 # -- shaping check -----------------------------------------------------------------------

@@ -64,7 +64,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
@@ -104,6 +104,8 @@ class Row:
     cpu_busy: float
     peak_anon: int = 0
     cpu_steal: float = 0.0
+    net: dict[str, int] = field(default_factory=dict)
+    """What the members' network stacks counted during the run, summed (bench.netns `net_counters`)."""
 
     @property
     def median(self) -> float:
@@ -169,7 +171,19 @@ class Bench:
         self.rows: list[Row] = []
         self.errors: list[str] = []
 
-    def record(self, system: str, scenario: str, receivers: list[str], res: FetchResult, egress: int) -> None:
+    def record(
+        self,
+        system: str,
+        scenario: str,
+        receivers: list[str],
+        res: FetchResult,
+        egress: int,
+        net0: dict[str, dict[str, int]],
+    ) -> None:
+        now = self.stack.c.net_counters()
+        each = {m: {k: v - net0.get(m, {}).get(k, 0) for k, v in c.items()} for m, c in now.items()}
+        net = {k: sum(c[k] for c in each.values()) for k in next(iter(each.values()))}
+        worst = max(each, key=lambda m: each[m]["listen_drops"])
         warm = scenario == "warm"
         bound = lower_bound(
             self.model.size, len(receivers), len(self.nodes), self.a.node_rate, self.a.origin_rate, warm
@@ -187,6 +201,7 @@ class Bench:
             res.cpu_busy,
             res.peak_anon,
             res.cpu_steal,
+            net,
         )
         self.rows.append(row)
         status = (
@@ -197,6 +212,9 @@ class Bench:
             f"egress {egress / self.model.size:5.2f}xS  {status}",
             flush=True,
         )
+        most = each[worst]["listen_drops"]
+        where = f" (listen drops most on {worst}: {most})" if most else ""
+        print("    network: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items()) + where)
 
     # -- naive -----------------------------------------------------------------------------
     def naive(self) -> None:
@@ -207,6 +225,7 @@ class Bench:
             s.wipe(self.nodes)
             s.log_prefix = f"naive-{scenario}-"
             e0 = s.egress()
+            net0 = s.c.net_counters()
             fetch_pids = lambda: [p.pid for p in s.c.procs if p.argv[1:2] == ["fetch"]]  # noqa: E731
             res = s.run_fetches(
                 receivers,
@@ -215,7 +234,7 @@ class Bench:
                 "fetch",
                 rss_pids=fetch_pids,
             )
-            self.record("naive", scenario, receivers, res, s.egress() - e0)
+            self.record("naive", scenario, receivers, res, s.egress() - e0, net0)
         s.wipe(self.nodes)
 
     # -- aria2c ----------------------------------------------------------------------------
@@ -277,6 +296,7 @@ class Bench:
                         time.sleep(0.1)
                     s.wipe(receivers)
                 e0 = s.egress()
+                net0 = s.c.net_counters()
                 aria_pids = lambda: [p.pid for p in s.c.procs if p.argv[:1] == ["aria2c"]]  # noqa: E731
                 res = s.run_fetches(
                     receivers,
@@ -286,7 +306,7 @@ class Bench:
                     done=self._aria2_done,
                     rss_pids=aria_pids,
                 )
-                self.record("aria2c", scenario, receivers, res, s.egress() - e0)
+                self.record("aria2c", scenario, receivers, res, s.egress() - e0, net0)
             finally:
                 for p in seeders:
                     s.c.stop(p)
@@ -339,6 +359,7 @@ class Bench:
                             raise RuntimeError("n0 did not announce its blobs as a seeder within 120s")
                         time.sleep(0.5)
                 e0 = s.egress()
+                net0 = s.c.net_counters()
                 res = s.run_fetches(
                     receivers,
                     lambda n: s.fetch_agent_argv(n, self.model),
@@ -346,7 +367,7 @@ class Bench:
                     "fetch",
                     rss_pids=s.agent_pids,
                 )
-                self.record(name, scenario, receivers, res, s.egress() - e0)
+                self.record(name, scenario, receivers, res, s.egress() - e0, net0)
                 if res.failures and scenario == "cold":
                     raise RuntimeError("cold did not complete; warm needs n0's copy from it")
             finally:

@@ -85,6 +85,11 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         # Connect to new peers quickly: a cold start adds many peers at once.
         "connection_speed": 200,
         "smooth_connects": False,
+        # The accept queue of the BitTorrent port (libtorrent's default: 5). Every node that starts
+        # a model connects to every peer once per blob, so a node takes hundreds of connections at
+        # once; past the queue the kernel drops each SYN and the peer's connect waits 1 s, then 3 s,
+        # 7 s (bench.swarm, 32 nodes warm: 2,153 SYNs dropped, 1,049 sent again).
+        "listen_queue_size": 512,
         # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
         # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
         # retries after min_reconnect_time: each blob fetched from a lease holder that had just
