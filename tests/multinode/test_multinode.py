@@ -128,6 +128,27 @@ def test_shaping_matches_configuration(tmp_path: Path) -> None:
     assert 0.8 * 40e6 <= node_to_node <= 1.05 * 40e6, node_to_node
 
 
+def test_every_member_knows_every_other_members_address_without_asking() -> None:
+    """The kernel keeps one ARP table for all namespaces, capped at 1,024 learned entries: 32 nodes, the
+    origin and the tracker need 1,122, and past the cap connects went unanswered (dmesg: "neighbor table
+    overflow!"). Each namespace holds a permanent entry for every other member, and it is that member's
+    real MAC address, so no member ever learns an entry."""
+    _require_netns()
+    with Cluster(nodes=2, node_rate=10e6, origin_rate=10e6) as c:
+        macs = {}
+        for member in c.members:
+            link = c.run(member, ["ip", "-o", "link", "show", "eth0"]).stdout
+            macs[member] = link.split("link/ether ")[1].split()[0]
+        for member in c.members:
+            table = c.run(member, ["ip", "neigh", "show", "dev", "eth0"]).stdout.splitlines()
+            entries = {line.split()[0]: line.split() for line in table}
+            others = [m for m in c.members if m != member]
+            assert set(entries) == {c.ip(m) for m in others}, table
+            for m in others:
+                assert entries[c.ip(m)][2] == macs[m] and entries[c.ip(m)][-1] == "PERMANENT", table
+        assert all(v == 0 for counts in c.net_counters().values() for v in counts.values())
+
+
 def test_teardown_on_exception_kills_processes_and_deletes_namespaces() -> None:
     _require_netns()
     with pytest.raises(RuntimeError, match="boom"):
