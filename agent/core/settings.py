@@ -371,6 +371,10 @@ class SwarmSettings:
     stall_timeout: float = 60.0
     """Seconds with no payload progress before status() says 'stalled' (the daemon then uses the origin)."""
 
+    held_piece_recheck: float = 10.0
+    """Seconds a downloading blob may go without progress while a piece has every block written and no
+    hash verdict before its file is re-checked (`Swarm._recheck_held`): a verdict takes milliseconds."""
+
     resume_interval: float = 30.0
     """Seconds between periodic resume-data saves of torrents that changed; also saved on finish and close."""
 

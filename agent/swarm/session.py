@@ -72,6 +72,8 @@ INCOMPLETE_SUFFIX = ".incomplete"
 _FINAL_NAME_KEY = b"weightswarm-final-name"
 _CLEAN_KEY = b"weightswarm-clean"
 _TICK = 0.25  # seconds: alert wait bound, so close() stops the loop promptly
+_BLOCK_FINISHED = 3
+"""`get_download_queue()` block state: written (libtorrent's block_info::finished)."""
 _POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
 _CLOSE_TIMEOUT = 10.0
 _MAX_LOOP_RESTARTS = 20
@@ -494,6 +496,7 @@ class Swarm:
                 web_seed_error=rec.web_seed_error,
                 pieces=int(st.num_pieces),
                 seed_sources=frozenset(rec.seed_sources),
+                rechecks=rec.rechecks,
             )
 
     def verified_prefix(self, infohash: str) -> int:
@@ -646,9 +649,46 @@ class Swarm:
                 continue
             self._sample_sources(rec)
             self._note_seeds(rec)
-            if self.status(rec.infohash).state == "finishing":  # also refreshes last_progress
+            state = self.status(rec.infohash).state  # also refreshes last_progress
+            if state == "finishing":
                 # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
                 self._on_finished(rec)
+            elif state in ("downloading", "stalled"):
+                self._recheck_held(rec, now)
+
+    def _recheck_held(self, rec: TorrentRecord, now: float) -> None:
+        """Re-check the file of a blob that holds a written piece with no hash verdict.
+
+        libtorrent 2.1's pread disk I/O hashes a piece from its write cache and may report the
+        writes done only later. When the piece failed its hash meanwhile and was reset for download
+        again, those late reports mark its blocks written once more, and nothing asks for a verdict
+        again: every block is "finished", the piece is neither had nor wanted, and the blob waits
+        forever at (nearly) all its bytes. Seen in CI after a peer sent bad pieces (libtorrent's log
+        showed the late write reports); 64 bad pieces handed to `add_piece` hold one in about one
+        round in fifteen (tests/swarm/test_swarm.py). A verdict takes
+        milliseconds, so a piece held that long with no progress is this. libtorrent's way back is a
+        re-check of the file: it drops the piece picker, keeps the pieces that hash right and fetches
+        the rest again. It reads the whole file, so at most once per `held_piece_recheck`."""
+        wait = self.settings.held_piece_recheck
+        if now - max(rec.last_progress, rec.last_recheck) < wait:
+            return
+        held = [
+            int(piece["piece_index"])
+            for piece in rec.handle.get_download_queue()
+            if piece["blocks"] and all(block["state"] == _BLOCK_FINISHED for block in piece["blocks"])
+        ]
+        if not held:
+            return
+        with self._lock:
+            rec.last_recheck = now
+            rec.rechecks += 1
+        log.warning(
+            "blob %s: libtorrent holds piece(s) %s written, with no hash verdict for %.0fs; re-checking",
+            rec.final_name,
+            ", ".join(map(str, held[:8])),
+            now - rec.last_progress,
+        )
+        rec.handle.force_recheck()
 
     def _sample_sources(self, rec: TorrentRecord) -> None:
         """Add BitTorrent peers' new payload bytes to the torrent's peer total.

@@ -55,6 +55,8 @@ class BlobStatus:
     seed_sources: frozenset[str] = frozenset()
     """Addresses of seeds that sent this torrent payload (sampled while it downloads): if the finished
     blob fails its own hash, these served bytes that match a wrong metainfo."""
+    rechecks: int = 0
+    """Times its file was re-checked because libtorrent held a written piece without a verdict."""
 
     @property
     def complete(self) -> bool:
@@ -90,5 +92,8 @@ class TorrentRecord:
     last_resume_save: float = field(default_factory=time.monotonic)
     seed_sources: set[str] = field(default_factory=set)
     last_seed_sample: float = 0.0
+    rechecks: int = 0
+    """Times its file was re-checked because libtorrent held a written piece without a verdict."""
+    last_recheck: float = 0.0
     pieces_on_disk: int = 0
     """Leading pieces read back from the file and found to match their hashes (`Swarm.verified_prefix`)."""
