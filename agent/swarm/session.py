@@ -665,13 +665,14 @@ class Swarm:
         again: every block is "finished", the piece is neither had nor wanted, and the blob waits
         forever at (nearly) all its bytes. Seen in CI after a peer sent bad pieces (libtorrent's log
         showed the late write reports); 64 bad pieces handed to `add_piece` hold one in about one
-        round in fifteen (tests/swarm/test_swarm.py). A verdict takes
-        milliseconds, so a piece held that long with no progress is this. libtorrent's way back is a
-        re-check of the file: it drops the piece picker, keeps the pieces that hash right and fetches
-        the rest again. It reads the whole file, so at most once per `held_piece_recheck`."""
-        wait = self.settings.held_piece_recheck
-        if now - max(rec.last_progress, rec.last_recheck) < wait:
+        round in fifteen (tests/swarm/test_swarm.py). A verdict takes milliseconds, so a piece held
+        that long with no progress is this. libtorrent's way back is a re-check of the file: it drops
+        the piece picker, keeps the pieces that hash right and fetches the rest again. The queue is
+        read, and the whole file re-read, at most once per `held_piece_recheck`: a blob merely
+        waiting for peers is looked at that rarely."""
+        if now - max(rec.last_progress, rec.last_held_look) < self.settings.held_piece_recheck:
             return
+        rec.last_held_look = now
         held = [
             int(piece["piece_index"])
             for piece in rec.handle.get_download_queue()
@@ -680,7 +681,6 @@ class Swarm:
         if not held:
             return
         with self._lock:
-            rec.last_recheck = now
             rec.rechecks += 1
         log.warning(
             "blob %s: libtorrent holds piece(s) %s written, with no hash verdict for %.0fs; re-checking",

@@ -94,6 +94,7 @@ class TorrentRecord:
     last_seed_sample: float = 0.0
     rechecks: int = 0
     """Times its file was re-checked because libtorrent held a written piece without a verdict."""
-    last_recheck: float = 0.0
+    last_held_look: float = 0.0
+    """When `Swarm._recheck_held` last read the download queue (at most once per `held_piece_recheck`)."""
     pieces_on_disk: int = 0
     """Leading pieces read back from the file and found to match their hashes (`Swarm.verified_prefix`)."""

@@ -471,8 +471,8 @@ def test_a_piece_written_but_never_judged_is_rechecked_and_the_blob_completes(tm
     """libtorrent 2.1's pread disk I/O can report a bad piece's writes done after the piece failed its
     hash and was reset for download again: its blocks count as written once more, no verdict is asked
     for, and the blob waits forever at all its bytes (how the corrupting-seeder test above once failed
-    in CI, 1 run in ~200 here). Bad pieces handed to libtorrent as a corrupting peer's arrive
-    (`add_piece`) hold a piece so in about one round in four: the swarm re-checks the file, keeps the
+    in CI, about 1 run in 300 here). Bad pieces handed to libtorrent as a corrupting peer's arrive
+    (`add_piece`) hold a piece so in about one round in fifteen: the swarm re-checks the file, keeps the
     pieces that hash right, and the blob completes from a good peer. Without the re-check it never
     completes."""
     blob = make_blob(16 * MiB, 11)
