@@ -60,6 +60,10 @@ class Faults:
     slow_times: int = 1
     """How many bodies go at slow_rate."""
 
+    range_slow: dict[int, float] = field(default_factory=dict)
+    """The next body that ends at this byte (the first request for a chunk, or one for its rest) goes at
+    this many bytes/s: a slow flow on a chunk other than the first."""
+
     path_status: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
     """Answer every request for these paths (exact, without the query string) with (status, headers)
     and a JSON error body until removed: e.g. a 307 with a `Location`, as a hub behind a proxy may."""
@@ -115,8 +119,12 @@ class Faults:
             self.stall_times -= 1
             return self.stall_after, self.stall_seconds
 
-    def take_slow(self) -> TokenBucket | None:
+    def take_slow(self, last: int) -> TokenBucket | None:
+        """The bucket of a body whose last byte is `last`, if it goes slow."""
         with self._lock:
+            rate = self.range_slow.pop(last, 0.0)
+            if rate > 0:
+                return TokenBucket(rate)
             if self.slow_rate <= 0 or self.slow_times <= 0:
                 return None
             self.slow_times -= 1

@@ -601,7 +601,7 @@ class _Handler(BaseHTTPRequestHandler):
         corrupt = faults.take_corrupt(names)
         stall = faults.take_stall(start + length - 1)
         caps = (self.hub.total_bucket, self.hub.client_bucket(self.client_address[0]), self.conn_bucket)
-        buckets = [b for b in (*caps, faults.take_slow()) if b is not None]
+        buckets = [b for b in (*caps, faults.take_slow(start + length - 1)) if b is not None]
         if not (buckets or corrupt or stall or truncate is not None):
             return self._sendfile(f, start, length)
         limit = length if truncate is None else min(length, truncate)

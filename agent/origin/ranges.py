@@ -126,6 +126,18 @@ wait for the head, which leaves it the origin's bandwidth, for at most `WINDOW_P
 WINDOW_PATIENCE = 5.0
 """Seconds the workers wait at the window after the head was hedged: an origin slow for one range
 only (a CDN fetching it from further away) must not hold the whole download to that range's pace."""
+SLOWER = 4.0
+"""How many times the rate of a chunk's response a free worker's connection must have brought its own
+last chunk at before it asks for that chunk's rest (`_hedge`, "slow"). On a shared origin TCP does not
+share evenly: a trace of the 8-node benchmark (ss on the origin) showed each lease holder with one
+connection at 4.6 MB/s and seven at 0.2 MB/s, for as long as they ran. A head chunk on one of those
+took 20 s for its 4 MiB, never quiet for `HEDGE_AFTER` and behind the `WINDOW` for 11 s; the holder's
+prefix stood at 97 MiB while its front reached the end, and its relayed nodes caught up 2-4 s after it
+had the blob. A free worker on a fast connection that asks for the rest of such a chunk brings it at
+its own rate."""
+SLOW_LEFT = 2.0
+"""Seconds the chunk's rest would still take at its response's rate, at least, for that hedge: a slow
+response about to end is left to end."""
 _TURN_EVERY = 0.1
 """Seconds between looks at whether background work must step aside (`Turn.due`)."""
 
@@ -551,6 +563,8 @@ class OriginSource:
 
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: _Job, probe: bool) -> None:
         buf = memoryview(bytearray(READ_BLOCK))
+        rate = 0.0
+        """Bytes/s at which this worker's connection brought its last chunk (0: none yet)."""
         try:
             if not probe:
                 with job.cond:
@@ -562,7 +576,7 @@ class OriginSource:
                 with job.cond:
                     if job.error is not None:
                         return
-                    found = self._hedge(job) if job.mode == "ranges" else None
+                    found = self._hedge(job, rate) if job.mode == "ranges" else None
                     idx, hedge = found if found is not None else (None, "")
                     if idx is None:
                         if job.mode == "ranges" and self._at_window(job):
@@ -578,7 +592,7 @@ class OriginSource:
                     job.moved.setdefault(idx, time.monotonic())
                     job.taken.setdefault(idx, time.monotonic())
                 try:
-                    self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge)
+                    rate = self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge) or rate
                 except _ChunkDone:
                     continue
                 probe = False
@@ -631,21 +645,55 @@ class OriginSource:
         return since is None or time.monotonic() - since < WINDOW_PATIENCE
 
     @staticmethod
-    def _hedge(job: _Job) -> tuple[int, str] | None:
-        """The chunk holding the contiguous prefix back, and why a second worker goes after it ("stall" or
-        "window"): it has stalled for `HEDGE_AFTER` seconds or the front reached the `WINDOW` from it, and
-        no second worker went after it yet (called under `job.cond`)."""
+    def _hedge(job: _Job, rate: float) -> tuple[int, str] | None:
+        """A chunk a second worker goes after, and why, if any (called under `job.cond`): the chunk holding
+        the contiguous prefix back when it has stalled for `HEDGE_AFTER` seconds ("stall") or the front
+        reached the `WINDOW` from it ("window"); or one whose response is `SLOWER` than the asking worker's
+        connection (`rate`, bytes/s) was ("slow"): the head, or once no chunk is left to take any chunk in
+        flight. A chunk is hedged once."""
         window = OriginSource._window(job)
         if window is None:
             return None
         in_flight, head, at_window = window
-        if head in job.hedged or head in job.waiting:
-            return None
         now = time.monotonic()
+        why = None
+        if head not in job.hedged and head not in job.waiting:
+            why = OriginSource._held_back(job, in_flight, head, at_window, now)
+        idx = head
+        if why is None:
+            slow = OriginSource._slower(job, [head] if job.pending else sorted(in_flight), rate, now)
+            if slow is None:
+                return None
+            idx, why = slow, "slow"
+        job.hedged[idx] = now
+        return idx, why
+
+    @staticmethod
+    def _slower(job: _Job, chunks: list[int], rate: float, now: float) -> int | None:
+        """The first of `chunks` whose one response brings it `SLOWER` than `rate` with more than `SLOW_LEFT`
+        seconds of it to go (called under `job.cond`)."""
+        if rate <= 0:
+            return None
+        for idx in chunks:
+            readers = job.readers.get(idx, [])
+            if idx in job.hedged or idx in job.waiting or len(readers) != 1:
+                continue
+            reader = readers[0]
+            took = now - reader.began
+            if reader.resp is None or took < HEDGE_AFTER:
+                continue
+            its = reader.got / took
+            left = job.chunk_bounds(idx)[1] - reader.pos
+            if rate >= SLOWER * its and left > SLOW_LEFT * its:
+                return idx
+        return None
+
+    @staticmethod
+    def _held_back(job: _Job, in_flight: list[int], head: int, at_window: bool, now: float) -> str | None:
+        """Why the head chunk gets a second worker ("window", "stall"), if it does (under `job.cond`)."""
         if at_window and now - job.taken.get(head, now) >= HEDGE_AFTER:
             # Slow, not stalled: the others are the proof that the origin has bandwidth for a second flow.
-            job.hedged[head] = now
-            return head, "window"
+            return "window"
         # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
         # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
         # A step (`READ_STEP`) takes 0.65 s there.
@@ -658,8 +706,7 @@ class OriginSource:
             return None
         if not any(now - job.quiet_since(i) < quiet for i in in_flight if i != head) and job.pending:
             return None  # everything is slow: a second request would only share the same link
-        job.hedged[head] = now
-        return head, "stall"
+        return "stall"
 
     def _fetch_chunk(
         self,
@@ -670,8 +717,10 @@ class OriginSource:
         probe: bool,
         buf: memoryview,
         hedge: str = "",
-    ) -> None:
-        """`hedge`: why this is a second worker on the chunk (`_hedge`); once its bytes flow, one of the
+    ) -> float:
+        """Bytes/s at which the chunk's last request brought it (0.0: none was needed).
+
+        `hedge`: why this is a second worker on the chunk (`_hedge`); once its bytes flow, one of the
         two responses is closed (`_settle_hedge`). Left open, a stall that ends (a retransmit backing off
         under shaping) sent the same bytes down both connections: up to a chunk served twice."""
         start, end = job.chunk_bounds(idx)
@@ -679,7 +728,7 @@ class OriginSource:
         with job.cond:
             reader = _Reader(pos=start + job.written.get(idx, 0), hedge=hedge)
             if reader.pos >= end:
-                return
+                return 0.0
             job.readers.setdefault(idx, []).append(reader)  # until the chunk is done
 
         def attempt() -> None:
@@ -745,7 +794,7 @@ class OriginSource:
                     moved=lambda: reader.pos,
                     pause=lambda seconds: self._wait_out(job, idx, seconds),
                 )
-                return
+                return reader.got / max(time.monotonic() - reader.began, 1e-6)
             except _Paused:
                 continue
             except WeightswarmError:

@@ -441,6 +441,72 @@ def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_p
         assert extra <= chunk, f"{extra} bytes served twice"
 
 
+def test_a_head_range_far_slower_than_a_free_connection_is_hedged_before_the_window(tmp_path):
+    """A shared origin gave each lease holder one connection at 4.6 MB/s and seven at 0.2 MB/s (ss on the
+    origin, bench.swarm): a head chunk on a slow one took 20 s, flowing all along and behind the window
+    for 11 s. A worker whose connection brought its last chunk `SLOWER` than the head's asks for the
+    head's rest as soon as it is free, not when the front reaches the window."""
+    from agent.origin.ranges import SLOWER, WINDOW
+
+    root = tmp_path / "origin"
+    files = model(root, total=12 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk, connections, fast, slow = MiB, 4, 1_000_000, 100_000
+    assert fast >= 2 * SLOWER * slow
+    assert len(files[shard]) >= (WINDOW * connections + 4) * chunk
+    with HubServer(root, rate_per_connection=fast) as srv:
+        srv.faults.slow_rate = slow  # the first body (the probe: chunk 0, the head) at 100 KB/s
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
+        t0 = time.monotonic()
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        elapsed = time.monotonic() - t0
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
+        assert len(head) == 2, f"the head chunk was asked for {len(head)} times: {head}"
+        # Asked for once the first chunks beside it were in: the window would have waited for 8 more.
+        assert ranges.index(head[1]) <= connections, ranges
+        assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
+        time.sleep(0.5)
+        extra = srv.egress_bytes - len(files[shard])
+        assert extra <= chunk, f"{extra} bytes served twice"
+
+
+def test_slow_ranges_left_at_the_end_are_hedged_side_by_side(tmp_path):
+    """Once no chunk is left to take, the free workers go after every slow chunk in flight, not only the
+    head: the last bytes of a lease holder's blob are what its relayed nodes wait for, and rescued one
+    after another three slow chunks at the end took three chunks' time."""
+    root = tmp_path / "origin"
+    files = model(root, total=15 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk, connections, fast, slow = 2 * MiB, 4, 1_000_000, 100_000
+    size = len(files[shard])
+    nchunks = -(-size // chunk)
+    assert nchunks == 8
+    late = list(range(nchunks - 3, nchunks))  # taken last, beside one fast chunk
+    with HubServer(root, rate_per_connection=fast) as srv:
+        srv.faults.range_slow = {min(size, (i + 1) * chunk) - 1: slow for i in late}
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
+        t0 = time.monotonic()
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        elapsed = time.monotonic() - t0
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        assert srv.faults.range_slow == {}, "a slow body was never sent: no test"
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        for i in late:
+            end = min(size, (i + 1) * chunk) - 1
+            asked = [r for r in ranges if r.endswith(f"-{end}")]
+            assert len(asked) == 2, f"chunk {i} was asked for {len(asked)} times: {asked}"
+        # Four chunks at 2.1 s each, then one: 4.2 s; the three rests side by side: 2.1 s more. One after
+        # another they end at 10.5 s; left alone the slow ones take 21 s.
+        one = chunk / fast
+        assert elapsed < 4 * one, f"{elapsed:.1f} s: the slow chunks were not hedged side by side"
+        time.sleep(0.5)
+        extra = srv.egress_bytes - size
+        assert extra <= chunk, f"{extra} bytes served twice"
+
+
 def test_a_slow_range_shows_its_bytes_before_a_whole_block_has_come(tmp_path):
     """The written prefix (what the relay streams, what a lease holder's heartbeats report) grows while
     a slow range arrives, not a 1 MiB block at a time: on a shared origin a block took ~15 s, longer
