@@ -4,10 +4,11 @@ Per blob: `connections_per_file` worker threads take `chunk_size` chunks in orde
 connections' worth ahead of the oldest one still in flight) and `os.pwrite` them into the
 preallocated `blobs/<id>.incomplete`; the calling thread hashes the
 contiguous written prefix as it grows (`os.preadv` from the page cache), so when the last
-byte lands only the tail is left to hash. A dropped connection, truncated body or 5xx
-retries that chunk from the byte it had reached; a server that ignores Range (200 instead
-of 206) is detected on the first request, before any other connection opens, and the blob
-then comes as one sequential stream.
+byte lands only the tail is left to hash. A chunk whose response stalls, falls the window behind or
+crawls at a fraction of a free worker's rate gets a second request for its rest (`_hedge`). A dropped
+connection, truncated body or 5xx retries that chunk from the byte it had reached; a server that ignores
+Range (200 instead of 206) is detected on the first request, before any other connection opens, and the
+blob then comes as one sequential stream.
 
 Resume: `state_dir/partials/<blob id>.json` lists the chunks fully written, updated
 atomically after each one. Data is written before its chunk is recorded, and both go through
