@@ -30,6 +30,8 @@ from agent.core.progress import Progress
 from agent.fetch.engine import fetch_snapshot
 from agent.hub import server as hub_server
 from agent.hub.server import HubServer
+from agent.origin import ranges as origin_ranges
+from agent.origin.ranges import SLOWER, WINDOW
 from tests.support.fetchkit import (
     REPO,
     MiB,
@@ -407,22 +409,18 @@ def test_a_range_slower_than_the_others_but_flowing_is_not_hedged(tmp_path):
         assert len(ranges) == len(set(ranges)), f"a range asked for twice: {ranges}"
 
 
-def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_path):
-    """One of eight connections on a shaped origin kept flowing, slowly, for seconds: the lease holder's
-    prefix (what it relays) stood at 0 while its front reached 166 MiB, and the relayed nodes finished
-    2.5-4 s after it. The front stops at the `WINDOW`, a free connection asks for the head's rest, and the
-    slow response is closed once that flows."""
-    from agent.origin.ranges import WINDOW
-
+def _slow_head(
+    tmp_path: Path, chunk: int, connections: int, fast: float | None, slow: float
+) -> tuple[list[str], int, float]:
+    """A 12-MiB shard in `chunk`s over `connections` at `fast` bytes/s each (None: as fast as they go),
+    the first body (the probe: chunk 0, the head of the prefix) at `slow`: the GET ranges in the order
+    asked, where among them the head's rest was asked for, and the seconds the fetch took. It checks the
+    blob, that the head was asked for twice, and that at most one chunk's bytes were served twice."""
     root = tmp_path / "origin"
     files = model(root, total=12 * MiB, shards=1)
     shard = shards(files)[0]
-    chunk, connections, slow = 512 * 1024, 4, 100_000
     assert len(files[shard]) >= (WINDOW * connections + 4) * chunk
-    with HubServer(root) as srv:
-        # The first body (the probe: chunk 0, the head of the prefix) goes at 100 KB/s, 5.2 s for its
-        # 512 KiB, a 64-KiB read every 0.65 s: flowing, never quiet for `HEDGE_AFTER`. Every other chunk
-        # comes at loopback speed.
+    with HubServer(root, rate_per_connection=fast) as srv:
         srv.faults.slow_rate = slow
         settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
         t0 = time.monotonic()
@@ -433,12 +431,27 @@ def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_p
         ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
         head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
         assert len(head) == 2, f"the head chunk was asked for {len(head)} times: {head}"
-        # Until the head's rest was asked for, the front stayed within the window.
-        assert ranges.index(head[1]) <= WINDOW * connections, ranges
-        assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
         time.sleep(0.5)
         extra = srv.egress_bytes - len(files[shard])
         assert extra <= chunk, f"{extra} bytes served twice"
+    return ranges, ranges.index(head[1]), elapsed
+
+
+def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_path, monkeypatch):
+    """One of eight connections on a shaped origin kept flowing, slowly, for seconds: the lease holder's
+    prefix (what it relays) stood at 0 while its front reached 166 MiB, and the relayed nodes finished
+    2.5-4 s after it. The front stops at the `WINDOW`, a free connection asks for the head's rest, and the
+    slow response is closed once that flows. The slow-chunk hedge (next test) is off here: it would send
+    for the head's rest first, and this one is for a head that is slow but not `SLOWER` than a free
+    connection, which the window alone catches."""
+    monkeypatch.setattr(origin_ranges, "SLOWER", float("inf"))
+    chunk, connections, slow = 512 * 1024, 4, 100_000
+    # The head at 100 KB/s, 5.2 s for its 512 KiB, a 64-KiB read every 0.65 s: flowing, never quiet for
+    # `HEDGE_AFTER`. Every other chunk comes at loopback speed.
+    asked, rest, elapsed = _slow_head(tmp_path, chunk, connections, None, slow)
+    # Asked for when the front reached the window, and the front went no further.
+    assert WINDOW * connections - 1 <= rest <= WINDOW * connections, asked
+    assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
 
 
 def test_a_head_range_far_slower_than_a_free_connection_is_hedged_before_the_window(tmp_path):
@@ -446,31 +459,12 @@ def test_a_head_range_far_slower_than_a_free_connection_is_hedged_before_the_win
     origin, bench.swarm): a head chunk on a slow one took 20 s, flowing all along and behind the window
     for 11 s. A worker whose connection brought its last chunk `SLOWER` than the head's asks for the
     head's rest as soon as it is free, not when the front reaches the window."""
-    from agent.origin.ranges import SLOWER, WINDOW
-
-    root = tmp_path / "origin"
-    files = model(root, total=12 * MiB, shards=1)
-    shard = shards(files)[0]
     chunk, connections, fast, slow = MiB, 4, 1_000_000, 100_000
     assert fast >= 2 * SLOWER * slow
-    assert len(files[shard]) >= (WINDOW * connections + 4) * chunk
-    with HubServer(root, rate_per_connection=fast) as srv:
-        srv.faults.slow_rate = slow  # the first body (the probe: chunk 0, the head) at 100 KB/s
-        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
-        t0 = time.monotonic()
-        result = fetch_snapshot(settings, REPO, include=[shard])
-        elapsed = time.monotonic() - t0
-        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
-        assert srv.faults.slow_times == 0, "the slow body was never sent: no test"
-        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
-        head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
-        assert len(head) == 2, f"the head chunk was asked for {len(head)} times: {head}"
-        # Asked for once the first chunks beside it were in: the window would have waited for 8 more.
-        assert ranges.index(head[1]) <= connections, ranges
-        assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
-        time.sleep(0.5)
-        extra = srv.egress_bytes - len(files[shard])
-        assert extra <= chunk, f"{extra} bytes served twice"
+    asked, rest, elapsed = _slow_head(tmp_path, chunk, connections, fast, slow)
+    # Asked for once the first chunks beside it were in: the window would have waited for 8 more.
+    assert rest <= connections, asked
+    assert elapsed < chunk / slow / 2, f"{elapsed:.1f} s: the download waited for the slow range"
 
 
 def test_slow_ranges_left_at_the_end_are_hedged_side_by_side(tmp_path):
