@@ -128,13 +128,13 @@ WINDOW_PATIENCE = 5.0
 """Seconds the workers wait at the window after the head was hedged: an origin slow for one range
 only (a CDN fetching it from further away) must not hold the whole download to that range's pace."""
 SLOWER = 4.0
-"""How many times the rate of a chunk's response a free worker's connection must have brought its own
-last chunk at before it asks for that chunk's rest (`_hedge`, "slow"). On a shared origin TCP does not
+"""A free worker asks for the rest of a chunk whose response brings it this many times slower than the
+worker's own connection brought its last chunk (`_hedge`, "slow"). On a shared origin TCP does not
 share evenly: a trace of the 8-node benchmark (ss on the origin) showed each lease holder with one
 connection at 4.6 MB/s and seven at 0.2 MB/s, for as long as they ran. A head chunk on one of those
 took 20 s for its 4 MiB, never quiet for `HEDGE_AFTER` and behind the `WINDOW` for 11 s; the holder's
-prefix stood at 97 MiB while its front reached the end, and its relayed nodes caught up 2-4 s after it
-had the blob. A free worker on a fast connection that asks for the rest of such a chunk brings it at
+prefix stood at 97 MiB while its front reached the end, and its relayed nodes caught up 1.5-2.5 s after
+it had the blob. A free worker on a fast connection that asks for the rest of such a chunk brings it at
 its own rate."""
 SLOW_LEFT = 2.0
 """Seconds the chunk's rest would still take at its response's rate, at least, for that hedge: a slow
@@ -564,8 +564,7 @@ class OriginSource:
 
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: _Job, probe: bool) -> None:
         buf = memoryview(bytearray(READ_BLOCK))
-        rate = 0.0
-        """Bytes/s at which this worker's connection brought its last chunk (0: none yet)."""
+        rate = 0.0  # bytes/s at which this worker's connection brought its last chunk (0: none yet)
         try:
             if not probe:
                 with job.cond:
