@@ -30,7 +30,7 @@ from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.ranges import RECORD_EVERY, OriginSource, preallocate, write_failed
+from agent.origin.ranges import RECORD_EVERY, OriginSource, Reservation, write_failed
 from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,11 @@ class _Whole(_Receiving):
     hasher: BlobHasher
     progress: FileProgress
     prefix: Callable[[int], None]
+    space: Reservation | None = None
 
     def take(self, chunk: memoryview) -> None:
+        if self.space is not None:
+            self.space.check()
         os.pwrite(self.fd, chunk, self.pos)
         self.hasher.update(chunk)
         self.pos += len(chunk)
@@ -157,7 +160,7 @@ class RelayReceiver:
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
         try:
-            preallocate(fd, entry.size)
+            r.space = Reservation(fd, entry.size)
             while r.pos < start:  # an earlier run's prefix: hashed, not fetched again
                 data = os.pread(fd, min(_READ * 4, start - r.pos), r.pos)
                 if not data:
@@ -174,6 +177,8 @@ class RelayReceiver:
         except OSError as exc:
             raise write_failed(cache, entry, exc) from None
         finally:
+            if r.space is not None:
+                r.space.close()
             os.close(fd)
             self.directory.leave(entry.blob_id)
         if r.pos < entry.size:

@@ -256,6 +256,13 @@ class _Job:
         reader.step = max(READ_STEP, min(READ_BLOCK, int(rate * STEP_SECONDS)))
         self.read_gap = gap if not self.read_gap else 0.8 * self.read_gap + 0.2 * gap
 
+    def fail(self, exc: BaseException) -> None:
+        """Hand `exc` to the hashing thread, which raises it (takes `cond`)."""
+        with self.cond:
+            if self.error is None or isinstance(self.error, _Cancelled):
+                self.error = exc
+            self.cond.notify_all()
+
     def quiet_since(self, idx: int) -> float:
         """When chunk `idx` (in flight) last brought bytes or was (re)started (called under `cond`)."""
         return max([self.moved[idx]] + [r.seen for r in self.readers.get(idx, [])])
@@ -328,10 +335,7 @@ class Share:
         self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
 
     def fail(self, exc: BaseException) -> None:
-        with self._job.cond:
-            if self._job.error is None or isinstance(self._job.error, _Cancelled):
-                self._job.error = exc
-            self._job.cond.notify_all()
+        self._job.fail(exc)
 
 
 class OriginSource:
@@ -394,11 +398,12 @@ class OriginSource:
         except OSError as exc:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
         job: _Job | None = None
+        space: Reservation | None = None
         try:
-            preallocate(fd, entry.size)
             chunk = self.settings.chunk_size
             nchunks = -(-entry.size // chunk)
             job = _Job(entry, url, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
+            space = Reservation(fd, entry.size, on_full=job.fail)
             mine = range(job.nchunks) if shares is None else _chunks(shares.own, chunk)
             job.pending = [i for i in mine if i not in done]
             resumed = sum(job.chunk_bounds(i)[1] - job.chunk_bounds(i)[0] for i in done)
@@ -419,6 +424,8 @@ class OriginSource:
             if job is not None:
                 with job.write_lock:
                     job.closed = True
+            if space is not None:
+                space.close()
             os.close(fd)
         if hashes.content_id != entry.blob_id or hashes.size != entry.size:
             cache.discard_partial(entry.blob_id)
@@ -611,13 +618,11 @@ class OriginSource:
                 self._save_record(cache, plan, job)
         except _Cancelled:
             return
-        except BaseException as exc:  # handed to the hashing thread, which raises it
+        except BaseException as exc:
             with job.cond:
-                if job.error is None or isinstance(job.error, _Cancelled):
-                    job.error = exc
                 if job.mode is None:
                     job.mode = "failed"
-                job.cond.notify_all()
+            job.fail(exc)
 
     @staticmethod
     def _in_flight(job: _Job) -> list[int]:
@@ -981,18 +986,44 @@ def write_failed(cache: RepoCache, entry: FileEntry, exc: OSError) -> Weightswar
     return CacheError(f"{entry.path}: cannot write {cache.incomplete_path(entry.blob_id)}: {exc.strerror}")
 
 
-def preallocate(fd: int, size: int) -> None:
-    """Reserve the blob's space now, so a full disk fails at the start of a file, not after hours."""
-    if os.fstat(fd).st_size == size:
-        return
-    os.ftruncate(fd, size)
-    if size and hasattr(os, "posix_fallocate"):
+class Reservation:
+    """A blob's space reserved (posix_fallocate) on a thread of its own while its first bytes are asked
+    for, so that a full disk fails at the start of a file, not after hours. On tmpfs the call zeroes every
+    page: 0.15-0.6 s for 256 MiB with eight nodes on two cores, which each start used to wait out before
+    its first request. Writing meanwhile is safe: fallocate (mode 0) fills only what holds no data, under
+    the inode's lock. A full disk goes to `on_full` and to `check`, for the writer to raise."""
+
+    def __init__(self, fd: int, size: int, on_full: Callable[[OSError], None] | None = None) -> None:
+        self.failed: OSError | None = None
+        self._thread: threading.Thread | None = None
+        if os.fstat(fd).st_size == size:
+            return
+        os.ftruncate(fd, size)
+        if size and hasattr(os, "posix_fallocate"):
+            self._thread = threading.Thread(
+                target=self._reserve, args=(fd, size, on_full), name="reserve", daemon=True
+            )
+            self._thread.start()
+
+    def _reserve(self, fd: int, size: int, on_full: Callable[[OSError], None] | None) -> None:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
-            # EOPNOTSUPP etc.: the sparse file still works; a full disk is the caller's DiskSpaceError.
+            # EOPNOTSUPP etc.: the sparse file still works.
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise
+                self.failed = exc
+                if on_full is not None:
+                    on_full(exc)
+
+    def check(self) -> None:
+        """Raise the full disk the reservation found, if it found one."""
+        if self.failed is not None:
+            raise self.failed
+
+    def close(self) -> None:
+        """Wait for the reservation: before the file is closed, as it uses its descriptor."""
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _cut(resp: urllib3.BaseHTTPResponse) -> None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,59 @@ def test_enospc_midway_removes_temp_and_keeps_completed_files(tmp_path, mounted_
         first_shard = sorted(p for p in files if p.endswith(".safetensors"))[0]
         assert kept.get(first_shard) == files[first_shard]  # the file that completed stays
         assert all(kept[p] == files[p] for p in kept)
+
+
+def _holding_reservations(monkeypatch, until) -> list[bool]:
+    """Make each reservation of a shard (posix_fallocate of over 1 MiB) wait, up to 10 s, for `until()`, as
+    tmpfs zeroing a big file's pages on a busy node does; returns, per reservation, whether `until` came."""
+    real = os.posix_fallocate
+    came: list[bool] = []
+
+    def held(fd: int, offset: int, length: int) -> None:
+        if length > MiB:
+            deadline = time.monotonic() + 10
+            while not (ok := bool(until())) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            came.append(ok)
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", held)
+    return came
+
+
+def test_a_shard_is_asked_for_while_its_space_is_being_reserved(tmp_path, monkeypatch):
+    root = tmp_path / "origin"
+    files = model(root, total=8 * MiB, shards=1)
+    with HubServer(root) as srv:
+        asked = lambda: any(r.range and "/_cdn/" in r.path for r in srv.requests)  # noqa: E731
+        came = _holding_reservations(monkeypatch, asked)
+        result = fetch_snapshot(settings_for(tmp_path, srv.url), REPO)
+    assert snapshot_contents(result.snapshot_path) == files
+    assert came == [True]  # the range went out before the reservation returned
+
+
+def test_a_disk_filled_before_the_space_is_reserved_fails_the_fetch_and_keeps_nothing(
+    tmp_path, monkeypatch, mounted_tmpfs
+):
+    root = tmp_path / "origin"
+    model(root, total=12 * MiB, shards=1)
+    mnt = mounted_tmpfs(tmp_path / "small", "size=20m")
+
+    def someone_fills_the_disk() -> bool:
+        # After the fetch's up-front check, before its reservation: another writer takes the space.
+        free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+        with open(mnt / "filler", "wb") as f:
+            real_fallocate(f.fileno(), 0, free - 2 * MiB)
+        return True
+
+    real_fallocate = os.posix_fallocate
+    with HubServer(root, rate_total=4e6) as srv:
+        settings = settings_for(tmp_path, srv.url, cache_dir=mnt / "hub")
+        came = _holding_reservations(monkeypatch, someone_fills_the_disk)
+        with pytest.raises(DiskSpaceError, match="not enough disk space"):
+            fetch_snapshot(settings, REPO)
+        # It failed at the reservation, not once the 2 MiB left were written: well before the 3 s that
+        # the shard takes at this rate.
+        assert srv.egress_bytes < 6 * MiB
+    assert came == [True]
+    assert leftovers(mnt / "hub", settings.state_dir) == []
