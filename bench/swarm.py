@@ -182,7 +182,7 @@ class Bench:
     ) -> None:
         now = self.stack.c.net_counters()
         each = {m: {k: v - net0.get(m, {}).get(k, 0) for k, v in c.items()} for m, c in now.items()}
-        net = {k: sum(c[k] for c in each.values()) for k in next(iter(each.values()))}
+        net = {k: sum(c[k] for c in each.values()) for k in next(iter(each.values())) if k != "tx_bytes"}
         worst = max(each, key=lambda m: each[m]["listen_drops"])
         warm = scenario == "warm"
         bound = lower_bound(
@@ -214,7 +214,12 @@ class Bench:
         )
         most = each[worst]["listen_drops"]
         where = f" (listen drops most on {worst}: {most})" if most else ""
-        print("    network: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items()) + where)
+        # What the origin's link carried, against its app's count (`egress`): bytes an origin wrote into a
+        # connection that was then cut (a hedged range) count there but may never have been sent.
+        sent = each.get("origin", {}).get("tx_bytes")
+        wire = f", origin link {sent / self.model.size:.3f}xS" if sent is not None else ""
+        counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items())
+        print("    network: " + counts + wire + where)
 
     # -- naive -----------------------------------------------------------------------------
     def naive(self) -> None:
