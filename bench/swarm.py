@@ -182,7 +182,8 @@ class Bench:
     ) -> None:
         now = self.stack.c.net_counters()
         each = {m: {k: v - net0.get(m, {}).get(k, 0) for k, v in c.items()} for m, c in now.items()}
-        net = {k: sum(c[k] for c in each.values()) for k in next(iter(each.values())) if k != "tx_bytes"}
+        kinds = [k for k in next(iter(each.values())) if not k.startswith("tx_")]
+        net = {k: sum(c[k] for c in each.values()) for k in kinds}
         worst = max(each, key=lambda m: each[m]["listen_drops"])
         warm = scenario == "warm"
         bound = lower_bound(
@@ -215,9 +216,13 @@ class Bench:
         most = each[worst]["listen_drops"]
         where = f" (listen drops most on {worst}: {most})" if most else ""
         # What the origin's link carried, against its app's count (`egress`): bytes an origin wrote into a
-        # connection that was then cut (a hedged range) count there but may never have been sent.
-        sent = each.get("origin", {}).get("tx_bytes")
-        wire = f", origin link {sent / self.model.size:.3f}xS" if sent is not None else ""
+        # connection that was then cut (a hedged range) count there but may never have been sent. Less
+        # a header a packet (Ethernet, IPv4, TCP with timestamps: 66 bytes), that is the payload sent.
+        link = each.get("origin")
+        wire = "" if link is None else (
+            f", origin link {link['tx_bytes'] / self.model.size:.3f}xS"
+            f" (payload {(link['tx_bytes'] - 66 * link['tx_packets']) / self.model.size:.3f}xS)"
+        )
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items())
         print("    network: " + counts + wire + where)
 

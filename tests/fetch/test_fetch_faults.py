@@ -502,6 +502,30 @@ def test_slow_ranges_left_at_the_end_are_hedged_side_by_side(tmp_path):
         assert extra <= chunk, f"{extra} bytes served twice"
 
 
+def test_a_slow_range_is_closed_as_its_hedge_is_asked_for(tmp_path):
+    """On the benchmark's shared origin nearly every chunk of a lease holder was hedged as slow, and each
+    slow response, left open until its hedge's bytes flowed, sent ~150 KB twice: 2 % of S on the origin's
+    link. Here the hedge's first byte takes 4 s; the slow response must not run on meanwhile."""
+    root = tmp_path / "origin"
+    files = model(root, total=12 * MiB, shards=1)
+    shard = shards(files)[0]
+    chunk, connections, fast, slow, wait = MiB, 4, 1_000_000, 100_000, 4.0
+    with HubServer(root, rate_per_connection=fast) as srv:
+        srv.faults.slow_rate = slow  # the first body: chunk 0, the probe
+        srv.faults.range_stalls = {chunk - 1: [(0, 0.0), (0, wait)]}  # chunk 0's second request: the hedge
+        settings = settings_for(tmp_path, srv.url, read_timeout=60, chunk_size=chunk, connections=connections)
+        result = fetch_snapshot(settings, REPO, include=[shard])
+        assert snapshot_contents(result.snapshot_path) == {shard: files[shard]}
+        ranges = [r.range for r in srv.requests if r.method == "GET" and r.range]
+        head = [r for r in ranges if r.endswith(f"-{chunk - 1}")]
+        assert len(head) == 2, f"the head chunk was asked for {len(head)} times: {head}"
+        assert not srv.faults.range_stalls[chunk - 1], "the hedge never waited: no test"
+        time.sleep(0.5)
+        extra = srv.egress_bytes - len(files[shard])
+    # Left open, the slow response would have sent `wait` s of its rate (400 KB) a second time.
+    assert extra < 128 * 1024, f"{extra} bytes served twice"
+
+
 def test_a_slow_range_shows_its_bytes_before_a_whole_block_has_come(tmp_path):
     """The written prefix (what the relay streams, what a lease holder's heartbeats report) grows while
     a slow range arrives, not a 1 MiB block at a time: on a shared origin a block took ~15 s, longer
