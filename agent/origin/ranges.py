@@ -1000,10 +1000,10 @@ def write_failed(cache: RepoCache, entry: FileEntry, exc: OSError) -> Weightswar
 
 class Reservation:
     """A blob's space reserved (posix_fallocate) on a thread of its own while its first bytes are asked
-    for, so that a full disk fails at the start of a file, not after hours. On tmpfs the call zeroes every
-    page: 0.15-0.6 s for 256 MiB with eight nodes on two cores, which each start used to wait out before
-    its first request. Writing meanwhile is safe: fallocate (mode 0) fills only what holds no data, under
-    the inode's lock. A full disk goes to `on_full` and to `check`, for the writer to raise."""
+    for, so that a full disk fails at the start of a file, not after hours. On tmpfs the call allocates
+    every page: 0.15-0.6 s for 256 MiB with eight nodes on two cores, which each start used to wait out
+    before its first request. Writing meanwhile is safe: fallocate (mode 0) fills only what holds no
+    data, under the inode's lock. A full disk goes to `on_full` and to `check`, for the writer to raise."""
 
     def __init__(self, fd: int, size: int, on_full: Callable[[OSError], None] | None = None) -> None:
         self.failed: OSError | None = None
