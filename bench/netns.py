@@ -365,17 +365,23 @@ class Cluster:
     def procs(self) -> list[Proc]:
         return list(self._procs)
 
+    def sent(self, member: str) -> tuple[int, int]:
+        """Bytes and packets `member`'s link has sent since its namespace was created, headers included (veth
+        passes TCP's segments of up to 64 KiB on whole: a packet is one such segment)."""
+        stats = "/sys/class/net/eth0/statistics/"
+        out = self.run(member, ["cat", stats + "tx_bytes", stats + "tx_packets"], timeout=5).stdout.split()
+        return int(out[0]), int(out[1])
+
     def net_counters(self) -> dict[str, dict[str, int]]:
         """Counters that tell a slow network apart from a slow process, per member (each counts from its
         namespace's creation: subtract an earlier reading). `listen_drops`: connections a listener's full
         accept queue refused (its process did not accept in time); `syn_retrans`: SYNs sent again (a
         connect that waits 1, 3, 7 s); `rto`: retransmission timeouts; `qdisc_drops`: packets the shaped
-        links dropped (both ends of the member's veth); `tx_bytes`, `tx_packets`: what its link sent,
-        headers included (veth passes TCP's segments of up to 64 KiB on whole: a packet is one such)."""
+        links dropped (both ends of the member's veth)."""
         names = {"ListenDrops": "listen_drops", "TCPSynRetrans": "syn_retrans", "TCPTimeouts": "rto"}
         counters = {}
         for k, member in enumerate(self.members):
-            got = dict.fromkeys((*names.values(), "qdisc_drops", "tx_bytes", "tx_packets"), 0)
+            got = dict.fromkeys((*names.values(), "qdisc_drops"), 0)
             text = self.run(member, ["cat", "/proc/net/netstat"], timeout=5).stdout.splitlines()
             for head, values in zip(text[::2], text[1::2], strict=False):
                 for key, value in zip(head.split()[1:], values.split()[1:], strict=False):
@@ -384,9 +390,6 @@ class Cluster:
             for ns, dev in ((self.ns(member), "eth0"), (self.ns("br"), f"v{k}")):
                 out = _run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev], check=False).stdout
                 got["qdisc_drops"] += sum(int(d) for d in re.findall(r"dropped (\d+)", out))
-            stats = "/sys/class/net/eth0/statistics/"
-            tx = self.run(member, ["cat", stats + "tx_bytes", stats + "tx_packets"], timeout=5).stdout.split()
-            got["tx_bytes"], got["tx_packets"] = (int(v) for v in tx) if len(tx) == 2 else (0, 0)
             counters[member] = got
         return counters
 

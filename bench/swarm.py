@@ -66,6 +66,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
@@ -88,6 +89,14 @@ def parse_size(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     return int(float(num) * units[t[len(num) :]])
+
+
+class NetSnapshot(NamedTuple):
+    """What the members' network stacks had counted at one moment (bench.netns `net_counters`), and the
+    bytes and packets the origin's link had sent (`Cluster.sent`)."""
+
+    counters: dict[str, dict[str, int]]
+    origin_sent: tuple[int, int]
 
 
 @dataclass
@@ -178,12 +187,12 @@ class Bench:
         receivers: list[str],
         res: FetchResult,
         egress: int,
-        net0: dict[str, dict[str, int]],
+        net0: NetSnapshot,
     ) -> None:
-        now = self.stack.c.net_counters()
-        each = {m: {k: v - net0.get(m, {}).get(k, 0) for k, v in c.items()} for m, c in now.items()}
-        kinds = [k for k in next(iter(each.values())) if not k.startswith("tx_")]
-        net = {k: sum(c[k] for c in each.values()) for k in kinds}
+        now = self.network()
+        was = net0.counters
+        each = {m: {k: v - was.get(m, {}).get(k, 0) for k, v in c.items()} for m, c in now.counters.items()}
+        net = {k: sum(c[k] for c in each.values()) for k in next(iter(each.values()))}
         worst = max(each, key=lambda m: each[m]["listen_drops"])
         warm = scenario == "warm"
         bound = lower_bound(
@@ -218,13 +227,14 @@ class Bench:
         # What the origin's link carried, against its app's count (`egress`): bytes an origin wrote into a
         # connection that was then cut (a hedged range) count there but may never have been sent. Less
         # a header a packet (Ethernet, IPv4, TCP with timestamps: 66 bytes), that is the payload sent.
-        link = each.get("origin")
-        wire = "" if link is None else (
-            f", origin link {link['tx_bytes'] / self.model.size:.3f}xS"
-            f" (payload {(link['tx_bytes'] - 66 * link['tx_packets']) / self.model.size:.3f}xS)"
-        )
+        sent = now.origin_sent[0] - net0.origin_sent[0]
+        payload = sent - 66 * (now.origin_sent[1] - net0.origin_sent[1])
+        wire = f", origin link {sent / self.model.size:.3f}xS (payload {payload / self.model.size:.3f}xS)"
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items())
         print("    network: " + counts + wire + where)
+
+    def network(self) -> NetSnapshot:
+        return NetSnapshot(self.stack.c.net_counters(), self.stack.c.sent("origin"))
 
     # -- naive -----------------------------------------------------------------------------
     def naive(self) -> None:
@@ -235,7 +245,7 @@ class Bench:
             s.wipe(self.nodes)
             s.log_prefix = f"naive-{scenario}-"
             e0 = s.egress()
-            net0 = s.c.net_counters()
+            net0 = self.network()
             fetch_pids = lambda: [p.pid for p in s.c.procs if p.argv[1:2] == ["fetch"]]  # noqa: E731
             res = s.run_fetches(
                 receivers,
@@ -306,7 +316,7 @@ class Bench:
                         time.sleep(0.1)
                     s.wipe(receivers)
                 e0 = s.egress()
-                net0 = s.c.net_counters()
+                net0 = self.network()
                 aria_pids = lambda: [p.pid for p in s.c.procs if p.argv[:1] == ["aria2c"]]  # noqa: E731
                 res = s.run_fetches(
                     receivers,
@@ -369,7 +379,7 @@ class Bench:
                             raise RuntimeError("n0 did not announce its blobs as a seeder within 120s")
                         time.sleep(0.5)
                 e0 = s.egress()
-                net0 = s.c.net_counters()
+                net0 = self.network()
                 res = s.run_fetches(
                     receivers,
                     lambda n: s.fetch_agent_argv(n, self.model),

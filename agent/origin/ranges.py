@@ -726,8 +726,9 @@ class OriginSource:
         """Bytes/s at which the chunk's last request brought it (0.0: none was needed).
 
         `hedge`: why this is a second worker on the chunk (`_hedge`); once its bytes flow, one of the
-        two responses is closed (`_settle_hedge`). Left open, a stall that ends (a retransmit backing off
-        under shaping) sent the same bytes down both connections: up to a chunk served twice."""
+        two responses is closed (`_settle_hedge`; a "slow" hedge closes the other as it starts). Left open,
+        a stall that ends (a retransmit backing off under shaping) sent the same bytes down both
+        connections: up to a chunk served twice."""
         start, end = job.chunk_bounds(idx)
         what = job.entry.path
         with job.cond:

@@ -125,8 +125,9 @@ def test_enospc_midway_removes_temp_and_keeps_completed_files(tmp_path, mounted_
 
 
 def _holding_reservations(monkeypatch, until) -> list[bool]:
-    """Make each reservation of a shard (posix_fallocate of over 1 MiB) wait, up to 10 s, for `until()`, as
-    tmpfs zeroing a big file's pages on a busy node does; returns, per reservation, whether `until` came."""
+    """Make each reservation of a shard (posix_fallocate of over 1 MiB) wait, up to 10 s, for `until()`,
+    as tmpfs allocating a big file's pages on a busy node does; returns, per reservation, whether `until`
+    came."""
     real = os.posix_fallocate
     came: list[bool] = []
 
