@@ -789,7 +789,9 @@ class SwarmFetcher:
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
                 seed = WebSeed(web_seed_url())
-                return self._from_swarm(cache, blob, info, seed, progress)
+                outcome = self._from_swarm(cache, blob, info, seed, progress)
+                self._until_counted(infohash(info))
+                return outcome
             except BadMetainfo as exc:
                 self._trust.distrust(blob, exc)
                 return self._from_origin(cache, blob, origin_download, publish=True, info=info)
@@ -802,6 +804,18 @@ class SwarmFetcher:
             stop.set()
             beat.join(timeout=5)
             self._release(blob.blob_id)
+
+    def _until_counted(self, ih: str) -> None:
+        """Hold the lease until the tracker's reply to this node's announce counts a seeder (at most
+        `_ANNOUNCE_WAIT`), as `_seed` does before it publishes. Released as the download ended, the lease
+        went to a node that asked before the tracker knew of this seeder, and that node pulled the blob
+        from the origin too (seen under a loaded CI: a 267-byte file web-seeded by both nodes)."""
+        deadline = time.monotonic() + _ANNOUNCE_WAIT
+        while self.swarm.status(ih).swarm_seeders < 1:
+            if time.monotonic() >= deadline:
+                log.info("no tracker reply counts a seeder of %s yet; releasing its lease anyway", ih)
+                return
+            time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
 
     def _relayed(self, blob: FileEntry) -> bool:
         return self.relay is not None and not blob.small
