@@ -735,7 +735,7 @@ class OriginSource:
             reader = _Reader(pos=start + job.written.get(idx, 0), hedge=hedge)
             if reader.pos >= end:
                 return 0.0
-            replaced = [other for other in job.readers.get(idx, []) if hedge == "slow"]
+            replaced = list(job.readers.get(idx, [])) if hedge == "slow" else []
             job.readers.setdefault(idx, []).append(reader)  # until the chunk is done
             if replaced:
                 # A response `SLOWER` than this worker's connection brings little while this request's

@@ -790,7 +790,11 @@ class SwarmFetcher:
             try:
                 seed = WebSeed(web_seed_url())
                 outcome = self._from_swarm(cache, blob, info, seed, progress)
-                self._until_counted(infohash(info))
+                # Released as the download ended, the lease went to a node that asked before the tracker
+                # knew of this seeder, and that node pulled the blob from the origin too (seen under a
+                # loaded CI: a 267-byte file web-seeded by both nodes).
+                if not self._announced(infohash(info), seeders=1):
+                    log.info("no tracker reply counts %s's seeder yet; releasing its lease anyway", blob.path)
                 return outcome
             except BadMetainfo as exc:
                 self._trust.distrust(blob, exc)
@@ -805,17 +809,15 @@ class SwarmFetcher:
             beat.join(timeout=5)
             self._release(blob.blob_id)
 
-    def _until_counted(self, ih: str) -> None:
-        """Hold the lease until the tracker's reply to this node's announce counts a seeder (at most
-        `_ANNOUNCE_WAIT`), as `_seed` does before it publishes. Released as the download ended, the lease
-        went to a node that asked before the tracker knew of this seeder, and that node pulled the blob
-        from the origin too (seen under a loaded CI: a 267-byte file web-seeded by both nodes)."""
+    def _announced(self, ih: str, seeders: int) -> bool:
+        """Wait, at most `_ANNOUNCE_WAIT`, for a tracker reply to the torrent's announce that counts at
+        least `seeders` seeders (0: any reply); whether one came."""
         deadline = time.monotonic() + _ANNOUNCE_WAIT
-        while self.swarm.status(ih).swarm_seeders < 1:
+        while self.swarm.status(ih).swarm_seeders < seeders:
             if time.monotonic() >= deadline:
-                log.info("no tracker reply counts a seeder of %s yet; releasing its lease anyway", ih)
-                return
+                return False
             time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
+        return True
 
     def _relayed(self, blob: FileEntry) -> bool:
         return self.relay is not None and not blob.small
@@ -1124,9 +1126,7 @@ class SwarmFetcher:
             # Announce before publishing: nodes waiting on the lease wake up at the metainfo, and if
             # the tracker did not count us as a seeder yet, one of them took the released lease and
             # pulled the blob from the origin a second time (origin egress 1.14 S in the benchmark).
-            deadline = time.monotonic() + _ANNOUNCE_WAIT
-            while self.swarm.status(ih).swarm_seeders < 0 and time.monotonic() < deadline:
-                time.sleep(0.05)  # libtorrent has no completion event for an announce reply we can wait on
+            self._announced(ih, seeders=0)
             self._trust.publish(cache.blob_path(blob.blob_id), blob, info)
 
     def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
