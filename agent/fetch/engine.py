@@ -37,7 +37,8 @@ from agent.core.plan import FetchPlan, FetchResult, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import Settings
 from agent.fetch.safetensors import check_index, check_safetensors
-from agent.origin.client import OriginClient, RemoteFile
+from agent.origin.answers import RemoteFile
+from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,10 @@ def plan_from_origin(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
 ) -> FetchPlan:
-    """Resolve, list and filter. Unsafe paths anywhere in the listing refuse the whole plan."""
+    """Resolve with the file list (one origin call), filter. Unsafe paths anywhere in the listing refuse
+    the whole plan."""
     check_repo_id(repo_id)
-    commit = client.resolve(repo_id, revision)
-    listing = client.list_files(repo_id, commit)
+    commit, listing = client.revision(repo_id, revision)
     for f in listing:
         safe_relpath(f.path)
     chosen = filter_files(listing, include, exclude)

@@ -26,7 +26,8 @@ from agent.core.plan import FetchPlan, FileEntry
 from agent.core.signing import verified_published_manifest
 from agent.fetch.engine import filter_files, plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
-from agent.origin.client import OriginClient, RemoteFile
+from agent.origin.answers import RemoteFile
+from agent.origin.client import OriginClient
 from agent.swarm.tracker_client import TrackerClient
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,12 @@
-"""Client of a Hugging Face-compatible hub: resolve, list, per-file metadata, ranged GETs.
+"""Client of a Hugging Face-compatible hub: a revision with its files, per-file metadata, ranged GETs.
 
-One urllib3 PoolManager (keep-alive connections reused across ranges and files). Every
-request is retried a bounded number of times on 429 (honouring Retry-After), 5xx and dropped
-connections, with full-jitter exponential backoff. HTTP errors become `agent.core.errors` classes
-with one-line messages; response bodies are cut short and the token never appears anywhere
-but the Authorization header, which is dropped when a redirect leaves the origin's host (as
-huggingface_hub does: a CDN must not see the token).
+One urllib3 PoolManager (keep-alive connections reused across ranges and files). Every request is
+retried a bounded number of times on 429 (honouring `RateLimit: ...;t=` and Retry-After, spread so
+that a cluster's nodes do not all come back at the reset), 5xx and dropped connections, with
+full-jitter exponential backoff. How the answers are read: `agent.origin.answers`. HTTP errors become
+`agent.core.errors` classes with one-line messages; response bodies are cut short and the token never
+appears anywhere but the Authorization header, which is dropped when a redirect leaves the origin's
+host (as huggingface_hub does: a CDN must not see the token).
 """
 
 from __future__ import annotations
@@ -18,79 +19,48 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, urljoin
 
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import ProtocolError
 
+from agent.cache.layout import is_commit
 from agent.core.errors import (
-    AuthError,
-    NotFoundError,
     OriginError,
     OriginOverloadedError,
     OriginUnavailableError,
     RateLimitedError,
-    WeightswarmError,
     snippet,
 )
 from agent.core.settings import OriginSettings
+from agent.origin.answers import (
+    REDIRECTS,
+    FileMetadata,
+    Hop,
+    RemoteFile,
+    Retryable,
+    file_metadata,
+    host_of,
+    link_next,
+    next_hop,
+    raise_for_status,
+    same_host,
+    siblings,
+    tree_file,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _MAX_REDIRECTS = 5
 _MAX_PAGES = 10_000
 _PATIENT_PAUSE = 5.0
 """Most seconds between asks while waiting out an unavailable origin (the retries honoured Retry-After)."""
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """One file of a repo at a commit, as the tree listing reports it."""
-
-    path: str
-    size: int
-    blob_id: str
-    """sha256 (the LFS oid) for LFS files, else the git blob sha1."""
-    is_lfs: bool
-
-
-@dataclass(frozen=True)
-class FileMetadata:
-    """What HEAD /resolve/ says about one file."""
-
-    commit: str | None
-    blob_id: str
-    size: int
-    url: str
-    """Where the bytes are: the redirect Location (CDN) for LFS files, else the resolve URL."""
-
-
-class Retryable(Exception):
-    """A transient failure: retry after `delay` seconds (None = use backoff), else raise `error`."""
-
-    def __init__(self, error: WeightswarmError, delay: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.delay = delay
-
-
-def same_host(a: str, b: str) -> bool:
-    sa, sb = urlsplit(a), urlsplit(b)
-    return (sa.scheme, sa.netloc) == (sb.scheme, sb.netloc)
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP date: rare from hubs; the backoff applies instead
+SPREAD_MAX = 30.0
+"""Most seconds added to an origin's "come back in t seconds": nodes told the same reset spread over up to
+half of t (at most this), so a cluster does not spend the new window's budget in its first second."""
 
 
 class OriginClient:
@@ -131,12 +101,12 @@ class OriginClient:
         return headers
 
     def backoff(self, attempt: int, hint: float | None) -> float:
-        """Full jitter (AWS style): uniform(0, base*2^attempt), capped; Retry-After is a floor."""
-        cap = self.settings.backoff_max
-        jitter = random.uniform(0, min(cap, self.settings.backoff_base * 2**attempt))
+        """Full jitter (AWS style): uniform(0, base*2^attempt), capped at backoff_max. When the origin said
+        when to come back (`retry_hint`, at most `MAX_HINT`), then, plus a spread of up to half of it
+        (`SPREAD_MAX` at most): asking sooner only spends the budget it is refusing."""
         if hint is not None:
-            return min(cap, hint + jitter * 0.1)
-        return jitter
+            return hint + random.uniform(0, min(SPREAD_MAX, hint / 2))
+        return random.uniform(0, min(self.settings.backoff_max, self.settings.backoff_base * 2**attempt))
 
     def retrying(self, what: str, attempt_fn: Callable[[], T]) -> T:
         """Run `attempt_fn` until it stops raising `Retryable`, at most `max_retries` attempts."""
@@ -148,7 +118,9 @@ class OriginClient:
                 if attempt + 1 >= attempts:
                     raise exc.error from None
                 delay = self.backoff(attempt, exc.delay)
-                log.info("%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
+                # A wait the user would notice is said where they look (the CLI shows warnings).
+                level = logging.WARNING if delay >= _PATIENT_PAUSE else logging.INFO
+                log.log(level, "%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
                 with self._waiting(exc.error):
                     time.sleep(delay)
         raise AssertionError("unreachable")
@@ -222,23 +194,25 @@ class OriginClient:
     ) -> urllib3.BaseHTTPResponse:
         """One request (no retries): follows redirects itself so the token stays on the origin host.
 
-        Returns the response unread (preload_content=False) for 2xx/3xx-not-followed; raises
-        `Retryable` for transient failures and a mapped `WeightswarmError` for the rest.
+        Returns the response unread (preload_content=False) for 2xx/3xx-not-followed, its `url` the URL
+        that answered; raises `Retryable` for transient failures and a mapped `WeightswarmError` for the
+        rest (`CdnRefusedError` when a host the origin redirected to refused).
         """
         for _ in range(_MAX_REDIRECTS + 1):
             resp = self._send(method, url, what, headers)
-            if follow_redirects and resp.status in (301, 302, 303, 307, 308):
+            if follow_redirects and resp.status in REDIRECTS:
                 location = resp.headers.get("Location")
                 resp.drain_conn()
                 release(resp)
                 if not location:
-                    raise OriginError(f"{what}: redirect without Location from {_host(url)}")
+                    raise OriginError(f"{what}: redirect without Location from {host_of(url)}")
                 url = urljoin(url, location)
                 continue
             if resp.status >= 400:
                 body = resp.read(4096) if method != "HEAD" else b""
                 release(resp)
-                raise_for_status(resp.status, resp.headers, body, what)
+                raise_for_status(resp.status, resp.headers, body, what, url, self.endpoint)
+            resp.url = url
             return resp
         raise OriginError(f"{what}: too many redirects")
 
@@ -260,7 +234,7 @@ class OriginClient:
             except Urllib3Error as exc:
                 stale = isinstance(exc, ProtocolError) and not fresh_try
                 if not stale:
-                    raise _unavailable(f"{what}: connection to {_host(url)} failed", exc) from None
+                    raise _unavailable(f"{what}: connection to {host_of(url)} failed", exc) from None
         raise AssertionError("unreachable")
 
     def get_json(self, url: str, what: str) -> tuple[object, urllib3.BaseHTTPResponse]:
@@ -281,24 +255,33 @@ class OriginClient:
 
     # --- the hub API -----------------------------------------------------------------------------
 
-    def resolve(self, repo_id: str, revision: str) -> str:
-        """Revision (branch, tag or commit) -> 40-hex commit."""
-        url = f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}"
+    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
+        """Revision (branch, tag or commit) -> (40-hex commit, its files), in one API call: the revision
+        with its files' metadata (`?blobs=true`: size, git blob id, LFS sha256, as huggingface_hub's
+        `model_info(files_metadata=True)` asks). The tree listing only for an origin that leaves them out.
+        Each node plans from the origin itself: a plan shared through the tracker would let one
+        compromised node choose the bytes every node installs."""
+        url = f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}?blobs=true"
         data, _ = self.get_json(url, f"{repo_id}@{revision}")
         sha = data.get("sha") if isinstance(data, dict) else None
-        if not isinstance(sha, str) or len(sha) != 40:
+        if not isinstance(sha, str) or not is_commit(sha.lower()):
             raise OriginError(f"{repo_id}@{revision}: origin did not return a commit sha")
         assert isinstance(data, dict)
         self._public[repo_id] = data.get("private") is False and data.get("gated") is False
-        return sha.lower()
+        commit = sha.lower()
+        files = siblings(data, repo_id)
+        if files is None:
+            log.info("%s@%s: the revision lists no file metadata; asking for the tree", repo_id, revision)
+            files = self._tree(repo_id, commit)
+        return commit, files
 
     def reported_public(self, repo_id: str) -> bool:
-        """Whether this client's last `resolve` of `repo_id` was told the repo is public: `private` and
+        """Whether this client's last `revision` of `repo_id` was told the repo is public: `private` and
         `gated` both explicitly false (a missing or null field, or a gating mode, is not public; see
         docs/security.md). False when it was not resolved here."""
         return self._public.get(repo_id, False)
 
-    def list_files(self, repo_id: str, commit: str) -> list[RemoteFile]:
+    def _tree(self, repo_id: str, commit: str) -> list[RemoteFile]:
         """Every file at `commit` (recursive tree listing, following `Link: rel="next"` pages)."""
         url: str | None = f"{self.endpoint}/api/models/{repo_id}/tree/{commit}?recursive=true"
         files: list[RemoteFile] = []
@@ -308,90 +291,34 @@ class OriginClient:
             data, resp = self.get_json(url, f"{repo_id}@{commit[:12]} file list")
             if not isinstance(data, list):
                 raise OriginError(f"{repo_id}: file list is not a JSON array")
-            files.extend(_remote_file(item, repo_id) for item in data if _is_file(item))
-            nxt = _link_next(resp.headers.get("Link"))
+            files.extend(f for f in (tree_file(item, repo_id) for item in data) if f is not None)
+            nxt = link_next(resp.headers.get("Link"))
             url = urljoin(url, nxt) if nxt else None
+            if url is not None and not same_host(url, self.endpoint):
+                raise OriginError(f"{repo_id}: the file list's next page is on another host ({host_of(url)})")
         raise OriginError(f"{repo_id}: file list has more than {_MAX_PAGES} pages")
 
     def resolve_url(self, repo_id: str, commit: str, path: str) -> str:
         return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path)}"
 
     def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
-        """HEAD /resolve/ without following redirects: commit, blob id, size, download URL."""
-        url = self.resolve_url(repo_id, commit, path)
+        """HEAD /resolve/, following redirects on the origin's own host (a small file's 307 to its
+        resolve-cache URL) but not to another (an LFS file's 302 to the CDN, whose URL is the answer)."""
         what = f"{repo_id}/{path}"
 
         def attempt() -> FileMetadata:
-            resp = self.request("HEAD", url, what, follow_redirects=False)
-            release(resp)
-            h = resp.headers
-            etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"').removeprefix("W/").strip('"')
-            size_s = h.get("X-Linked-Size") or h.get("Content-Length") or ""
-            if not etag or not size_s.isdigit():
-                raise OriginError(f"{what}: origin gave no ETag/size for the file")
-            location = h.get("Location")
-            target = urljoin(url, location) if resp.status in (301, 302, 303, 307, 308) and location else url
-            return FileMetadata(h.get("X-Repo-Commit"), etag.lower(), int(size_s), target)
+            url: str | None = self.resolve_url(repo_id, commit, path)
+            hops: list[Hop] = []
+            while url is not None:
+                if len(hops) > _MAX_REDIRECTS:
+                    raise OriginError(f"{what}: too many redirects")
+                resp = self.request("HEAD", url, what, follow_redirects=False)
+                release(resp)
+                hops.append(Hop(resp.status, resp.headers, url))
+                url = next_hop(hops[-1])
+            return file_metadata(hops, what)
 
         return self.retrying(what, attempt)
-
-
-def raise_for_status(status: int, headers: object, body: bytes, what: str) -> None:
-    """Map an HTTP error to an `agent.core.errors` class (transient ones as `Retryable`)."""
-    get = getattr(headers, "get", lambda _k, _d=None: None)
-    code = get("X-Error-Code") or ""
-    detail = snippet(get("X-Error-Message") or body, 120)
-    suffix = f": {detail}" if detail else ""
-    if status == 429:
-        raise Retryable(RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing"),
-                        _retry_after(get("Retry-After")))
-    if status in _RETRY_STATUSES:
-        error = OriginOverloadedError(f"{what}: origin error {status}{suffix}")
-        raise Retryable(error, _retry_after(get("Retry-After")))
-    if status == 401 and not code and "credential" in detail.lower():
-        raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")
-    if code == "RepoNotFound" or (status == 401 and not code):
-        raise NotFoundError(f"{what}: repository not found (or it is private: pass --token){suffix}")
-    if code == "RevisionNotFound":
-        raise NotFoundError(f"{what}: revision not found{suffix}")
-    if code == "EntryNotFound" or status == 404:
-        raise NotFoundError(f"{what}: not found{suffix}")
-    if status in (401, 403):
-        raise AuthError(f"{what}: access refused ({status} {code or 'forbidden'}); "
-                        f"check --token / HF_TOKEN and that it was granted access{suffix}")
-    raise OriginError(f"{what}: origin answered {status}{suffix}")
-
-
-def _is_file(item: object) -> bool:
-    return isinstance(item, dict) and item.get("type") == "file"
-
-
-def _remote_file(item: object, repo_id: str) -> RemoteFile:
-    assert isinstance(item, dict)
-    try:
-        lfs = item.get("lfs")
-        if isinstance(lfs, dict) and lfs.get("oid"):
-            size = int(lfs["size"] if "size" in lfs else item["size"])
-            return RemoteFile(str(item["path"]), size, str(lfs["oid"]).lower(), True)
-        return RemoteFile(str(item["path"]), int(item["size"]), str(item["oid"]).lower(), False)
-    except (KeyError, TypeError, ValueError):
-        bad = snippet(json.dumps(item), 80)
-        raise OriginError(f"{repo_id}: malformed entry in the file list: {bad}") from None
-
-
-def _link_next(link: str | None) -> str | None:
-    """The `rel="next"` target of an RFC 8288 Link header."""
-    if not link:
-        return None
-    for part in link.split(","):
-        segs = part.split(";")
-        if any(s.strip().replace(" ", "") in ('rel="next"', "rel=next") for s in segs[1:]):
-            return segs[0].strip().strip("<>")
-    return None
-
-
-def _host(url: str) -> str:
-    return urlsplit(url).netloc
 
 
 def _unavailable(what: str, exc: BaseException) -> Retryable:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import socket
@@ -51,7 +52,11 @@ from agent.core.parts import Feed, Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
-from agent.origin.client import OriginClient, Retryable, body_complete, read_body_into, release
+from agent.origin.answers import CdnRefusedError, Retryable
+from agent.origin.client import OriginClient, body_complete, read_body_into, release
+from agent.origin.location import FileLocation
+
+log = logging.getLogger(__name__)
 
 READ_BLOCK = 1 << 20
 """Bytes per write, read from the socket straight into a worker's own buffer (no per-block allocation)."""
@@ -148,7 +153,7 @@ class _Job:
     """Shared state of one blob's download (guarded by `cond`)."""
 
     entry: FileEntry
-    url: str
+    location: FileLocation
     fd: int
     chunk_size: int
     nchunks: int
@@ -389,8 +394,9 @@ class OriginSource:
     ) -> BlobHashes:
         """`prefix`: called with the contiguous written prefix as it grows (a reader may serve it).
         `shares`: the blob comes in parts, most of them from feeds (see the module doc)."""
-        # A node that pulls no part itself asks the origin nothing unless a feed hands it one.
-        url = self._resolve(plan, entry) if shares is None or shares.own else ""
+        location = FileLocation(lambda: self._resolve(plan, entry), what=entry.path)
+        if shares is None or shares.own:  # one that pulls no part asks nothing unless a feed hands it one
+            location.url  # noqa: B018 - resolved now: a disagreeing origin fails the blob before its file opens
         incomplete = cache.incomplete_path(entry.blob_id)
         done, written = self._load_record(cache, entry)
         try:
@@ -402,7 +408,7 @@ class OriginSource:
         try:
             chunk = self.settings.chunk_size
             nchunks = -(-entry.size // chunk)
-            job = _Job(entry, url, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
+            job = _Job(entry, location, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
             space = Reservation(fd, entry.size, on_full=job.fail)
             mine = range(job.nchunks) if shares is None else _chunks(shares.own, chunk)
             job.pending = [i for i in mine if i not in done]
@@ -437,13 +443,17 @@ class OriginSource:
         return hashes
 
     def _resolve(self, plan: FetchPlan, entry: FileEntry) -> str:
-        """The URL the blob's bytes come from, once its metadata at the origin matches the plan."""
+        """The URL the blob's bytes come from: an LFS file's signed CDN URL, once its metadata at the origin
+        matches the plan (one resolve); a small file's resolve URL, asked directly (its 307 leads to the
+        bytes, and its git sha1 is checked over them: a HEAD first would only cost a resolve more)."""
+        if not entry.is_lfs:
+            return self.client.resolve_url(plan.repo_id, plan.commit, entry.path)
         meta = self.client.patiently(lambda: self.client.file_metadata(plan.repo_id, plan.commit, entry.path))
         if meta.commit and meta.commit.lower() != plan.commit:
             raise OriginError(
                 f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
             )
-        if meta.blob_id != entry.blob_id or meta.size != entry.size:
+        if meta.blob_id != entry.blob_id or meta.size not in (None, entry.size):
             raise IntegrityError(
                 f"{entry.path}: origin metadata (id {meta.blob_id[:12]}, {meta.size} B) disagrees with "
                 f"its listing (id {entry.blob_id[:12]}, {entry.size} B)"
@@ -497,10 +507,7 @@ class OriginSource:
 
     def _take_over(self, plan: FetchPlan, cache: RepoCache, job: _Job, start: int, end: int) -> None:
         """Chunks of [start, end) not written yet become the engine's own (`Share.take_over`)."""
-        if not job.url:
-            url = self._resolve(plan, job.entry)
-            with job.cond:
-                job.url = url
+        job.location.url  # noqa: B018 - resolved on first use, outside `cond` (a request to the origin)
         with job.cond:
             if job.error is not None:
                 return
@@ -757,7 +764,14 @@ class OriginSource:
                     raise _ChunkDone()
                 if job.pausing:
                     raise _Paused()  # cut by `_step_aside` (or about to be): no new request now
-            resp = self.client.request("GET", job.url, what, {"Range": f"bytes={pos}-{end - 1}"})
+            url = job.location.url
+            try:
+                resp = self.client.request("GET", url, what, {"Range": f"bytes={pos}-{end - 1}"})
+            except CdnRefusedError as exc:
+                job.location.refused(url, exc)  # a renewed URL, or the refusal raised
+                raise Retryable(exc, delay=0.0) from None  # asked again at once, from `reader.pos`
+            job.location.worked(url)
+            job.location.moved(url, resp.url or "")
             with job.cond:
                 reader.resp = resp
             try:
@@ -869,6 +883,8 @@ class OriginSource:
     ) -> None:
         """Server ignored Range: take the whole body in order on this one connection."""
         with job.cond:
+            if job.mode is None:
+                log.info("%s: the origin ignores Range; one stream for the whole file", job.entry.path)
             job.mode = "stream"
             job.pending.clear()
             job.cond.notify_all()
