@@ -79,7 +79,11 @@ class FileProgress:
     def finish(self, source: str | None = None) -> None:
         if source is not None:
             self.source = source
-        self._owner._finish(self)
+        self._owner._finish(self, failed=False)
+
+    def fail(self) -> None:
+        """The file did not arrive (its error reaches the user once, in the fetch's summary)."""
+        self._owner._finish(self, failed=True)
 
 
 class Progress:
@@ -141,12 +145,13 @@ class Progress:
     def _stage(self, fp: FileProgress, stage: str) -> None:
         """A terminal shows bytes and rates only; a daemon job's sink records the stage."""
 
-    def _finish(self, fp: FileProgress) -> None:
+    def _finish(self, fp: FileProgress, failed: bool) -> None:
         with self._lock:
             if fp in self._active:
                 self._active.remove(fp)
             if not self.tty and not self.quiet:
-                print(f"  done {fp.name} ({_how(fp)})", file=self.stream, flush=True)
+                line = f"  failed {fp.name}" if failed else f"  done {fp.name} ({_how(fp)})"
+                print(line, file=self.stream, flush=True)
             self._draw(force=True)
 
     def _line(self, label: str, done: int, size: int, started: float) -> str:

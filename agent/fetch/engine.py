@@ -209,11 +209,11 @@ class FetchEngine:
         try:
             hashes = self.source.fetch_blob(plan, entry, cache, fp)
             install_downloaded(cache, entry, hashes, self.settings.fetch.verify_safetensors)
-        except _FATAL:
-            self._abort = True
+        except BaseException as exc:
+            self._abort = self._abort or isinstance(exc, _FATAL)
+            fp.fail()
             raise
-        finally:
-            fp.finish()
+        fp.finish()
 
     def _check_indexes(self, plan: FetchPlan, cache: RepoCache) -> None:
         if not self.settings.fetch.verify_safetensors:

@@ -73,6 +73,11 @@ class JobProgress(Progress):
         if stage in STAGES:
             self.job.file_stage(fp.name, stage)  # type: ignore[arg-type]
 
+    def _finish(self, fp: FileProgress, failed: bool) -> None:
+        super()._finish(fp, failed)
+        if failed:
+            self.job.file_stage(fp.name, "failed")
+
 
 class SwarmFetchEngine(FetchEngine):
     """The engine with a source that installs blobs itself: no temp file to check and move. Background
@@ -87,8 +92,10 @@ class SwarmFetchEngine(FetchEngine):
         fp = self.progress.start_file(entry.path, entry.size)
         try:
             self.source.fetch_blob(plan, entry, cache, fp)
-        finally:
-            fp.finish()
+        except BaseException:
+            fp.fail()
+            raise
+        fp.finish()
 
 
 def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tuple[OriginSettings, str]:

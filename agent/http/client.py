@@ -233,6 +233,11 @@ def mirror_progress(
             continue
         if f["done"] > bar.done:
             bar.advance(f["done"] - bar.done)
-        if f["done"] >= f["size"] and f["path"] not in finished:
+        if f["path"] in finished:
+            continue
+        if f.get("stage") == "failed":
+            finished.add(f["path"])
+            bar.fail()
+        elif f["done"] >= f["size"]:
             finished.add(f["path"])
             bar.finish(None if f["source"] == "pending" else f["source"])
