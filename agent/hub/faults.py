@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Faults:
-    """Faults for file requests (`/resolve/...` and `/_cdn/...`, GET and HEAD), and for any route by path."""
+    """Faults for file requests (`/resolve/...`, `/api/resolve-cache/...` and the CDN's, GET and HEAD),
+    and for any route by path."""
 
     status_queue: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     """Answer the next N file requests with these (status, headers) and a JSON error body, then normal."""
@@ -24,6 +25,10 @@ class Faults:
 
     ignore_range: bool = False
     """Answer 200 with the whole body even when a Range was asked (as some proxies do)."""
+
+    head_without_length: bool = False
+    """Answer a file's HEAD (resolve, resolve-cache, CDN) with no Content-Length, as some mirrors and
+    proxies do: a client must then learn the size from the GET (or the listing), not fail."""
 
     truncate_after: int | None = None
     """Declare the full Content-Length but drop the connection after this many body bytes."""

@@ -1,14 +1,66 @@
 """A Hugging Face-compatible hub that serves a directory: for tests, benchmarks and air-gapped clusters.
 
-Routes (as huggingface.co, read-only, model repos):
+It answers as huggingface.co does in 2026 (`answers="2026"`, the default) or as it did in 2024
+(`answers="2024"`). Routes (read-only, model repos):
 - `GET /api/models/{org}/{name}[/revision/{rev}]` model info (`?blobs=true` adds sizes and oids;
   `?expand=a&expand=b` or `expand[]=` answers only `_id`, `id` and those properties, as the Hub);
 - `GET /api/models/{org}/{name}/auth-check` 200 when the token may read the repo's files, else the
   refusal the files would get (what `huggingface_hub.auth_check` asks);
 - `GET /api/models/{org}/{name}/tree/{rev}[/{path}]` listing, paginated by a `Link: rel="next"` header;
-- `HEAD|GET /{org}/{name}/resolve/{rev}/{path}`: small files answered directly (ETag = git sha1),
-  LFS files redirected (302) to a signed `/_cdn/{sha256}?...` URL that needs no Authorization;
-- `GET /_weightswarm/stats` egress and request counters, `POST /_weightswarm/reset` zeroes them.
+- `HEAD|GET /{org}/{name}/resolve/{rev}/{path}` a file, as below;
+- `GET /_weightswarm/stats` egress, request and per-bucket counters, `POST /_weightswarm/reset` zeroes
+  them (main port only, never counted or limited).
+
+2026 (what the references below show):
+- A small (non-LFS) file's resolve is a **307** to a relative `/api/resolve-cache/models/{org}/{name}/
+  {commit}/{path}?{quoted /{org}/{name}/resolve/{rev}/{path}}=&etag={quoted "sha1"}`
+  (the shape in huggingface/swift-transformers#209 and raullenchai/Rapid-MLX#1122), with
+  `Content-Type: text/plain; charset=utf-8` and Express's body `Temporary Redirect. Redirecting to <Location>`
+  whose length is its Content-Length (262 bytes for Rapid-MLX#1122's 227-character Location), not the
+  file's. The 307 in Rapid-MLX#1122 carries Location, Content-Type, Content-Length, X-Powered-By,
+  X-Request-Id, RateLimit, RateLimit-Policy and CORS headers; no ETag, no X-Linked-*; the list is cut
+  before any X-Repo-Commit, and huggingface/huggingface_hub#4698 calls it "only Location and a small
+  Content-Length", so none is sent here (the commit is in the Location). huggingface_hub#4698/#4699 and
+  huggingface/hf-hub#191: a redirect's Content-Length is never the file size.
+- `HEAD|GET /api/resolve-cache/models/{org}/{name}/{rev}/{path}` serves the file: 200/206 with ETag (the
+  git blob sha1, quoted), X-Repo-Commit, Accept-Ranges, Content-Length, Range, the access checks of
+  resolve. The Hub's rate-limit page links this endpoint as "Resolve a file", so it counts as a resolver
+  (huggingface/hub-docs docs/hub/rate-limits.md). An LFS file asked here gets the resolve's 302.
+- An LFS file's resolve is a **302** with X-Repo-Commit, ETag and X-Linked-Etag (the sha256, quoted),
+  X-Linked-Size, `X-Xet-Hash: <64 hex>` and `Link: <{hub}/api/models/{repo}/xet-read-token/{commit}>;
+  rel="xet-auth", <{cas}/v1/reconstructions/{xet hash}>; rel="xet-reconstruction-info"`. huggingface_hub's
+  `utils/_xet.py` (`parse_xet_file_data_from_response`) reads X-Xet-Hash and the xet-auth link; the
+  xet-core spec (`file_id.md`): X-Xet-Hash is the Xet file id and following the 302 is "the old LFS
+  compatible route"; the reconstruction link names the CAS's `GET /v1/reconstructions/{hash}`
+  (hyprstream/hyprstream#693 lists xet-core's routes), on another host (huggingface/huggingface_hub#4475:
+  `cas-server.xethub.hf.co`, named by xet-read-token). Its body is `Found. Redirecting to <Location>`
+  (ngxson/wllama#248 shows a 302 with `content-type: text/plain` and a 913-byte content-length). The
+  xet-read-token route and the CAS are not served here: clients take the HTTP route.
+  Here the Xet hash is `sha256(b"xet" + sha256 bytes)`, never the sha256 itself.
+- The 302's Location is a signed URL on **another origin**, as the Hub's `cas-bridge.xethub.hf.co` /
+  `*.cdn.hf.co` (wllama#248): a second listener of this HubServer on `cdn_port`, so huggingface_hub's
+  metadata HEAD stops at the 302 (`_is_same_or_hub_host` follows only same scheme+host+port) and clients
+  drop their Authorization header. `/xet-bridge-us/{repo key}/{xet hash}?X-Amz-Algorithm=...&X-Amz-Date=
+  ...&X-Amz-Expires=...&X-Amz-Signature=...` (`agent.hub.cdn`), valid `cdn_url_ttl` seconds (the Hub's
+  bridge URLs: X-Amz-Expires=3600). Its answer is the CDN's (huggingface/datasets#7931's HEAD of a
+  cas-bridge URL): Content-Length, Accept-Ranges, Content-Range, a quoted 64-hex ETag (here the Xet hash:
+  not the sha256), Cache-Control, Content-Disposition, X-Cache, Via, X-Request-Id; no X-Repo-Commit,
+  X-Linked-*, X-Xet-*. A request that starts after the expiry, or with a bad signature, gets a 403 with
+  an S3 XML body (`<Error><Code>AccessDenied</Code><Message>Request has expired</Message>...`) and no
+  X-Error-Code; a body that started in time runs to its end. Authorization is ignored there (recorded in
+  `RequestRecord.authorized`).
+- Rate limits (`agent.hub.ratelimit`, on by default with the Hub's numbers): per 5-minute fixed window,
+  500 api / 3,000 resolvers per anonymous IP address, 1,000 / 5,000 per token (hub-docs rate-limits.md,
+  September '25 table). Every counted answer carries `RateLimit` / `RateLimit-Policy`
+  (huggingface_hub#3553 shows them on a 200, Rapid-MLX#1122 on a 307); over the quota a 429 with r=0
+  and t=<seconds to the reset>, which huggingface_hub's `parse_ratelimit_headers` and http_backoff read.
+  No reference shows a Retry-After from the Hub: `RateLimits(retry_after=True)` adds one. CDN requests
+  are not counted (another host).
+
+2024: small files answered directly (ETag = git sha1); LFS files 302 (Content-Length 0) to a same-origin
+`/_cdn/{sha256}?...` URL valid a day, which repeats X-Repo-Commit / X-Linked-Etag / X-Linked-Size
+(huggingface_hub then followed same-origin redirects on its metadata HEAD and read them from the final
+answer); no Xet headers, no RateLimit headers, no rate limits unless `rate_limits` is given.
 
 Errors carry the Hub's `X-Error-Code` / `X-Error-Message` headers and a JSON `{"error": ...}` body,
 so `huggingface_hub` raises its usual exception classes. Access rules (`agent.hub.access`): a token
@@ -17,94 +69,69 @@ is refused (401); a private repo is invisible without access (401 RepoNotFound a
 token, as a missing repo); a gated repo's model info is public (`gated: "auto"|"manual"`), its files
 answer 401 GatedRepo anonymous, 403 GatedRepo to a token without access. With no tokens configured
 every bearer token is accepted.
-
-The CDN route also repeats `X-Repo-Commit` / `X-Linked-Etag` / `X-Linked-Size`: recent
-`huggingface_hub` follows a same-origin redirect on its metadata HEAD and reads them from the
-final response (a real CDN is another host, where it stops at the 302).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
-import logging
-import os
 import secrets
-import selectors
 import socket
-import struct
 import sys
 import threading
-import time
-import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, NamedTuple
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from typing import Any, Literal
 
-from agent.hub import listing
-from agent.hub.access import HubAccess, Refusal
-from agent.hub.faults import Faults, TokenBucket, chunk_for
-from agent.hub.ranges import parse_range
-from agent.hub.repos import RepoFile, RepoStore, Snapshot, safe_repo_path, valid_repo_id
+from agent.hub.access import HubAccess
+from agent.hub.cdn import SignedUrls
+from agent.hub.faults import Faults, TokenBucket
+from agent.hub.handler import IDLE_TIMEOUT, Handler, access_log, log
+from agent.hub.ratelimit import RateLimiter, RateLimits
+from agent.hub.records import BUCKETS, RequestRecord
+from agent.hub.repos import RepoStore, valid_repo_id
 
-log = logging.getLogger(__name__)
-access_log = logging.getLogger("agent.hub.access")
-"""One line per request: client, method, path, Range, status (`agent serve-hub --access-log`)."""
+__all__ = [
+    "ANSWERS",
+    "CDN_URL_TTL",
+    "DEFAULT_TREE_PAGE_SIZE",
+    "IDLE_TIMEOUT",
+    "LEGACY_CDN_URL_TTL",
+    "HubServer",
+    "RateLimits",
+    "RequestRecord",
+    "access_log",
+]
 
 DEFAULT_TREE_PAGE_SIZE = 1000
 """Entries per tree page, as the Hub; tests pass a small one to exercise pagination."""
 
-CDN_URL_TTL = 24 * 3600.0
-"""Seconds a signed CDN URL stays valid: long enough for a slow multi-range download to reuse it."""
+ANSWERS = ("2026", "2024")
+"""How the hub may answer: as huggingface.co does now, or as it did in 2024."""
 
-IDLE_TIMEOUT = 300.0
-"""Seconds a keep-alive connection may sit idle (or a send may block) before the server drops it."""
+CDN_URL_TTL = 3600.0
+"""Seconds a signed CDN URL stays valid in 2026, as the Hub's X-Amz-Expires=3600."""
 
-_SENDFILE_CAP = 8 * 2**20  # bytes one os.sendfile call may take (the stats move at least this often)
+LEGACY_CDN_URL_TTL = 24 * 3600.0
+"""Seconds a 2024 `/_cdn/` URL stays valid: long enough for a slow multi-range download to reuse it."""
 
-
-def _acked(sock: socket.socket) -> int | None:
-    """Bytes of the connection its peer has acknowledged (Linux TCP_INFO `tcpi_bytes_acked`), or None."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 128)
-    except (OSError, AttributeError):
-        return None
-    return int(struct.unpack_from("=Q", info, 120)[0]) if len(info) >= 128 else None
+Answers = Literal["2026", "2024"]
 
 
-def _wait_writable(sock: socket.socket) -> None:
-    """Until `sock` takes bytes again, at most its timeout."""
-    with selectors.DefaultSelector() as ready:
-        ready.register(sock, selectors.EVENT_WRITE)
-        if not ready.select(sock.gettimeout()):
-            raise TimeoutError("the client stopped reading")
+class Listener(ThreadingHTTPServer):
+    """One listening socket of a hub: its own port (`cdn` False) or its CDN's."""
 
-
-class RequestRecord(NamedTuple):
-    """One request as the server saw it (path without the query string, which is `query`)."""
-
-    method: str
-    path: str
-    range: str | None
-    status: int
-    query: str = ""
-    authorized: bool = False
-    """Whether it carried an Authorization header (never the header itself)."""
-    client: str = ""
-    """The client's address."""
-
-
-class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     # socketserver's listen backlog is 5: a fleet asking at once (32 nodes planning a fetch) overflowed
     # it, the kernel dropped SYNs and clients waited out 10-s connect timeouts (bench.scaling, N = 32).
     request_queue_size = socket.SOMAXCONN
-    hub: HubServer
+
+    def __init__(self, address: tuple[str, int], hub: HubServer, cdn: bool) -> None:
+        super().__init__(address, Handler)
+        self.hub = hub
+        self.cdn = cdn
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client dropping a keep-alive connection (or a download it cancelled) is routine for a
@@ -117,7 +144,14 @@ class _Server(ThreadingHTTPServer):
 
 
 class HubServer:
-    """The hub on a background thread. `with HubServer(root) as srv:` starts and stops it."""
+    """The hub on background threads. `with HubServer(root) as srv:` starts and stops it.
+
+    `answers`: "2026" (default) or "2024" (module docstring). `cdn_port`: the CDN listener's port in
+    2026 (0: any free one; `cdn_url` once started); in 2024 the CDN is the hub's own port.
+    `cdn_url_ttl`: seconds a signed CDN URL lives (default 3600 in 2026, a day in 2024; settable; 0 or
+    less hands out URLs that are expired already).
+    `rate_limits`: requests per client and window (`RateLimits`), None for none; "auto" means the Hub's
+    numbers in 2026 and none in 2024 (settable)."""
 
     def __init__(
         self,
@@ -133,10 +167,27 @@ class HubServer:
         rate_per_connection: float | None = None,
         rate_per_client: float | None = None,
         tree_page_size: int = DEFAULT_TREE_PAGE_SIZE,
+        answers: Answers = "2026",
+        cdn_port: int = 0,
+        cdn_url_ttl: float | None = None,
+        rate_limits: RateLimits | None | Literal["auto"] = "auto",
     ) -> None:
+        if answers not in ANSWERS:
+            raise ValueError(f"answers must be one of {ANSWERS}: {answers!r}")
         self.root = Path(root)
         self.host = host
         self.port = port
+        self.answers: Answers = answers
+        self._cdn_port = cdn_port
+        ttl = (
+            cdn_url_ttl
+            if cdn_url_ttl is not None
+            else CDN_URL_TTL
+            if answers == "2026"
+            else LEGACY_CDN_URL_TTL
+        )
+        self.cdn_url_ttl = ttl
+        """Seconds a signed CDN URL handed out from now on stays valid (0 or less: born expired)."""
         self.store = RepoStore(self.root)
         self.access = HubAccess(tokens, grants, gated, private)
         for repo_id in self.access.repo_ids():
@@ -151,40 +202,57 @@ class HubServer:
             raise ValueError(f"rate_per_client must be positive: {rate_per_client}")
         self.rate_per_client = rate_per_client
         self._client_buckets: dict[str, TokenBucket] = {}
+        self.rate_limiter: RateLimiter | None = None
+        self.rate_limits = (
+            (RateLimits() if answers == "2026" else None) if rate_limits == "auto" else rate_limits
+        )
         self.tree_page_size = max(1, tree_page_size)
         self.faults = Faults()
-        self._secret = secrets.token_bytes(32)
+        self.signer = SignedUrls(secrets.token_bytes(32))
         self._lock = threading.Lock()
         self._egress = 0
         self._requests: list[RequestRecord] = []
+        self._cdn_blobs: dict[str, str] = {}
         self._connections: set[socket.socket] = set()
         self._accepted = 0
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._listeners: list[Listener] = []
+        self._threads: list[threading.Thread] = []
 
     def __repr__(self) -> str:  # tokens stay out of reprs
-        return f"HubServer(root={str(self.root)!r}, url={self.url if self._server else None!r})"
+        return f"HubServer(root={str(self.root)!r}, url={self.url if self._listeners else None!r})"
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._server is not None:
+        if self._listeners:
             raise RuntimeError("hub server already started")
-        server = _Server((self.host, self.port), _Handler)
-        server.hub = self
-        self._server = server
-        self.port = int(server.server_address[1])
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="hub-server", daemon=True
-        )
-        self._thread.start()
+        main = Listener((self.host, self.port), self, cdn=False)
+        self._listeners = [main]
+        try:
+            if self.answers == "2026":
+                self._listeners.append(Listener((self.host, self._cdn_port), self, cdn=True))
+        except OSError:
+            main.server_close()
+            self._listeners = []
+            raise
+        self.port = int(main.server_address[1])
+        if len(self._listeners) > 1:
+            self._cdn_port = int(self._listeners[1].server_address[1])
+        for listener in self._listeners:
+            name = "hub-cdn" if listener.cdn else "hub-server"
+            thread = threading.Thread(
+                target=listener.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
+        listeners, self._listeners = self._listeners, []
+        if not listeners:
             return
-        server.shutdown()
-        server.server_close()
+        for listener in listeners:
+            listener.shutdown()
+            listener.server_close()
         with self._lock:
             conns = list(self._connections)
         for conn in conns:  # idle keep-alive connections would otherwise hold their threads
@@ -192,8 +260,9 @@ class HubServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join(timeout=10)
 
     def __enter__(self) -> HubServer:
         self.start()
@@ -204,14 +273,25 @@ class HubServer:
     ) -> None:
         self.stop()
 
+    # -- settings --------------------------------------------------------------------------------------
+
     @property
     def rate_total(self) -> float | None:
-        """The cap on all bodies together, bytes/s (None: uncapped); settable while serving."""
+        """The cap on all bodies of both listeners together, bytes/s (None: uncapped); settable."""
         return self.total_bucket.rate if self.total_bucket is not None else None
 
     @rate_total.setter
     def rate_total(self, rate: float | None) -> None:
         self.total_bucket = TokenBucket(rate) if rate else None
+
+    @property
+    def rate_limits(self) -> RateLimits | None:
+        """Requests per client and window (None: unlimited); setting it starts every window afresh."""
+        return self.rate_limiter.limits if self.rate_limiter is not None else None
+
+    @rate_limits.setter
+    def rate_limits(self, limits: RateLimits | None) -> None:
+        self.rate_limiter = RateLimiter(limits) if limits is not None else None
 
     def client_bucket(self, address: str) -> TokenBucket | None:
         """The cap shared by every connection from one client address (as a CDN's per-IP limit)."""
@@ -222,21 +302,41 @@ class HubServer:
 
     @property
     def url(self) -> str:
+        return self._url(self.port)
+
+    @property
+    def cdn_port(self) -> int:
+        """The port signed LFS URLs point to: the CDN listener's in 2026, the hub's own in 2024."""
+        return self._cdn_port if self.answers == "2026" else self.port
+
+    @property
+    def cdn_url(self) -> str:
+        """Where signed LFS URLs point (another origin in 2026; the hub itself in 2024)."""
+        return self._url(self.cdn_port)
+
+    def _url(self, port: int) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{port}"
 
     # -- observation -------------------------------------------------------------------------------
 
     @property
     def egress_bytes(self) -> int:
-        """Body bytes sent so far, all responses except the /_weightswarm/ ones."""
+        """Body bytes sent so far by both listeners, all responses except the /_weightswarm/ ones."""
         with self._lock:
             return self._egress
 
     @property
     def requests(self) -> list[RequestRecord]:
+        """Every request both listeners answered (or saw go away), in order; not /_weightswarm/."""
         with self._lock:
             return list(self._requests)
+
+    def counts(self) -> dict[str, int]:
+        """Requests so far per bucket ("api", "resolvers", "cdn", and "pages" if any)."""
+        with self._lock:
+            counted = Counter(r.bucket for r in self._requests if r.bucket)
+        return {**dict.fromkeys(BUCKETS, 0), **counted}
 
     @property
     def connections_accepted(self) -> int:
@@ -245,6 +345,7 @@ class HubServer:
             return self._accepted
 
     def reset_counters(self) -> None:
+        """Zero egress, requests and connections (rate-limit windows run on: they are the Hub's state)."""
         with self._lock:
             self._egress = 0
             self._accepted = 0
@@ -278,419 +379,11 @@ class HubServer:
             (self._connections.add if add else self._connections.discard)(conn)
             self._accepted += add
 
-    def _signature(self, sha256: str, repo_id: str, commit: str, path: str, expires: int) -> str:
-        msg = f"{sha256}|{repo_id}|{commit}|{path}|{expires}".encode()
-        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
+    def _serve_on_cdn(self, path: str, sha256: str) -> None:
+        """The CDN will serve blob `sha256` at `path` (its URL is about to be handed out)."""
+        with self._lock:
+            self._cdn_blobs[path] = sha256
 
-    def cdn_location(self, base: str, snapshot: Snapshot, entry: RepoFile) -> str:
-        assert entry.sha256 is not None
-        expires = int(time.time() + CDN_URL_TTL)
-        params = {
-            "repo": snapshot.repo_id,
-            "commit": snapshot.commit,
-            "file": entry.path,
-            "expires": str(expires),
-            "sig": self._signature(entry.sha256, snapshot.repo_id, snapshot.commit, entry.path, expires),
-        }
-        return f"{base}/_cdn/{entry.sha256}?{urlencode(params)}"
-
-    def cdn_valid(self, sha256: str, query: dict[str, str]) -> bool:
-        try:
-            expires = int(query.get("expires", ""))
-        except ValueError:
-            return False
-        want = self._signature(
-            sha256, query.get("repo", ""), query.get("commit", ""), query.get("file", ""), expires
-        )
-        return expires >= time.time() and hmac.compare_digest(want, query.get("sig", ""))
-
-
-class _HttpError(Exception):
-    def __init__(
-        self, status: int, message: str, code: str | None = None, headers: dict[str, str] | None = None
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-    timeout = IDLE_TIMEOUT
-    # Until _dispatch starts a request: a request line the stdlib refuses (send_error) is answered, not
-    # recorded.
-    _request_id = ""
-    _status = 0
-    _recorded = True
-    _body_sent = 0
-    """Bytes of the body being sent that were counted as egress."""
-
-    def setup(self) -> None:
-        super().setup()
-        self.hub = self.server.hub
-        self.hub._track(self.connection, True)
-        rate = self.hub.rate_per_connection
-        self.conn_bucket = TokenBucket(rate) if rate else None
-
-    def finish(self) -> None:
-        self.hub._track(self.connection, False)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def send_response(self, code: int, message: str | None = None) -> None:
-        self._status = code
-        # Recorded before the status line can reach the client (headers go out at end_headers): a client
-        # that has its answer finds its request in `requests`.
-        self._record_request()
-        super().send_response(code, message)
-        self.send_header("X-Request-Id", self._request_id)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    # -- dispatch ----------------------------------------------------------------------------------
-
-    def _dispatch(self, method: str) -> None:
-        self._request_id = uuid.uuid4().hex
-        self._status = 0
-        self._recorded = False
-        split = urlsplit(self.path)
-        raw = split.path
-        self._query_pairs = parse_qsl(split.query, keep_blank_values=True)
-        query = dict(self._query_pairs)
-        internal = raw.startswith("/_weightswarm/")
-        try:
-            if not internal:
-                self._raise_fault(self.hub.faults.path_fault(raw))
-            self._route(method, raw, query)
-        except _HttpError as err:
-            self._send_error(err)
-        except OSError:  # the client went away or stopped reading: nothing left to tell it
-            self.close_connection = True
-        except Exception:
-            log.exception("hub: unexpected error on %s %s", method, raw)
-            if not self._status:
-                self._send_error(_HttpError(500, "Internal error"))
-            self.close_connection = True
-        self._record_request()  # one the handler never answered (the client went away)
-
-    def _record_request(self) -> None:
-        if self._recorded:
-            return
-        self._recorded = True
-        split = urlsplit(self.path)
-        if split.path.startswith("/_weightswarm/"):
-            return
-        rng, authed = self.headers.get("Range"), "Authorization" in self.headers
-        client = self.client_address[0]
-        record = RequestRecord(self.command, split.path, rng, self._status, split.query, authed, client)
-        self.hub._record(record)
-        # The query string stays out: a CDN URL's is a signature.
-        access_log.info("%s %s %s %s %d", client, self.command, split.path, rng or "-", self._status)
-
-    def _route(self, method: str, raw: str, query: dict[str, str]) -> None:
-        parts = raw.split("/")[1:]
-        if raw.startswith("/_weightswarm/"):
-            if raw == "/_weightswarm/stats" and method in ("GET", "HEAD"):
-                stats = {"egress_bytes": self.hub.egress_bytes, "requests": len(self.hub.requests)}
-                return self._send_json(200, stats, count=False)
-            if raw == "/_weightswarm/reset" and method == "POST":
-                self.hub.reset_counters()
-                return self._send_json(200, {"ok": True}, count=False)
-            raise _HttpError(404, "Not Found")
-        if method == "POST":
-            raise _HttpError(405, "Method Not Allowed")
-        if len(parts) >= 2 and parts[0] == "_cdn":
-            return self._cdn(method, parts[1], query)
-        if len(parts) >= 5 and parts[2] == "resolve":
-            repo_id = f"{unquote(parts[0])}/{unquote(parts[1])}"
-            return self._resolve(method, repo_id, unquote(parts[3]), unquote("/".join(parts[4:])))
-        if len(parts) >= 4 and parts[:2] == ["api", "models"]:
-            repo_id = f"{unquote(parts[2])}/{unquote(parts[3])}"
-            rest = parts[4:]
-            if not rest:
-                return self._model_info(repo_id, "main", query)
-            if len(rest) == 2 and rest[0] == "revision":
-                return self._model_info(repo_id, unquote(rest[1]), query)
-            if rest == ["auth-check"]:
-                return self._auth_check(repo_id)
-            if len(rest) >= 2 and rest[0] == "tree":
-                return self._tree(repo_id, unquote(rest[1]), unquote("/".join(rest[2:])), query)
-        raise _HttpError(404, "Not Found")
-
-    # -- access ------------------------------------------------------------------------------------
-
-    def _check_access(self, repo_id: str, content: bool) -> None:
-        exists = self.hub.store.repo_dir(repo_id) is not None
-        header = self.headers.get("Authorization")
-        refusal = self.hub.access.check(header, repo_id, exists=exists, content=content)
-        if isinstance(refusal, Refusal):
-            raise _HttpError(refusal.status, refusal.message, refusal.code)
-
-    def _snapshot(self, repo_id: str, revision: str, content: bool) -> Snapshot:
-        self._check_access(repo_id, content)
-        snapshot = self.hub.store.resolve(repo_id, revision)
-        if snapshot is None:
-            raise _HttpError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
-        return snapshot
-
-    def _base_url(self) -> str:
-        host = self.headers.get("Host")
-        return f"http://{host}" if host else self.hub.url
-
-    # -- API routes --------------------------------------------------------------------------------
-
-    def _model_info(self, repo_id: str, revision: str, query: dict[str, str]) -> None:
-        snapshot = self._snapshot(repo_id, revision, content=False)
-        blobs = query.get("blobs", "").lower() in ("1", "true")
-        access = self.hub.access
-        private, gated = repo_id in access.private, access.gated_mode(repo_id)
-        info = listing.model_info(snapshot, private=private, gated=gated, blobs=blobs)
-        expand = [v for k, v in self._query_pairs if k in ("expand", "expand[]")]
-        if expand:
-            unknown = sorted(set(expand) - listing.EXPAND_PROPERTIES)
-            if unknown:
-                raise _HttpError(400, f"Invalid expand value(s): {', '.join(unknown)}")
-            info = {k: v for k, v in info.items() if k in ("_id", "id", *expand)}
-        for name in self.hub.faults.model_info_omit:
-            info.pop(name, None)
-        self._send_json(200, info)
-
-    def _auth_check(self, repo_id: str) -> None:
-        self._check_access(repo_id, content=True)
-        self._send_json(200, {})
-
-    def _tree(self, repo_id: str, revision: str, prefix: str, query: dict[str, str]) -> None:
-        snapshot = self._snapshot(repo_id, revision, content=False)
-        prefix = prefix.strip("/")
-        if prefix and not safe_repo_path(prefix):
-            raise _HttpError(400, f"Invalid path: {prefix!r}")
-        recursive = query.get("recursive", "").lower() in ("1", "true")
-        entries = listing.tree_entries(snapshot, prefix, recursive=recursive)
-        if entries is None:
-            raise _HttpError(404, f"{prefix} does not exist on {revision}", "EntryNotFound")
-        try:
-            start = max(0, int(query.get("cursor", "0") or 0))
-        except ValueError as exc:
-            raise _HttpError(400, "Invalid cursor") from exc
-        page = entries[start : start + self.hub.tree_page_size]
-        headers: dict[str, str] = {}
-        if start + self.hub.tree_page_size < len(entries):
-            next_query = dict(query, cursor=str(start + self.hub.tree_page_size))
-            path_part = "/" + quote(prefix, safe="") if prefix else ""
-            url = f"{self._base_url()}/api/models/{repo_id}/tree/{quote(revision, safe='')}{path_part}"
-            headers["Link"] = f'<{url}?{urlencode(next_query)}>; rel="next"'
-        self._send_json(200, page, headers=headers)
-
-    # -- file routes -------------------------------------------------------------------------------
-
-    def _injected_status(self, method: str) -> None:
-        self._raise_fault(self.hub.faults.take_status(method))
-
-    def _raise_fault(self, fault: tuple[int, dict[str, str]] | None) -> None:
-        if fault is not None:
-            status, headers = fault
-            raise _HttpError(status, f"injected fault: HTTP {status}", headers.get("X-Error-Code"), headers)
-
-    def _resolve(self, method: str, repo_id: str, revision: str, path: str) -> None:
-        self._injected_status(method)
-        if not safe_repo_path(path):
-            raise _HttpError(400, f"Invalid path: {path!r}")
-        snapshot = self._snapshot(repo_id, revision, content=True)
-        entry = snapshot.files.get(path)
-        headers = {"X-Repo-Commit": snapshot.commit}
-        if entry is None:
-            raise _HttpError(404, f"Entry not found: {path}", "EntryNotFound", headers)
-        if entry.sha256 is None:
-            headers["ETag"] = f'"{entry.oid}"'
-            return self._send_file(method, entry, headers, (entry.path, entry.oid))
-        location = self.hub.cdn_location(self._base_url(), snapshot, entry)
-        headers.update(
-            {
-                "ETag": f'"{entry.sha256}"',
-                "X-Linked-Etag": f'"{entry.sha256}"',
-                "X-Linked-Size": str(entry.size),
-                "Location": location,
-                "Content-Length": "0",
-            }
-        )
-        self.send_response(302)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-
-    def _cdn(self, method: str, sha256: str, query: dict[str, str]) -> None:
-        self._injected_status(method)
-        if not self.hub.cdn_valid(sha256, query):
-            raise _HttpError(403, "Request has expired or its signature does not match")
-        entry = self.hub.store.blob(sha256)
-        if entry is None:
-            raise _HttpError(404, "Blob not found (its file changed on disk?)")
-        headers = {
-            "ETag": f'"{sha256}"',
-            "X-Repo-Commit": query.get("commit", ""),
-            "X-Linked-Etag": f'"{sha256}"',
-            "X-Linked-Size": str(entry.size),
-        }
-        self._send_file(method, entry, headers, (query.get("file", ""), sha256))
-
-    def _send_file(
-        self, method: str, entry: RepoFile, headers: dict[str, str], names: tuple[str, ...]
-    ) -> None:
-        try:
-            f = open(entry.abs_path, "rb")  # noqa: SIM115 - closed below; the fd pins the bytes we checked
-        except OSError as exc:
-            raise _HttpError(404, f"Entry not found: {entry.path}", "EntryNotFound", headers) from exc
-        with f:
-            st = os.fstat(f.fileno())
-            if (st.st_size, st.st_mtime_ns) != (entry.size, entry.mtime_ns):
-                msg = f"Entry changed on disk since this commit: {entry.path}"
-                raise _HttpError(404, msg, "EntryNotFound", headers)
-            rng = None if self.hub.faults.ignore_range else parse_range(self.headers.get("Range"), entry.size)
-            if rng == "unsatisfiable":
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{entry.size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            start, end = rng if isinstance(rng, tuple) else (0, entry.size - 1)
-            length = end - start + 1
-            self.send_response(206 if isinstance(rng, tuple) else 200)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(length))
-            if isinstance(rng, tuple):
-                self.send_header("Content-Range", f"bytes {start}-{end}/{entry.size}")
-            self.end_headers()
-            if method == "HEAD" or length == 0:
-                return
-            self._send_body(f, start, length, names)
-
-    def _send_body(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
-        """The body, its bytes counted as egress as the kernel takes them; when the client leaves halfway,
-        only what it acknowledged stays counted (the rest of the socket's send buffer never went out)."""
-        self._body_sent = 0
-        acked = _acked(self.connection)
-        try:
-            self._send_payload(f, start, length, names)
-        except OSError:
-            now = _acked(self.connection)
-            if acked is not None and now is not None:
-                self.hub._add_egress(-max(0, self._body_sent - (now - acked)))
-            raise
-
-    def _send_payload(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
-        faults = self.hub.faults
-        truncate = faults.take_truncate()
-        corrupt = faults.take_corrupt(names)
-        stall = faults.take_stall(start + length - 1)
-        caps = (self.hub.total_bucket, self.hub.client_bucket(self.client_address[0]), self.conn_bucket)
-        buckets = [b for b in (*caps, faults.take_slow(start + length - 1)) if b is not None]
-        if not (buckets or corrupt or stall or truncate is not None):
-            return self._sendfile(f, start, length)
-        limit = length if truncate is None else min(length, truncate)
-        rate = min((b.rate for b in buckets), default=None)
-        step = chunk_for(rate)
-        f.seek(start)
-        sent = 0
-        while sent < limit:
-            if stall is not None and sent >= stall[0]:
-                time.sleep(stall[1])
-                stall = None
-            want = min(step, limit - sent)
-            if stall is not None and sent < stall[0]:
-                want = min(want, stall[0] - sent)
-            for bucket in buckets:
-                bucket.take(want)
-            if corrupt and sent == 0:
-                data = f.read(want)
-                if not data:
-                    break
-                self.wfile.write(bytes([data[0] ^ 0xFF]) + data[1:])
-                n = len(data)
-                self._counted(n)
-            else:
-                # sendfile: a capped body costs the server no copies through Python, so a
-                # benchmark measures the client, not this test origin's CPU.
-                n = self._send_counted(f, start + sent, want)
-                if n == 0:
-                    break
-            sent += n
-        if stall is not None:  # stall_after beyond the body: stall at the end instead
-            time.sleep(stall[1])
-        if sent < length:  # a truncated body: the client sees the connection drop
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _sendfile(self, f: BinaryIO, start: int, length: int) -> None:
-        if self._send_counted(f, start, length) < length:
-            raise BrokenPipeError("file shrank while sending")
-
-    def _send_counted(self, f: BinaryIO, offset: int, count: int) -> int:
-        """Up to `count` bytes of `f` from `offset` by sendfile, counted as the kernel takes them.
-        (socket.sendfile reports nothing of a call that ends in an error: a response the client closed
-        halfway, as the fetch engine closes a hedged range, went uncounted, and a cold start, which cannot
-        take less than one copy, read 0.95 x S of origin egress.)"""
-        sock = self.connection
-        out, src = sock.fileno(), f.fileno()
-        sent = 0
-        while sent < count:
-            try:
-                n = os.sendfile(out, src, offset + sent, min(_SENDFILE_CAP, count - sent))
-            except BlockingIOError:  # the socket has a timeout, so it is non-blocking underneath
-                _wait_writable(sock)
-                continue
-            if n == 0:
-                break
-            sent += n
-            self._counted(n)
-        return sent
-
-    def _counted(self, n: int) -> None:
-        self._body_sent += n
-        self.hub._add_egress(n)
-
-    # -- responses ---------------------------------------------------------------------------------
-
-    def _send_json(
-        self, status: int, obj: Any, headers: dict[str, str] | None = None, count: bool = True
-    ) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-            if count:
-                self.hub._add_egress(len(body))
-
-    def _send_error(self, err: _HttpError) -> None:
-        headers = dict(err.headers)
-        headers.pop("Content-Length", None)
-        if err.code:
-            headers["X-Error-Code"] = err.code
-        # Header values must be one latin-1 line: paths in messages come from the client.
-        headers.setdefault("X-Error-Message", "".join(c if " " <= c <= "~" else "?" for c in err.message))
-        self._send_json(err.status, {"error": err.message}, headers=headers)
+    def _served_on_cdn(self, path: str) -> str | None:
+        with self._lock:
+            return self._cdn_blobs.get(path)

@@ -87,11 +87,13 @@ def test_snapshot_download_is_byte_identical_and_loads(hub: HubServer, hub_root:
                 assert f.get_tensor(name).nbytes > 0
                 seen[name] = shard
     assert seen == index["weight_map"]
-    # LFS files went through the CDN redirect, small files were answered directly.
+    # LFS files went through the redirect to the CDN, small files through the one to resolve-cache.
     statuses = {(r.method, r.path.split("/")[-1]): r.status for r in hub.requests if "/resolve/" in r.path}
     assert statuses[("HEAD", "model-00001-of-00002.safetensors")] == 302
-    assert statuses[("HEAD", "config.json")] == 200
-    assert any(r.path.startswith("/_cdn/") and r.status == 200 for r in hub.requests)
+    assert statuses[("HEAD", "config.json")] == 307
+    cached = {(r.method, r.path.split("/")[-1]): r.status for r in hub.requests if "/resolve-cache/" in r.path}
+    assert cached[("GET", "config.json")] == 200
+    assert any(r.bucket == "cdn" and r.status == 200 for r in hub.requests)
 
 
 def test_gated_repo_needs_a_valid_token(hub: HubServer, hub_root: Path, tmp_path: Path):
@@ -170,7 +172,7 @@ def test_model_info_with_files_metadata(hub: HubServer, hub_root: Path):
 def test_commit_moves_and_old_commits_stay_resolvable(tmp_path: Path):
     root = tmp_path / "hub"
     make_model(root, REPO, total_bytes=64 * 1024, shards=1)
-    with HubServer(root) as srv, httpx.Client(base_url=srv.url) as client:
+    with HubServer(root) as srv, httpx.Client(base_url=srv.url, follow_redirects=True) as client:
         assert srv.warm() == 1
         old = srv.commit_for(REPO)
         assert srv.commit_for(REPO, old) == old
@@ -195,22 +197,22 @@ def test_head_headers_small_file_and_lfs_redirect(hub: HubServer, hub_root: Path
     commit = hub.commit_for(REPO)
     config = (hub_root / REPO / "config.json").read_bytes()
     shard = (hub_root / REPO / "model-00002-of-00002.safetensors").read_bytes()
-    with httpx.Client(base_url=hub.url) as client:
+    with httpx.Client(base_url=hub.url, follow_redirects=True) as client:
         small = client.head(f"/{REPO}/resolve/main/config.json")
-        assert small.status_code == 200
+        assert [r.status_code for r in small.history] == [307] and small.status_code == 200
         assert small.headers["ETag"] == f'"{git_blob_sha1(config)}"'
         assert small.headers["X-Repo-Commit"] == commit
         assert int(small.headers["Content-Length"]) == len(config)
         assert small.headers["Accept-Ranges"] == "bytes" and small.headers["X-Request-Id"]
-        big = client.head(f"/{REPO}/resolve/{commit}/model-00002-of-00002.safetensors")
+        big = client.head(f"/{REPO}/resolve/{commit}/model-00002-of-00002.safetensors", follow_redirects=False)
         assert big.status_code == 302
         assert big.headers["X-Linked-Etag"] == f'"{sha256(shard)}"'
         assert int(big.headers["X-Linked-Size"]) == len(shard)
         assert big.headers["X-Repo-Commit"] == commit
         location = big.headers["Location"]
-        assert location.startswith(f"{hub.url}/_cdn/{sha256(shard)}?")
+        assert location.startswith(f"{hub.cdn_url}/") and hub.cdn_url != hub.url
         assert client.get(location).content == shard
-        tampered = client.get(location.replace("sig=", "sig=0"))
+        tampered = client.get(location.replace("X-Amz-Signature=", "X-Amz-Signature=0"))
         assert tampered.status_code == 403
 
 
@@ -228,7 +230,7 @@ def test_ranges(hub: HubServer, hub_root: Path):
     data = (hub_root / REPO / "config.json").read_bytes()
     size = len(data)
     url = f"/{REPO}/resolve/main/config.json"
-    with httpx.Client(base_url=hub.url) as client:
+    with httpx.Client(base_url=hub.url, follow_redirects=True) as client:
         for header, (start, end) in [
             ("bytes=2-9", (2, 9)),
             ("bytes=5-", (5, size - 1)),
@@ -291,6 +293,9 @@ def test_keep_alive_serves_several_requests_on_one_connection(hub: HubServer):
     try:
         for _ in range(3):
             conn.request("GET", f"/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+            redirect = conn.getresponse()
+            assert redirect.status == 307 and redirect.read()  # its short body read: the connection goes on
+            conn.request("GET", redirect.getheader("Location", ""), headers={"Range": "bytes=0-3"})
             response = conn.getresponse()
             assert response.status == 206 and response.read() == b"{\n  "
     finally:
@@ -326,7 +331,7 @@ def test_the_listen_backlog_holds_a_fleet_asking_at_once(hub: HubServer):
 def test_status_queue_then_normal(hub: HubServer):
     hub.faults.status_queue = [(429, {"Retry-After": "1", "X-Error-Code": "RateLimited"}), (503, {})]
     url = f"/{REPO}/resolve/main/config.json"
-    with httpx.Client(base_url=hub.url) as client:
+    with httpx.Client(base_url=hub.url, follow_redirects=True) as client:
         first = client.get(url)
         assert first.status_code == 429 and first.headers["Retry-After"] == "1"
         assert first.headers["X-Error-Code"] == "RateLimited" and "error" in first.json()
@@ -342,7 +347,8 @@ def test_status_queue_then_normal(hub: HubServer):
 
 def test_ignore_range(hub: HubServer, hub_root: Path):
     hub.faults.ignore_range = True
-    r = httpx.get(f"{hub.url}/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-3"})
+    url = f"{hub.url}/{REPO}/resolve/main/config.json"
+    r = httpx.get(url, headers={"Range": "bytes=0-3"}, follow_redirects=True)
     assert r.status_code == 200 and r.content == (hub_root / REPO / "config.json").read_bytes()
 
 
@@ -378,7 +384,7 @@ def test_corrupt_all_or_some_paths(hub: HubServer, hub_root: Path):
     hub.faults.reset()
     hub.faults.corrupt = True
     hub.faults.corrupt_times = 1
-    small = httpx.get(f"{hub.url}/{REPO}/resolve/main/config.json").content
+    small = httpx.get(f"{hub.url}/{REPO}/resolve/main/config.json", follow_redirects=True).content
     assert small != (hub_root / REPO / "config.json").read_bytes()
     assert httpx.get(url2).content == data2
 
@@ -444,16 +450,20 @@ def test_rate_caps(hub_root: Path, cap: str):
 
 def test_egress_counter_and_stats_route(hub: HubServer):
     hub.reset_counters()
-    with httpx.Client(base_url=hub.url) as client:
+    with httpx.Client(base_url=hub.url, follow_redirects=True) as client:
         r = client.get(f"/{REPO}/resolve/main/config.json", headers={"Range": "bytes=0-99"})
         assert len(r.content) == 100
+        redirect_body = int(r.history[0].headers["Content-Length"])  # the 307's own short body
         client.head(f"/{REPO}/resolve/main/config.json")
         info = client.get(f"/api/models/{REPO}")
         stats = client.get("/_weightswarm/stats").json()
-        assert stats == {"egress_bytes": 100 + len(info.content), "requests": 3}
-        assert hub.egress_bytes == stats["egress_bytes"]
+        counts = {"api": 1, "resolvers": 4, "cdn": 0}
+        assert stats == {"egress_bytes": redirect_body + 100 + len(info.content), "requests": 5, "counts": counts}
+        assert hub.egress_bytes == stats["egress_bytes"] and hub.counts() == counts
         assert [(r.method, r.range, r.status) for r in hub.requests] == [
+            ("GET", "bytes=0-99", 307),
             ("GET", "bytes=0-99", 206),
+            ("HEAD", None, 307),
             ("HEAD", None, 200),
             ("GET", None, 200),
         ]
@@ -471,7 +481,7 @@ def test_a_body_the_client_closes_halfway_counts_the_bytes_it_sent(tmp_path: Pat
     with HubServer(tmp_path) as srv:
         cdn = httpx.head(f"{srv.url}/{REPO}/resolve/main/{shard}").headers["location"]  # LFS: a redirect
         path = httpx.URL(cdn).raw_path.decode()
-        sock = socket.create_connection(("127.0.0.1", srv.port))
+        sock = socket.create_connection(("127.0.0.1", srv.cdn_port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         request = f"GET {path} HTTP/1.1\r\nHost: x\r\nRange: bytes=0-\r\n\r\n"
         sock.sendall(request.encode())
@@ -482,7 +492,9 @@ def test_a_body_the_client_closes_halfway_counts_the_bytes_it_sent(tmp_path: Pat
             got += len(data)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()  # with unread data and linger 0: a reset, as a closed hedged range
-        loop_until(lambda: len(srv.requests) >= 2, timeout=10, what="the body to end (its request recorded)")
+        loop_until(
+            lambda: srv.counts()["cdn"] >= 1, timeout=10, what="the body to end (its request recorded)"
+        )
         time.sleep(0.5)
         # What the client took, and at most its receive buffer more: not the origin's send buffer
         # (megabytes the kernel had taken and dropped with the connection), nor the whole body.
@@ -577,20 +589,24 @@ def test_serve_hub_command_serves_until_sigterm(hub_root: Path, tmp_path: Path):
         assert httpx.get(f"{url}/api/models/{REPO}").json()["sha"]
         gated = f"{url}/{GATED}/resolve/main/config.json"
         assert httpx.get(gated).status_code == 401
-        assert httpx.get(gated, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        authed = {"Authorization": f"Bearer {TOKEN}"}
+        assert httpx.get(gated, headers=authed, follow_redirects=True).status_code == 200
         signed = f"{url}/{REPO}/resolve/main/config.json?sig=s3cr3t"
-        assert httpx.get(signed, headers={"Range": "bytes=0-9"}).status_code == 206
+        assert httpx.get(signed, headers={"Range": "bytes=0-9"}, follow_redirects=True).status_code == 206
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         stderr = proc.stderr.read() if proc.stderr else ""
         assert TOKEN not in stderr and "s3cr3t" not in stderr
         # The access log: a line per request, the client first (who asked the origin for what).
         access = [line.split(" ", 2)[2] for line in stderr.splitlines() if " GET /" in line]
+        gated_commit, commit = (HubServer(hub_root).commit_for(r) for r in (GATED, REPO))
         assert access == [
             f"127.0.0.1 GET /api/models/{REPO} - 200",
             f"127.0.0.1 GET /{GATED}/resolve/main/config.json - 401",
-            f"127.0.0.1 GET /{GATED}/resolve/main/config.json - 200",
-            f"127.0.0.1 GET /{REPO}/resolve/main/config.json bytes=0-9 206",
+            f"127.0.0.1 GET /{GATED}/resolve/main/config.json - 307",
+            f"127.0.0.1 GET /api/resolve-cache/models/{GATED}/{gated_commit}/config.json - 200",
+            f"127.0.0.1 GET /{REPO}/resolve/main/config.json bytes=0-9 307",
+            f"127.0.0.1 GET /api/resolve-cache/models/{REPO}/{commit}/config.json bytes=0-9 206",
         ], stderr
     finally:
         kill_process(proc)
