@@ -100,6 +100,21 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
 @env_option("--rate-per-client", metavar="BYTES_PER_S", help="Cap per client address (as a CDN), e.g. 40MB.")
 @env_option("--access-log", is_flag=True,
             help="A line per request on stderr: client, method, path, Range, status (no query, no token).")
+@env_option("--answers", type=click.Choice(["2026", "2024"]), default="2026", show_default=True,
+            help="Answer as huggingface.co does now (small files: 307 to /api/resolve-cache/; LFS: 302 with "
+                 "Xet headers to a signed, expiring URL on the CDN port; rate limits) or as in 2024 (small "
+                 "files direct; LFS: 302 to /_cdn/ on the same port; no limits).")
+@env_option("--cdn-port", default=0, show_default=True, type=int,
+            help="Port of the CDN listener that serves the signed LFS URLs in 2026: another origin, on "
+                 "--host like the hub (0 = any free port; its URL is printed on stderr at start). Open it "
+                 "wherever --port is reachable.")
+@env_option("--cdn-url-ttl", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+            help="Seconds a signed LFS URL stays valid; a request that starts later gets a 403 "
+                 "[default: 3600 in 2026, as the Hub's X-Amz-Expires; 86400 in 2024].")
+@env_option("--rate-limits/--no-rate-limits", default=None, envvar="WEIGHTSWARM_RATE_LIMITS",
+            help="The Hub's request limits per client and 5-minute window (anonymous IP: 500 api, 3,000 "
+                 "resolvers; token: 1,000 / 5,000), 429 with RateLimit headers past them "
+                 "[default: on in 2026, off in 2024].")
 @handle_errors
 def serve_hub_command(
     directory: Path,
@@ -112,18 +127,26 @@ def serve_hub_command(
     rate_per_connection: str | None,
     rate_per_client: str | None,
     access_log: bool,
+    answers: str,
+    cdn_port: int,
+    cdn_url_ttl: float | None,
+    rate_limits: bool | None,
 ) -> None:
     """Serve a directory as a Hugging Face-compatible hub, e.g. for air-gapped clusters.
 
     DIRECTORY holds one folder per repo, DIRECTORY/<org>/<name>/, with the files of its `main`
     branch. Clients use it as HF_ENDPOINT (or `agent fetch --origin URL`). Prints the URL once
-    listening; runs until SIGTERM or SIGINT.
+    listening (and, on stderr, the CDN's); runs until SIGTERM or SIGINT.
+
+    By default it answers as huggingface.co does now: LFS files redirect to signed URLs on a second
+    port (--cdn-port) that clients treat as another host, so that port must be reachable too.
     """
     from agent.hub.serve import serve_hub
 
     serve_hub(directory, host=host, port=port, token_file=token_file, gated=gated, private=private,
               rate_total=rate_total, rate_per_connection=rate_per_connection, rate_per_client=rate_per_client,
-              access_log=access_log)
+              access_log=access_log, answers=answers, cdn_port=cdn_port, cdn_url_ttl=cdn_url_ttl,
+              rate_limits=rate_limits)
 
 
 @main.command("make-test-model")

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from agent.core.errors import ConfigError
 from agent.hub.repos import valid_repo_id
-from agent.hub.server import HubServer
+from agent.hub.server import HubServer, RateLimits
 from agent.hub.testmodel import make_model, parse_size
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,16 @@ def serve_hub(
     rate_per_connection: str | None,
     rate_per_client: str | None = None,
     access_log: bool = False,
+    answers: str = "2026",
+    cdn_port: int = 0,
+    cdn_url_ttl: float | None = None,
+    rate_limits: bool | None = None,
     out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
 ) -> None:
-    """Serve until SIGTERM or SIGINT; the URL is printed (and flushed) once the socket listens.
-    `access_log`: a line per request on stderr (agent.hub.server.access_log)."""
+    """Serve until SIGTERM or SIGINT; the URL is printed (and flushed) on `out` once the socket listens,
+    the CDN's on `err` (scripts read the first line of stdout). `access_log`: a line per request on stderr
+    (agent.hub.server.access_log). `rate_limits`: None = as `answers` (the Hub's in 2026, none in 2024)."""
     if not root.is_dir():
         raise ConfigError(f"not a directory: {root} (it should hold <org>/<name>/ repo folders)")
     if access_log:
@@ -87,6 +93,10 @@ def serve_hub(
         rate_total=parse_rate(rate_total, "--rate-total"),
         rate_per_connection=parse_rate(rate_per_connection, "--rate-per-connection"),
         rate_per_client=parse_rate(rate_per_client, "--rate-per-client"),
+        answers="2024" if answers == "2024" else "2026",
+        cdn_port=cdn_port,
+        cdn_url_ttl=cdn_url_ttl,
+        rate_limits="auto" if rate_limits is None else RateLimits() if rate_limits else None,
     )
     stop = threading.Event()
 
@@ -97,6 +107,12 @@ def serve_hub(
     try:
         server.start()
         print(server.url, file=out, flush=True)
+        limits = "the Hub's rate limits" if server.rate_limits else "no rate limits"
+        if server.cdn_url != server.url:
+            cdn = f"signed LFS URLs at {server.cdn_url} (valid {server.cdn_url_ttl:g} s)"
+            print(f"serve-hub: answers as the Hub of {answers}, {limits}; {cdn}", file=err, flush=True)
+        else:
+            print(f"serve-hub: answers as the Hub of {answers}, {limits}", file=err, flush=True)
         # Hashing a large directory takes a while: do it behind the listening socket, not before it.
         threading.Thread(target=_warm, args=(server,), name="hub-warm", daemon=True).start()
         while not stop.wait(1.0):
