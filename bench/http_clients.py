@@ -9,7 +9,7 @@ What it does:
   1. writes a test model (default 1 GiB in 1 safetensors shard) with `agent make-test-model`;
   2. starts the test hub with `agent serve-hub`, uncapped, in a separate process (so it does
      not share the client's GIL; it answers with sendfile, so its own CPU is small);
-  3. follows the hub's 302 once, so every client reads the same `/_cdn/...` URL;
+  3. follows the hub's 302 once, so every client reads the same signed CDN URL;
   4. downloads the shard, each time in a fresh subprocess that times only the download
      (wall seconds, and CPU seconds user+sys of all its threads from getrusage(RUSAGE_SELF)),
      then checks the bytes (xxh3, outside the timed part). Variants:

@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import psutil
 
+from agent.hub.cdn import cdn_path
 from bench.netns import Cluster, Proc
 
 BIN = Path(sys.executable).parent
@@ -200,6 +201,10 @@ class Stack:
         sizes = {f.path: f.size for f in model.files}
         names = {f"/_cdn/{f.blob_id}": f.path for f in model.files}
         names.update({f"/{model.repo_id}/resolve/{model.commit}/{f.path}": f.path for f in model.files})
+        cached = f"/api/resolve-cache/models/{model.repo_id}/{model.commit}"
+        names.update({f"{cached}/{f.path}": f.path for f in model.files})
+        lfs = [f for f in model.files if len(f.blob_id) == 64]  # the CDN names a blob by its Xet hash
+        names.update({cdn_path(model.repo_id, f.blob_id): f.path for f in lfs})
         for line in self.log("origin").read_text().splitlines():
             fields = line.split()
             if len(fields) < 7 or fields[3] != "GET" or fields[4] not in names:

@@ -300,8 +300,8 @@ def assert_snapshot_verifies(snapshot: str, origin: Origin) -> None:
 
 
 def file_requests(hub: HubServer) -> list:
-    """Requests for file bytes (resolve or CDN GETs), as opposed to API metadata."""
-    return [r for r in hub.requests if r.method == "GET" and "/api/" not in r.path]
+    """Requests for file bytes (resolve, resolve-cache or CDN GETs), as opposed to API metadata."""
+    return [r for r in hub.requests if r.method == "GET" and r.bucket in ("resolvers", "cdn")]
 
 
 class AgentProcess:

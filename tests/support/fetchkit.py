@@ -100,8 +100,8 @@ def leftovers(cache_dir: Path, state_dir: Path) -> list[str]:
 
 
 def file_requests(srv: HubServer) -> list[str]:
-    """Paths of content requests (resolve / CDN) the origin answered."""
-    return [r.path for r in srv.requests if "/resolve/" in r.path or r.path.startswith("/_cdn/")]
+    """Paths of content requests (resolve, resolve-cache, CDN) the origin answered."""
+    return [r.path for r in srv.requests if r.bucket in ("resolvers", "cdn")]
 
 
 def sha256(data: bytes) -> str:
