@@ -216,11 +216,13 @@ def test_an_expired_or_forged_cdn_url_is_an_s3_403(hub_root: Path):
     with HubServer(hub_root, cdn_url_ttl=1) as srv:
         location = httpx.head(f"{srv.url}/{REPO}/resolve/main/{SHARD}").headers["Location"]
         assert parse_qs(urlsplit(location).query)["X-Amz-Expires"] == ["1"]
-        assert httpx.get(location, headers={"Range": "bytes=0-9"}).status_code == 206
         forged = httpx.get(location.replace("X-Amz-Expires=1", "X-Amz-Expires=3600"))
         assert forged.status_code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in forged.content
-        time.sleep(1.5)  # the URL's own clock: past X-Amz-Date + X-Amz-Expires
+        time.sleep(1.5)  # the URL's own clock: past X-Amz-Date (whole seconds) + X-Amz-Expires
         expired = httpx.get(location, headers={"Range": "bytes=0-9"})
+        srv.cdn_url_ttl = 30  # settable: the URLs handed out from now on live longer
+        fresh = httpx.head(f"{srv.url}/{REPO}/resolve/main/{SHARD}").headers["Location"]
+        assert httpx.get(fresh, headers={"Range": "bytes=0-9"}).status_code == 206
     assert expired.status_code == 403 and expired.headers["Content-Type"] == "application/xml"
     body = expired.content.decode()
     assert "<Error><Code>AccessDenied</Code><Message>Request has expired</Message>" in body
@@ -230,12 +232,13 @@ def test_an_expired_or_forged_cdn_url_is_an_s3_403(hub_root: Path):
 
 def test_a_body_that_started_before_the_expiry_runs_to_its_end(hub_root: Path):
     shard = (hub_root / REPO / SHARD).read_bytes()
-    # 2 MiB at 0.5 MiB/s: about 4 s, well past the URL's 2 s (at least 1 s after it was signed).
-    with HubServer(hub_root, cdn_url_ttl=2, rate_per_connection=0.5 * MiB) as srv:
+    # 2 MiB at 0.4 MiB/s: 5 s, past the URL's 3 s (which leave at least 2 s to start in: the date is
+    # in whole seconds).
+    with HubServer(hub_root, cdn_url_ttl=3, rate_per_connection=0.4 * MiB) as srv:
         location = httpx.head(f"{srv.url}/{REPO}/resolve/main/{SHARD}").headers["Location"]
         started = time.monotonic()
         body = httpx.get(location, timeout=30).content
-        assert time.monotonic() - started > 2.5
+        assert time.monotonic() - started > 3.5
         assert body == shard
         assert httpx.get(location, headers={"Range": "bytes=0-0"}).status_code == 403
 
