@@ -84,6 +84,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from agent.hub import listing
 from agent.hub.access import HubAccess
 from agent.hub.cdn import SignedUrls
 from agent.hub.faults import Faults, TokenBucket
@@ -102,6 +103,7 @@ __all__ = [
     "RateLimits",
     "RequestRecord",
     "access_log",
+    "listing",
 ]
 
 DEFAULT_TREE_PAGE_SIZE = 1000
@@ -117,6 +119,9 @@ LEGACY_CDN_URL_TTL = 24 * 3600.0
 """Seconds a 2024 `/_cdn/` URL stays valid: long enough for a slow multi-range download to reuse it."""
 
 Answers = Literal["2026", "2024"]
+
+# Tests subclass the handler (e.g. a listing that smuggles bad paths) and swap it on `_server`.
+_Handler = Handler
 
 
 class Listener(ThreadingHTTPServer):
@@ -299,6 +304,11 @@ class HubServer:
             return None
         with self._lock:
             return self._client_buckets.setdefault(address, TokenBucket(self.rate_per_client))
+
+    @property
+    def _server(self) -> Listener | None:
+        """The hub's own listener (not the CDN's), once started."""
+        return self._listeners[0] if self._listeners else None
 
     @property
     def url(self) -> str:
