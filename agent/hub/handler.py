@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import sys
 import time
 import uuid
+from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
@@ -20,7 +23,7 @@ from agent.hub.repos import RepoFile, Snapshot, safe_repo_path
 from agent.hub.sending import FileSender
 
 if TYPE_CHECKING:
-    from agent.hub.server import Listener
+    from agent.hub.state import HubState
 
 log = logging.getLogger("agent.hub.server")
 access_log = logging.getLogger("agent.hub.access")
@@ -435,3 +438,27 @@ class Handler(FileSender):
 
     def _send_s3_error(self, err: S3Error) -> None:
         self._send_bytes(err.status, err.body(self._request_id), "application/xml", None)
+
+
+class Listener(ThreadingHTTPServer):
+    """One listening socket of a hub: its own port (`cdn` False) or its CDN's."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    # socketserver's listen backlog is 5: a fleet asking at once (32 nodes planning a fetch) overflowed
+    # it, the kernel dropped SYNs and clients waited out 10-s connect timeouts (bench.scaling, N = 32).
+    request_queue_size = socket.SOMAXCONN
+
+    def __init__(self, address: tuple[str, int], hub: HubState, cdn: bool) -> None:
+        super().__init__(address, Handler)
+        self.hub = hub
+        self.cdn = cdn
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client dropping a keep-alive connection (or a download it cancelled) is routine for a
+        # file server; socketserver's default prints a traceback to stderr for each one.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, TimeoutError)):
+            log.debug("client %s went away: %s", client_address[0], type(exc).__name__)
+            return
+        log.exception("error serving %s", client_address[0])

@@ -20,7 +20,7 @@ from agent.hub.ranges import parse_range
 from agent.hub.repos import RepoFile
 
 if TYPE_CHECKING:
-    from agent.hub.server import HubServer
+    from agent.hub.state import HubState
 
 _SENDFILE_CAP = 8 * 2**20  # bytes one os.sendfile call may take (the stats move at least this often)
 
@@ -45,7 +45,7 @@ def _wait_writable(sock: socket.socket) -> None:
 class FileSender(BaseHTTPRequestHandler):
     """Sends a file's bytes (`send_file`); the handler sets `hub` and `conn_bucket` in its setup."""
 
-    hub: HubServer
+    hub: HubState
     conn_bucket: TokenBucket | None
     _body_sent = 0
     """Bytes of the body being sent that were counted as egress."""
