@@ -26,6 +26,7 @@ from agent.fetch.jobs import STAGES, Job, JobFile
 from agent.fetch.planning import plan_fetch
 from agent.fetch.relay import RelayReceiver
 from agent.fetch.swarm_source import SwarmSource
+from agent.origin.answers import CdnRefusedError
 from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource, Turn
 from agent.swarm.policy import BlobOutcome, SwarmFetcher
@@ -120,6 +121,8 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
     client = OriginClient(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
     try:
         _run(ctx, job, client)
+    except CdnRefusedError:
+        raise  # the origin granted access and its download host refused a signed URL: no token is at fault
     except (AuthError, NotFoundError, NotEntitledError) as exc:
         raise type(exc)(f"{exc} [the agent fetched with {which}]") from None
     finally:

@@ -7,13 +7,16 @@ import threading
 from collections.abc import Callable
 
 from agent.cache.layout import RepoCache
-from agent.core.errors import IntegrityError
+from agent.core.errors import AuthError, IntegrityError
 from agent.core.hashing import BlobHashes
 from agent.core.parts import Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
 from agent.fetch.relay import RelayReceiver
+from agent.origin.answers import CdnRefusedError, host_of, same_host
+from agent.origin.client import OriginClient
+from agent.origin.location import FileLocation
 from agent.origin.ranges import OriginSource
 from agent.swarm.policy import BlobOrigin, BlobOutcome, SwarmFetcher
 
@@ -107,10 +110,6 @@ class SwarmSource:
             install_downloaded(cache, entry, hashes, self.verify_safetensors)
             return received
 
-        def web_seed_url() -> str:
-            client = self.origin.client
-            return client.patiently(lambda: client.file_metadata(plan.repo_id, plan.commit, entry.path)).url
-
         def present() -> int | None:
             # `progress.done` counts the origin engine's bytes too: a lease holder's heartbeats report
             # it, or no count (progress) while the origin itself says "later" (`told_to_wait`).
@@ -120,7 +119,7 @@ class SwarmSource:
             cache,
             entry,
             from_origin,
-            web_seed_url,
+            WebSeedLocation(self.origin.client, plan, entry),
             on_progress,
             present=present,
             relay_download=from_relay if relay is not None else None,
@@ -138,3 +137,35 @@ class SwarmSource:
         if digest is None:
             raise IntegrityError(f"{entry.path}: no digest recorded after its download; retry the fetch")
         return BlobHashes(entry.blob_id, digest.size, digest.xxh3, digest.piece_length, digest.pieces)
+
+
+class WebSeedLocation:
+    """A blob's download URL for the lease holder's web seed (agent.swarm.webseed `WebSeedOrigin`): the
+    file's metadata at the origin (one HEAD; for an LFS file the signed CDN URL of its redirect), resolved
+    again when the CDN refuses an expired one, as the origin engine's ranges are (agent.origin.location)."""
+
+    def __init__(self, client: OriginClient, plan: FetchPlan, entry: FileEntry) -> None:
+        self._client = client
+        self._what = f"{plan.repo_id}/{entry.path}"
+        self._location = FileLocation(
+            lambda: client.patiently(lambda: client.file_metadata(plan.repo_id, plan.commit, entry.path)).url,
+            what=entry.path,
+        )
+
+    def __call__(self) -> str:
+        return self._location.url
+
+    def worked(self, url: str) -> None:
+        self._location.worked(url)
+
+    def refused(self, url: str, reason: str) -> str:
+        host = host_of(url)
+        if same_host(url, self._client.endpoint):
+            # Not a signed URL of the CDN's: resolving again would give the same one.
+            raise AuthError(f"{self._what}: the origin refused its web seed ({reason})")
+        error = CdnRefusedError(
+            f"{self._what}: the origin's download host {host} refused the web seed's signed URL ({reason}); "
+            "the origin itself granted access",
+            host,
+        )
+        return self._location.refused(url, error)

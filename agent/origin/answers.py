@@ -172,9 +172,9 @@ def retry_hint(headers: Headers) -> float | None:
     the longer; None when it said neither. Capped at `MAX_HINT`."""
     hints: list[float] = []
     limit = headers.get("RateLimit") or headers.get("ratelimit")
-    match = _RATELIMIT.search(limit or "")
-    if match and int(match.group("r")) == 0:
-        hints.append(float(match.group("t")))
+    for match in _RATELIMIT.finditer(limit or ""):  # one item per bucket (RFC 9651 list)
+        if int(match.group("r")) == 0:
+            hints.append(float(match.group("t")))
     after = headers.get("Retry-After") or headers.get("retry-after")
     if after:
         try:

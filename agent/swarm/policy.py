@@ -83,6 +83,7 @@ from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import BlobState, Lease, TrackerClient
 from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
+from agent.swarm.webseed import Renewal, WebSeedOrigin
 from tracker.bencode import bdecode
 
 log = logging.getLogger(__name__)
@@ -127,8 +128,6 @@ brought, once `blobs/<id>` and its sidecar are installed."""
 RelayPart = Callable[[str, PartSink], bool]
 """Receives one part of a blob from the nodes relaying it under a part key (agent.fetch.relay `feed`);
 True once the part is whole."""
-WebSeedUrl = Callable[[], str]
-"""The URL a web seed may fetch the blob from without credentials (the Hub's redirect resolved)."""
 Progress = Callable[[int], None]
 """Called with the bytes of this blob present so far."""
 
@@ -329,7 +328,7 @@ class SwarmFetcher:
         cache: RepoCache,
         blob: FileEntry,
         origin_download: OriginDownload,
-        web_seed_url: WebSeedUrl,
+        web_seed_url: WebSeedOrigin,
         progress: Progress,
         present: Callable[[], int | None] | None = None,
         relay_download: RelayDownload | None = None,
@@ -380,7 +379,7 @@ class SwarmFetcher:
         cache: RepoCache,
         blob: FileEntry,
         origin_download: OriginDownload,
-        web_seed_url: WebSeedUrl,
+        web_seed_url: WebSeedOrigin,
         progress: Progress,
         relay_download: RelayDownload | None,
         parted: tuple[PartedDownload, RelayPart] | None,
@@ -434,7 +433,7 @@ class SwarmFetcher:
         cache: RepoCache,
         blob: FileEntry,
         origin_download: OriginDownload,
-        web_seed_url: WebSeedUrl,
+        web_seed_url: WebSeedOrigin,
         progress: Progress,
         relay_download: RelayDownload | None,
         parted: tuple[PartedDownload, RelayPart] | None,
@@ -768,7 +767,7 @@ class SwarmFetcher:
         blob: FileEntry,
         info: bytes | None,
         origin_download: OriginDownload,
-        web_seed_url: WebSeedUrl,
+        web_seed_url: WebSeedOrigin,
         progress: Progress,
     ) -> BlobOutcome:
         assert self.tracker is not None
@@ -788,8 +787,7 @@ class SwarmFetcher:
             if info is None:
                 return self._from_origin(cache, blob, origin_download, publish=True)
             try:
-                seed = WebSeed(web_seed_url())
-                outcome = self._from_swarm(cache, blob, info, seed, progress)
+                outcome = self._from_swarm(cache, blob, info, web_seed_url, progress)
                 # Released as the download ended, the lease went to a node that asked before the tracker
                 # knew of this seeder, and that node pulled the blob from the origin too (seen under a
                 # loaded CI: a 267-byte file web-seeded by both nodes).
@@ -1002,7 +1000,7 @@ class SwarmFetcher:
         cache: RepoCache,
         blob: FileEntry,
         info: bytes,
-        web_seed: WebSeed | None,
+        web_seed: WebSeedOrigin | None,
         progress: Progress,
         stall: float | None = None,
     ) -> BlobOutcome:
@@ -1010,7 +1008,9 @@ class SwarmFetcher:
         BadMetainfo when the metainfo proves wrong (the finished bytes fail the blob id) or suspect
         (pieces keep failing their hashes, none passing, for `_suspect_wait`)."""
         self._at(blob, "origin" if web_seed is not None else "peers")
-        ih = self._start_download(cache, blob, info, web_seed)
+        seed = None if web_seed is None else WebSeed(web_seed())
+        ih = self._start_download(cache, blob, info, seed)
+        renewal = None if web_seed is None else Renewal(self.swarm, ih, web_seed, blob.path)
         stall = stall or self.settings.swarm.stall_timeout
         last_done, last_change = -1, time.monotonic()
         errors_at_progress = 0
@@ -1038,6 +1038,8 @@ class SwarmFetcher:
                 failing_since = now
             if st.done != last_done:
                 last_done, last_change, errors_at_progress = st.done, now, st.web_seed_errors
+            if renewal and renewal.look(st):
+                errors_at_progress = st.web_seed_errors  # the new URL has its own tries
             if failing_since and now - max(failing_since, last_change) > self._suspect_wait:
                 # Pieces failed, none passed since, and no byte arrives: libtorrent banned every peer that
                 # sent them. Bytes still arriving (a good peer filling in for a corrupt one) wait on.
@@ -1066,12 +1068,8 @@ class SwarmFetcher:
         if not cache.adopt_blob(blob.blob_id, blob.size):
             raise IntegrityError(f"{blob.path}: the downloaded blob vanished from {st.path}; retry the fetch")
         self._installed(cache, blob)
-        log.info(
-            "%s: %d bytes from peers, %d from web seeds",
-            blob.path,
-            st.bytes_from_peers,
-            st.bytes_from_web_seeds,
-        )
+        peers, web = st.bytes_from_peers, st.bytes_from_web_seeds
+        log.info("%s: %d bytes from peers, %d from web seeds", blob.path, peers, web)
         self._on_seeding(blob.blob_id, ih, info)
         with self._locks_guard:
             web_seeded = blob.blob_id in self._web_seeded

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -59,7 +58,8 @@ from agent.swarm.ltkit import (
     session_params,
     torrent_info,
 )
-from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed
+from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed, WebSeedRefusal
+from agent.swarm.webseed import WebSeedHosts, check_credentials, http_status
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +77,6 @@ _BLOCK_FINISHED = 3
 _POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
 _CLOSE_TIMEOUT = 10.0
 _MAX_LOOP_RESTARTS = 20
-_SECRET_HEADERS = ("authorization", "proxy-authorization", "cookie")
-
-
-def _resolve(host: str) -> frozenset[str]:
-    """The addresses `host` resolves to now (none when it does not resolve)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return frozenset()
-    return frozenset(str(info[4][0]) for info in infos)
 
 
 class Swarm:
@@ -121,8 +111,7 @@ class Swarm:
         self._banned: dict[str, float] = {}
         """Addresses refused whatever the gate admits (`ban`) -> when the ban ends (monotonic)."""
         self._admitted: frozenset[str] = frozenset()
-        self._web_hosts: dict[str, frozenset[str]] = {}
-        """Web seed host names -> their addresses, admitted while a download uses them."""
+        self._web_hosts = WebSeedHosts()
         self.blocked = threading.Event()
         """Set when the IP filter refused someone: the peer gate looks again at once (a new agent)."""
         self._apply_ip_filter()
@@ -172,13 +161,7 @@ class Swarm:
 
     def resolve_web_seed_hosts(self) -> None:
         """Look up the web seeds' hosts again (a CDN's addresses change); admit what they resolve to."""
-        changed = False
-        for host in list(self._web_hosts):
-            addresses = _resolve(host)
-            if addresses - self._web_hosts.get(host, frozenset()):
-                self._web_hosts[host] = self._web_hosts.get(host, frozenset()) | addresses
-                changed = True
-        if changed:
+        if self._web_hosts.refresh():
             self._apply_ip_filter()
 
     def _apply_ip_filter(self) -> None:
@@ -189,7 +172,7 @@ class Swarm:
             return
         f.add_rule("0.0.0.0", "255.255.255.255", _BLOCKED)
         f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", _BLOCKED)
-        for address in self._admitted.union(*self._web_hosts.values()):
+        for address in self._admitted | self._web_hosts.addresses():
             f.add_rule(address, address, 0)
         self._add_bans(f)
         self._ses.set_ip_filter(f)
@@ -312,16 +295,7 @@ class Swarm:
         dest_dir = Path(dest_dir)
         ti = torrent_info(info, blob_id)
         for ws in web_seeds:
-            host = urlsplit(ws.url).hostname
-            if host and host not in self._web_hosts:
-                self._web_hosts[host] = _resolve(host)
-                self._apply_ip_filter()
-            if "@" in urlsplit(ws.url).netloc or any(k.lower() in _SECRET_HEADERS for k in ws.headers):
-                # libtorrent would forward it to the redirect target (see the module docstring).
-                raise SwarmError(
-                    f"web seed for blob {blob_id} carries credentials (URL or headers); resolve the "
-                    "origin's redirect first and pass the signed CDN URL without them"
-                )
+            self._admit_web_seed(ws, blob_id)
             ti.add_url_seed(ws.url, "", list(ws.headers.items()))
         ih = infohash_of(ti)
         with self._lock:
@@ -352,6 +326,20 @@ class Swarm:
         for host, port in peers:
             rec.handle.connect_peer((host, port))
         return ih
+
+    def _admit_web_seed(self, ws: WebSeed, blob_id: str) -> None:
+        check_credentials(ws, blob_id)
+        if self._web_hosts.add(ws.url):
+            self._apply_ip_filter()
+
+    def swap_web_seed(self, infohash: str, old: str, new: WebSeed) -> None:
+        """Replace a downloading torrent's web seed `old` by `new` (a renewed URL, agent.swarm.webseed): the
+        pieces it has stay. Removed first: a new web seed of the same URL starts with the file (the
+        refused one was marked as lacking it). `new.headers` are not sent (libtorrent's handle takes none)."""
+        rec = self._get(infohash)
+        self._admit_web_seed(new, rec.final_name)
+        rec.handle.remove_url_seed(old)
+        rec.handle.add_url_seed(new.url)
 
     def restore(self, trackers: Sequence[str] = ()) -> list[str]:
         """Re-add every torrent in resume_dir whose data file exists, without re-hashing it, announcing
@@ -494,6 +482,7 @@ class Swarm:
                 swarm_seeders=int(st.num_complete),
                 web_seed_errors=rec.web_seed_errors,
                 web_seed_error=rec.web_seed_error,
+                web_seed_refusal=rec.web_seed_refusal,
                 pieces=int(st.num_pieces),
                 seed_sources=frozenset(rec.seed_sources),
                 rechecks=rec.rechecks,
@@ -786,9 +775,13 @@ class Swarm:
         parts = urlsplit(str(alert.server_url()))
         reason = str(alert.error_message() or alert.error.message())
         line = f"web seed {parts.scheme}://{parts.netloc}{parts.path} failed: {reason}"
+        status = http_status(reason)
         with self._changed:
             rec.web_seed_errors += 1
             rec.web_seed_error = line
+            if status is not None:
+                url = str(alert.server_url())
+                rec.web_seed_refusal = WebSeedRefusal(url, status, reason, rec.web_seed_errors)
             first = rec.web_seed_errors == 1
             self._changed.notify_all()
         # The first failure is what an operator needs (e.g. an origin the agent cannot reach);

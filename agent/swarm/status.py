@@ -23,6 +23,19 @@ class WebSeed:
 
 
 @dataclass(frozen=True)
+class WebSeedRefusal:
+    """The last HTTP error status a web seed answered a torrent with (agent.swarm.webseed)."""
+
+    url: str = field(repr=False)
+    """The URL refused, whole: compared, never logged (a signed URL's query is a credential)."""
+    status: int
+    reason: str
+    """What libtorrent said: "403 Forbidden"."""
+    count: int
+    """The torrent's `web_seed_errors` when it came: a new refusal has a new count."""
+
+
+@dataclass(frozen=True)
 class BlobStatus:
     """One blob torrent, as the daemon sees it. Byte counters are for this process's session."""
 
@@ -50,6 +63,8 @@ class BlobStatus:
     """Times a web seed (the origin) failed for this torrent: refused, HTTP error, unreachable."""
     web_seed_error: str | None = None
     """The last of those failures, one line, its URL without the query (which may be a signature)."""
+    web_seed_refusal: WebSeedRefusal | None = None
+    """The last of those failures that was an HTTP error status."""
     pieces: int = 0
     """Pieces verified against the metainfo so far."""
     seed_sources: frozenset[str] = frozenset()
@@ -85,6 +100,7 @@ class TorrentRecord:
     """Its rename to the final name is requested (once)."""
     web_seed_errors: int = 0
     web_seed_error: str | None = None
+    web_seed_refusal: WebSeedRefusal | None = None
     peer_bytes: int = 0
     peer_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     last_done: int = -1
