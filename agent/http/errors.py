@@ -1,6 +1,6 @@
 """One mapping from the agent's errors to HTTP statuses, for every route of the local API.
 
-(The HF-compatible endpoint answers in the Hub's own error format instead: `agent.http.hf.hub_error`.)
+(The HF-compatible endpoint answers in the Hub's own error format instead: `agent.http.hf_answers.hub_error`.)
 """
 
 from __future__ import annotations

@@ -20,22 +20,13 @@ last byte waits for the end-to-end check, and a blob that fails it cuts the resp
 asking for the same file share one fetch; one that hangs up cancels nothing. HEAD answers from the
 origin's metadata at once and fetches nothing.
 
-Access: P2P must never widen access. A file goes out only on one of two decisions, each from a
-request the agent builds itself (fixed URL, no client query string, redirects never followed: a 3xx
-is no decision):
-- public: the agent's own anonymous `GET {origin}/api/models/{repo}` says `"private": false` and
-  `"gated": false` (on the Hub `gated` is false, "auto" or "manual"; a missing field is not public).
-  Kept per repo for `ops.public_ttl` seconds and shared by every client; "not public" is kept for
-  `ops.access_ttl`.
-- granted: `GET {origin}/api/models/{repo}/auth-check` with the client's own Authorization answers
-  200 (as `huggingface_hub.auth_check`). Kept for `ops.access_ttl` seconds under (an HMAC of the
-  client's token with a per-process key, repo): never the token itself, never on disk or in logs,
-  never for another token, and never for a client without one (an anonymous client gets only what
-  is public).
-Responses to the client's own `/api/models/...` requests are passed through and never decide
-anything. A refusal is passed on with the origin's status and `X-Error-Code`, even when the blobs
-are cached; a private repo is never revealed (the origin's 401/404 `RepoNotFound`). When the origin
-is unreachable, only a decision still in its TTL lets cached files out; otherwise 503.
+Access (agent.http.hf_access): a file goes out only when the origin says the repo is public or grants
+the client's own token; a refusal is passed on, even when the blobs are cached. What passes from the
+origin's answers to a client, and that nothing Xet does: agent.http.hf_answers.
+
+Metadata: the origin's `resolve` HEAD, followed across redirects on the origin's own host with the
+client's Authorization (a small file's 307 to `/api/resolve-cache/...`) and never to another (an LFS
+file's 302 to the CDN, whose headers are the metadata), read by `agent.origin.answers.file_metadata`.
 
 Fetches for HF clients use the client's own token, never the node's, and count against the
 per-client job limit (`daemon.max_jobs_per_client`, a client being one IP): over it, 429 with
@@ -46,16 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import hashlib
-import hmac
-import json
 import logging
 import os
-import secrets
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,32 +52,31 @@ from starlette.background import BackgroundTask
 
 from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
-from agent.cache.layout import RepoCache, check_repo_id, is_blob_id, is_commit, safe_relpath
-from agent.core.errors import BusyError, WeightswarmError
+from agent.cache.layout import RepoCache, blob_homes, check_repo_id, is_commit, safe_relpath
+from agent.core.errors import BusyError, OriginError, WeightswarmError
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, RequestModel
+from agent.http.hf_access import AccessCache, OriginAccess, client_credential
+from agent.http.hf_answers import (
+    XET_ROUTES,
+    Unreachable,
+    for_client,
+    hub_error,
+    passed,
+    without_xet_hashes,
+)
 from agent.http.metrics import AgentMetrics
 from agent.http.stream import POLL as STREAM_POLL
 from agent.http.stream import arrival_response, parse_range
+from agent.origin.answers import Hop, file_metadata, next_hop
 
 log = logging.getLogger(__name__)
 
-_PASSED_HEADERS = (
-    "content-type",
-    "x-error-code",
-    "x-error-message",
-    "x-repo-commit",
-    "x-request-id",
-    "retry-after",
-    "ratelimit",
-    "ratelimit-policy",
-)
-_REFUSAL_HEADERS = ("x-request-id", "retry-after", "ratelimit", "ratelimit-policy")
-_MAX_DECISIONS = 10_000
-"""Access decisions kept at most (each kind); beyond, the oldest are dropped (asked again)."""
-
 BUSY_RETRY_AFTER = 10
 """Seconds a client over its fetch-job limit is told to wait (`Retry-After`; huggingface_hub honours it)."""
+
+MAX_HOPS = 5
+"""Same-host redirects a metadata HEAD follows at most (the Hub uses one)."""
 
 
 @dataclass(frozen=True)
@@ -112,169 +95,6 @@ class FileMeta:
             h["X-Linked-Etag"] = f'"{self.blob_id}"'
             h["X-Linked-Size"] = str(self.size)
         return h
-
-
-@dataclass(frozen=True)
-class Visibility:
-    """What the origin answered the agent's own anonymous model-info request."""
-
-    public: bool
-    """Explicitly `private: false` and `gated: false`."""
-    private: bool
-    gated: str | bool
-    refusal: tuple[int, str, str | None]
-    """What an anonymous client is told about this repo when it is not public: (status, message,
-    X-Error-Code), the origin's own refusal where it gave one."""
-
-
-def client_credential(authorization: str | None) -> str | None:
-    """What identifies a client to the origin: its bearer token, or the whole header for another
-    scheme (marked, so that it never equals a bearer token); None for an anonymous client."""
-    if not authorization or not authorization.strip():
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return "\0" + authorization.strip()  # a NUL cannot be in a header, hence in a token
-
-
-class AccessCache:
-    """Who may read what, as the origin last said: a shared public decision per repo, and grants per
-    (keyed hash of the client's token, repo)."""
-
-    def __init__(self, ttl: float, public_ttl: float) -> None:
-        self.ttl = ttl
-        self.public_ttl = public_ttl
-        self._key = secrets.token_bytes(32)
-        self._lock = threading.Lock()
-        self._granted: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._visibility: OrderedDict[str, tuple[Visibility, float]] = OrderedDict()
-
-    def _who(self, credential: str) -> str:
-        return hmac.new(self._key, credential.encode(), hashlib.sha256).hexdigest()
-
-    @staticmethod
-    def _bound(table: OrderedDict[Any, Any], now: float) -> None:
-        if len(table) <= _MAX_DECISIONS:
-            return
-        for key in [k for k, v in table.items() if (v[1] if isinstance(v, tuple) else v) <= now]:
-            del table[key]
-        while len(table) > _MAX_DECISIONS:
-            table.popitem(last=False)
-
-    def grant(self, repo_id: str, credential: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            key = (self._who(credential), repo_id)
-            self._granted.pop(key, None)
-            self._granted[key] = now + self.ttl
-            self._bound(self._granted, now)
-
-    def revoke(self, repo_id: str, credential: str | None) -> None:
-        if credential is None:
-            return
-        with self._lock:
-            self._granted.pop((self._who(credential), repo_id), None)
-
-    def granted(self, repo_id: str, credential: str | None) -> bool:
-        if credential is None:  # no token, no grant: anonymous clients get what is public only
-            return False
-        with self._lock:
-            return self._granted.get((self._who(credential), repo_id), 0.0) > time.monotonic()
-
-    def set_visibility(self, repo_id: str, visibility: Visibility) -> None:
-        with self._lock:
-            now = time.monotonic()
-            self._visibility.pop(repo_id, None)
-            ttl = self.public_ttl if visibility.public else self.ttl
-            self._visibility[repo_id] = (visibility, now + ttl)
-            self._bound(self._visibility, now)
-
-    def visibility(self, repo_id: str) -> Visibility | None:
-        """The origin's last answer about the repo, while in its TTL; None: ask again."""
-        with self._lock:
-            known = self._visibility.get(repo_id)
-            return known[0] if known is not None and known[1] > time.monotonic() else None
-
-    def allowed(self, repo_id: str, credential: str | None) -> bool:
-        known = self.visibility(repo_id)
-        return (known is not None and known.public) or self.granted(repo_id, credential)
-
-
-def hub_error(
-    status: int,
-    message: str,
-    code: str | None = None,
-    commit: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """An error as the Hub sends it, so huggingface_hub raises its usual exception class."""
-    h = {"X-Error-Message": "".join(c if " " <= c <= "~" else "?" for c in message), **(headers or {})}
-    if code:
-        h["X-Error-Code"] = code
-    if commit:
-        h["X-Repo-Commit"] = commit
-    return JSONResponse({"error": message}, status_code=status, headers=h)
-
-
-def _redirected(what: str, repo_id: str, status: int) -> tuple[int, str]:
-    """A redirect on an access request: no decision (not followed, so no other URL decides)."""
-    log.warning("the origin answered the %s of %s with HTTP %d; not followed", what, repo_id, status)
-    return 502, f"the origin answered the {what} of {repo_id} with a redirect (HTTP {status}); not followed"
-
-
-def visibility_of(repo_id: str, resp: httpx.Response) -> Visibility:
-    """The origin's answer to the agent's anonymous model-info request, read strictly: public only
-    with `"private": false` and `"gated": false` both present in a 200 JSON object."""
-    status = resp.status_code
-    info: Any = None
-    if status == 200:
-        try:
-            info = json.loads(resp.content)
-        except ValueError:
-            info = None
-    if isinstance(info, dict):
-        private, gated = info.get("private"), info.get("gated")
-        if private is False and gated is False:
-            return Visibility(True, False, False, (200, "", None))
-        if private is False and gated in ("auto", "manual"):
-            msg = f"Access to model {repo_id} is restricted. You must have access to it and be authenticated."
-            return Visibility(False, False, gated, (401, msg, "GatedRepo"))
-        log.warning("the origin's model info of %s does not say it is public: tokens only", repo_id)
-        msg = f"the origin does not say that {repo_id} is public; send a token that may read it"
-        return Visibility(False, private is not False, gated or "auto", (403, msg, None))
-    if 300 <= status < 400:
-        return Visibility(False, True, False, (*_redirected("model info", repo_id, status), None))
-    if status >= 400:  # private or missing: the origin's own refusal, which does not say which
-        message = resp.headers.get("x-error-message") or "Repository not found"
-        return Visibility(False, True, False, (status, message, resp.headers.get("x-error-code")))
-    msg = f"the origin sent no usable model info for {repo_id} (HTTP {status})"
-    return Visibility(False, True, False, (502, msg, None))
-
-
-def _origin_refusal(resp: httpx.Response, fallback: str) -> JSONResponse:
-    """The origin's refusal of a request, in the Hub's format (its status, code, message, and the
-    rate-limit headers of a 429)."""
-    h = resp.headers
-    passed = {k: v for k, v in h.items() if k.lower() in _REFUSAL_HEADERS}
-    message = h.get("x-error-message") or fallback
-    return hub_error(resp.status_code, message, h.get("x-error-code"), headers=passed)
-
-
-def _passed(resp: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
-
-
-class _Unreachable(Exception):
-    pass
-
-
-class _Throttled(Exception):
-    """The origin answered an access request with 429: passed on, so the client backs off."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
 
 
 class HfEndpoint:
@@ -300,8 +120,9 @@ class HfEndpoint:
         self.arrivals = arrivals
         s = settings
         self.origin = s.origin.endpoint.rstrip("/")
-        self.access = AccessCache(s.ops.access_ttl, s.ops.public_ttl)
         self._timeout = httpx.Timeout(s.origin.read_timeout, connect=s.origin.connect_timeout)
+        self.access = AccessCache(s.ops.access_ttl, s.ops.public_ttl)
+        self.checker = OriginAccess(self.origin, self.access, self._client, self._origin_headers)
 
     def _client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(timeout=self._timeout, follow_redirects=False, trust_env=False)
@@ -316,75 +137,37 @@ class HfEndpoint:
 
     async def api_models(self, request: Request, rest: str) -> Response:
         auth = request.headers.get("authorization")
+        parts = [p for p in rest.split("/") if p]
+        if len(parts) >= 3 and parts[2] in XET_ROUTES:
+            # A Xet token would send the client to the CAS hosts, past the node (agent.http.hf_answers).
+            # Only a client that planned from a listing cached before it came here asks for one.
+            return hub_error(
+                404,
+                "Xet is not served through this endpoint: files download over HTTP (resolve). Set "
+                "HF_HUB_DISABLE_XET=1, or remove the client cache's trees/ folder of this repo.",
+            )
         url = f"{self.origin}/api/models/{rest}"
         try:
             async with self._client() as client:
                 resp = await client.get(url, params=request.query_params, headers=self._origin_headers(auth))
             if resp.status_code >= 500:
-                raise _Unreachable(f"HTTP {resp.status_code}")
-        except (httpx.TransportError, _Unreachable) as exc:
+                raise Unreachable(f"HTTP {resp.status_code}")
+        except (httpx.TransportError, Unreachable) as exc:
             log.warning("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
             return self._local_api(rest, auth)
         # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
         # fields out) and its token; access decisions come from the agent's own requests only.
-        headers = _passed(resp)
+        headers = passed(resp.headers)
         link = resp.headers.get("link")
         if link:
             headers["Link"] = link.replace(self.origin, str(request.base_url).rstrip("/"))
-        return Response(resp.content, status_code=resp.status_code, headers=headers)
+        return Response(without_xet_hashes(resp.content), status_code=resp.status_code, headers=headers)
 
     # -- access -----------------------------------------------------------------------------
 
     async def check_access(self, repo_id: str, authorization: str | None) -> Response | None:
-        """None when the client may read the repo's files, else the answer to send it (the origin's
-        refusal, or 503 when the origin cannot be asked and no decision is in its TTL)."""
-        credential = client_credential(authorization)
-        if self.access.allowed(repo_id, credential):
-            return None
-        try:
-            async with self._client() as client:
-                visibility = self.access.visibility(repo_id) or await self._ask_visibility(client, repo_id)
-                if visibility.public:
-                    return None
-                if credential is None:
-                    status, message, code = visibility.refusal
-                    return hub_error(status, message, code)
-                return await self._ask_grant(client, repo_id, authorization, credential)
-        except _Throttled as exc:
-            return _origin_refusal(exc.response, "the origin is rate limiting this node; retry later")
-        except (httpx.TransportError, _Unreachable) as exc:
-            log.warning("origin unreachable for the access check of %s (%s)", repo_id, exc)
-            return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
-
-    async def _ask_visibility(self, client: httpx.AsyncClient, repo_id: str) -> Visibility:
-        """The agent's own anonymous model-info request (fixed URL, no query, no client header)."""
-        resp = await client.get(f"{self.origin}/api/models/{repo_id}", headers=self._origin_headers(None))
-        if resp.status_code == 429:
-            raise _Throttled(resp)
-        if resp.status_code >= 500:
-            raise _Unreachable(f"HTTP {resp.status_code}")
-        visibility = visibility_of(repo_id, resp)
-        self.access.set_visibility(repo_id, visibility)
-        return visibility
-
-    async def _ask_grant(
-        self, client: httpx.AsyncClient, repo_id: str, authorization: str | None, credential: str
-    ) -> Response | None:
-        """The origin's `auth-check` with the client's own Authorization: 200 grants, nothing else does."""
-        url = f"{self.origin}/api/models/{repo_id}/auth-check"
-        resp = await client.get(url, headers=self._origin_headers(authorization))
-        status = resp.status_code
-        if status == 429:
-            raise _Throttled(resp)
-        if status >= 500:
-            raise _Unreachable(f"HTTP {status}")
-        if status == 200:
-            self.access.grant(repo_id, credential)
-            return None
-        self.access.revoke(repo_id, credential)
-        if 300 <= status < 400:
-            return hub_error(*_redirected("auth check", repo_id, status))
-        return _origin_refusal(resp, f"the origin refused access to {repo_id}")
+        """None when the client may read the repo's files, else the answer to send it."""
+        return await self.checker.check(repo_id, authorization)
 
     def _local_api(self, rest: str, auth: str | None) -> Response:
         parts = rest.split("/")
@@ -467,29 +250,67 @@ class HfEndpoint:
         if local is not None and is_commit(rev):
             return local
         # Metadata only (which commit `rev` is, the blob id and size), asked with the client's own
-        # token; access was decided above. An LFS file answers 302 here: its headers are the metadata.
+        # token; access was decided above.
         url = f"{self.origin}/{repo_id}/resolve/{quote(rev, safe='')}/{quote(path)}"
         try:
-            async with self._client() as client:
-                resp = await client.head(url, headers=self._origin_headers(auth))
-            if resp.status_code >= 500:
-                raise _Unreachable(f"HTTP {resp.status_code}")
-        except (httpx.TransportError, _Unreachable) as exc:
+            hops = await self._resolve_hops(url, auth)
+        except (httpx.TransportError, Unreachable) as exc:
             if local is not None:
                 return local
             log.warning("origin unreachable for %s/%s (%s) and the file is not cached", repo_id, path, exc)
             return hub_error(503, f"origin unreachable and {repo_id}/{path} is not in this node's cache")
-        if resp.status_code >= 400:
-            if resp.status_code in (401, 403):
+        except OriginError as exc:
+            return hub_error(502, str(exc))
+        last = hops[-1]
+        if last.status >= 400:
+            if last.status in (401, 403):
                 self.access.revoke(repo_id, client_credential(auth))
-            return Response(b"", status_code=resp.status_code, headers=_passed(resp))
-        h = resp.headers
-        etag = (h.get("x-linked-etag") or h.get("etag") or "").removeprefix("W/").strip('"').lower()
-        size = h.get("x-linked-size") or h.get("content-length") or ""
-        commit = (h.get("x-repo-commit") or "").lower()
-        if not is_commit(commit) or not is_blob_id(etag) or not size.isdigit():
-            return hub_error(502, f"the origin sent no usable commit/ETag/size for {repo_id}/{path}")
-        return FileMeta(commit, etag, int(size))
+            return Response(b"", status_code=last.status, headers=passed(last.headers))
+        what = f"{repo_id}/{path}"
+        try:
+            meta = file_metadata(hops, what)
+        except OriginError as exc:
+            return hub_error(502, str(exc))
+        commit = meta.commit or (rev if is_commit(rev) else None)
+        if commit is None:
+            return hub_error(502, f"{what}: the origin's resolve answer has no X-Repo-Commit")
+        size = meta.size if meta.size is not None else self._cached_size(meta.blob_id)
+        if size is None:
+            return hub_error(
+                502,
+                f"{what}: the origin's resolve answer gives no size (no X-Linked-Size, no Content-Length "
+                "on its final answer) and the file is not in this node's cache",
+                commit=commit,
+            )
+        return FileMeta(commit, meta.blob_id, size)
+
+    async def _resolve_hops(self, url: str, auth: str | None) -> list[Hop]:
+        """The origin's answers to a `resolve` HEAD: redirects on its own host are followed with the
+        client's Authorization (a small file's 307 to `/api/resolve-cache/...`), one to another host is
+        not (an LFS file's 302 to the CDN: its headers are the metadata). Ends at the first answer that
+        is not followed, a refusal included; a 5xx is `Unreachable`."""
+        hops: list[Hop] = []
+        async with self._client() as client:
+            next_url: str | None = url
+            while next_url is not None:
+                if len(hops) > MAX_HOPS:
+                    raise OriginError(f"the origin redirected {url} more than {MAX_HOPS} times")
+                resp = await client.head(next_url, headers=self._origin_headers(auth))
+                if resp.status_code >= 500:
+                    raise Unreachable(f"HTTP {resp.status_code}")
+                hops.append(Hop(resp.status_code, resp.headers, next_url))
+                next_url = next_hop(hops[-1]) if resp.status_code < 400 else None
+        return hops
+
+    def _cached_size(self, blob_id: str) -> int | None:
+        """The length of a blob this node holds in any repo of its cache: `blobs/<id>` appears only
+        once complete and checked, so its size is the file's."""
+        for home in blob_homes(self.settings.cache_dir, blob_id):
+            try:
+                return home.stat().st_size
+            except OSError:
+                continue
+        return None
 
     async def resolve(self, request: Request, org: str, name: str, rev: str, path: str) -> Response:
         repo_id = f"{org}/{name}"
@@ -628,15 +449,16 @@ def hf_router(endpoint: HfEndpoint) -> APIRouter:
     router = APIRouter(tags=["huggingface"])
     metrics = endpoint.metrics
 
+    # Every answer leaves through for_client: whatever built it, no Xet header or link reaches a client.
     @router.get("/api/models/{rest:path}")
     async def api_models(rest: str, request: Request) -> Response:
-        resp = await endpoint.api_models(request, rest)
+        resp = for_client(await endpoint.api_models(request, rest))
         metrics.hf_requests.labels("api", str(resp.status_code)).inc()
         return resp
 
     @router.api_route("/{org}/{name}/resolve/{rev}/{path:path}", methods=["GET", "HEAD"])
     async def resolve(org: str, name: str, rev: str, path: str, request: Request) -> Response:
-        resp = await endpoint.resolve(request, org, name, rev, path)
+        resp = for_client(await endpoint.resolve(request, org, name, rev, path))
         metrics.hf_requests.labels("resolve", str(resp.status_code)).inc()
         return resp
 

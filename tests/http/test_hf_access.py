@@ -17,7 +17,7 @@ from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from agent.daemon.node import Daemon
-from agent.http.hf import Visibility, visibility_of
+from agent.http.hf_access import Visibility, visibility_of
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.support.cluster import Origin
