@@ -171,6 +171,7 @@ def test_include_exclude_and_paginated_listing(tmp_path):
     root = tmp_path / "origin"
     files = model(root)
     with HubServer(root, tree_page_size=2) as srv:
+        srv.faults.model_info_omit.add("siblings")  # a mirror whose revision lists no files: the tree pages
         settings = settings_for(tmp_path, srv.url)
         shards = fetch_snapshot(settings, REPO, include=["*.safetensors"], exclude=["model-00003-*"])
         assert set(snapshot_contents(shards.snapshot_path)) == {

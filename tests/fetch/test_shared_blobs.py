@@ -23,6 +23,7 @@ from agent.cache.layout import RepoCache, repo_folder_name
 from agent.core.settings import Settings
 from agent.fetch.engine import fetch_snapshot
 from agent.fetch.publish import publish_directory
+from agent.hub.cdn import cdn_path
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_family
 from tests.support.cluster import BIN, Origin, admin_request, agent_settings, wait_until_seeded
@@ -51,8 +52,9 @@ class Family:
         return hashlib.sha256(self.files[BASE][SHARD]).hexdigest()
 
     def shard_gets(self) -> int:
-        """GETs of the shared shard's bytes at the origin (its CDN URL is named by the sha256)."""
-        return sum(1 for r in self.hub.requests if r.method == "GET" and r.path == f"/_cdn/{self.shard_sha}")
+        """GETs of the shared shard's bytes at the origin (its CDN URL, whichever repo's resolve gave it)."""
+        paths = {cdn_path(repo_id, self.shard_sha) for repo_id in self.files}
+        return sum(1 for r in self.hub.requests if r.method == "GET" and r.path in paths)
 
     def unique_bytes(self) -> int:
         return sum(len(b) for b in {hashlib.sha256(b).digest(): b for f in self.files.values()
