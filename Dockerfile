@@ -28,6 +28,7 @@ COPY pyproject.toml README.md ./
 COPY agent/ agent/
 COPY tracker/ tracker/
 COPY clikit/ clikit/
+COPY servekit/ servekit/
 RUN python -m venv /opt/build \
     && /opt/build/bin/pip install --require-hashes --only-binary=:all: -r requirements-build.lock \
     && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \

@@ -6,6 +6,7 @@ stderr and exit non-zero, never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from pathlib import Path
@@ -105,6 +106,28 @@ _path = click.Path(dir_okay=False, path_type=Path)
     help="Nodes that may hold an origin lease on one blob at once.",
 )
 @env_option(
+    "--max-connections",
+    default=8192,
+    type=click.IntRange(16),
+    show_default=True,
+    help="Connections the listener holds at once; more are answered 503 and closed (lowered to fit the "
+    "open-file limit).",
+)
+@env_option(
+    "--max-connections-per-client",
+    default=256,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Connections one client address may hold.",
+)
+@env_option(
+    "--header-timeout",
+    default=10.0,
+    type=click.FloatRange(min=0.1),
+    show_default=True,
+    help="Seconds a connection has to send a request's headers (from its connect or its last response).",
+)
+@env_option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -125,11 +148,16 @@ def serve(
     trust_announce_ip: bool,
     interval: int,
     max_lease_holders: int,
+    max_connections: int,
+    max_connections_per_client: int,
+    header_timeout: float,
     log_level: str,
 ) -> None:
     """Run the tracker: announce/scrape, manifest registry, origin leases, /metrics."""
     import uvicorn
 
+    from servekit.limits import ConnectionLimits, Gate, raise_open_file_limit
+    from servekit.protocol import uvicorn_options
     from tracker.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -157,6 +185,11 @@ def serve(
         min_interval=min(10, interval),
         max_lease_holders=max_lease_holders,
         log_level=log_level.upper(),
+        limits=ConnectionLimits(
+            max_connections=max_connections,
+            max_per_client=max_connections_per_client,
+            header_timeout=header_timeout,
+        ),
     )
     app = create_app(settings)
     # Announces allocate many short-lived objects; the default gen-0 threshold (700) runs the
@@ -176,14 +209,23 @@ def serve(
     # One worker on purpose: with the SQLite store live peers are in this process's memory,
     # so a second worker would see half the swarm. For more throughput run replicas on --redis.
     # access_log off: announce URLs carry the passkey; tracker.access logs API paths, passkey redacted.
-    uvicorn.run(
+    room = raise_open_file_limit() - settings.fd_reserve
+    limits = settings.limits
+    if room < limits.max_connections:
+        logging.getLogger("tracker").warning(
+            "the listener holds at most %d connections, not %d: the open-file limit less %d for the "
+            "tracker's own work", room, limits.max_connections, settings.fd_reserve,
+        )
+        limits = dataclasses.replace(limits, max_connections=max(16, room))
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         access_log=False,
         log_level=log_level.lower(),
         loop="auto",
-        http="auto",
         lifespan="on",
         server_header=False,
+        **uvicorn_options(Gate(limits, f"tracker {host}:{port}")),
     )
+    uvicorn.Server(config).run()

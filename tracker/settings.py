@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servekit.limits import ConnectionLimits
 from tracker.errors import ConfigError
 
 MiB = 2**20
@@ -121,6 +122,16 @@ class TrackerSettings:
 
     log_level: str = "INFO"
     """Logging level of the tracker process."""
+
+    limits: ConnectionLimits = ConnectionLimits(max_connections=8192, max_per_client=256)
+    """What the listener holds (servekit.limits): 8,192 connections, 256 per client address (an agent
+    keeps a few; a load test or a NAT more), 10 s to send a request's headers, 5 s idle between requests
+    (--max-connections, --max-connections-per-client, --header-timeout). Lowered to fit the open-file
+    limit less `fd_reserve`."""
+
+    fd_reserve: int = 256
+    """Open files kept for the tracker's own work (the SQLite file, Redis connections, logs) beyond what
+    its listener may hold."""
 
     @property
     def peer_ttl(self) -> float:

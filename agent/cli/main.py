@@ -184,6 +184,18 @@ def make_test_model_command(
             help="BitTorrent listen address (port 0 = any free port).")
 @env_option("--api-listen", default="127.0.0.1:7470", show_default=True, metavar="HOST:PORT",
             help="Network listener: probes, /metrics and the HF-compatible endpoint only.")
+@env_option("--api-max-connections", default=1024, show_default=True, type=click.IntRange(16),
+            help="Connections --api-listen holds at once; more are answered 503 and closed (lowered to fit "
+                 "the open-file limit less --fd-reserve).")
+@env_option("--api-max-connections-per-client", default=64, show_default=True, type=click.IntRange(1),
+            help="Connections one client address may hold on --api-listen.")
+@env_option("--api-header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
+            metavar="SECONDS", help="Time a connection has to send a request's headers (every listener).")
+@env_option("--api-keepalive-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+            metavar="SECONDS", help="Time a connection may sit idle between requests (every listener).")
+@env_option("--fd-reserve", type=click.IntRange(0), metavar="N",
+            help="Open files kept for the agent's own work beyond its listeners' caps [default: libtorrent's "
+                 "peers and files + the origin connections + 256].")
 @env_option("--admin-socket", type=click.Path(path_type=Path, dir_okay=False),
             help="Unix socket (mode 0600) of the admin channel: every route, for this node's CLI "
                  "[default: STATE_DIR/admin.sock].")

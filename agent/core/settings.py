@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servekit.limits import ConnectionLimits
+
 DEFAULT_ORIGIN = "https://huggingface.co"
 MiB = 2**20
 
@@ -228,6 +230,22 @@ class DaemonSettings:
     max_jobs_per_client: int = 8
     """Fetch jobs one client may have running (a client: the pods' socket, one HF-endpoint client IP);
     the admin channel is not limited."""
+
+    api_limits: ConnectionLimits = ConnectionLimits()
+    """What the network listener holds (servekit.limits): 1,024 connections, 64 per client address, 10 s
+    to send a request's headers, 5 s idle between requests (--api-max-connections,
+    --api-max-connections-per-client, --api-header-timeout, --api-keepalive-timeout). Anyone who can
+    reach --api-listen can open connections: these caps keep them from the agent's own descriptors."""
+
+    local_max_connections: int = 128
+    """Connections each unix socket (admin, pods) holds at most: its own budget, so the network listener
+    never starves it (nor it the network)."""
+
+    fd_reserve: int | None = None
+    """Open files kept for the agent's own work (libtorrent's peers and files, origin connections, the
+    cache and state files) beyond what its listeners may hold (--fd-reserve). None: libtorrent's
+    connections_limit + file_pool_size + the origin engine's connections + 256. The listeners' caps are
+    lowered to fit the open-file limit (raised to its hard limit at start) less this."""
 
 
 DISK_IO = ("mmap", "pread", "posix")

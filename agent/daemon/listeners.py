@@ -10,6 +10,7 @@ as soon as the daemon is built.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -24,11 +25,16 @@ from typing import Any
 import uvicorn
 
 from agent.core.errors import ConfigError
+from agent.core.settings import Settings
 from agent.core.sockets import SocketPath
+from servekit.limits import ConnectionLimits, Gate, raise_open_file_limit
+from servekit.protocol import uvicorn_options
 
 log = logging.getLogger(__name__)
 
 _BACKLOG = 128
+_FEWEST_NETWORK_CONNECTIONS = 16
+"""Below this the network listener is not worth running: the open-file limit is too low."""
 
 
 def split_hostport(value: str, what: str) -> tuple[str, int]:
@@ -97,12 +103,47 @@ def _clear_stale(path: Path, what: str) -> None:
     raise ConfigError(f"another agent serves on {what} {path}; stop it first")
 
 
+def listener_limits(settings: Settings) -> tuple[ConnectionLimits, ConnectionLimits]:
+    """The network listener's limits and each unix socket's, within the open-file limit (raised to its
+    hard limit here) less the reserve for the agent's own work (`DaemonSettings.fd_reserve`)."""
+    d, s = settings.daemon, settings.swarm
+    reserve = d.fd_reserve
+    if reserve is None:
+        origin = settings.fetch.files_at_once * settings.fetch.connections_per_file
+        reserve = s.connections_limit + s.file_pool_size + origin + 256
+    soft = raise_open_file_limit()
+    network = d.api_limits
+    local = dataclasses.replace(network, max_connections=d.local_max_connections, max_per_client=None)
+    sockets = 2 if d.pods_socket is not None else 1
+    room = soft - reserve - sockets * local.max_connections
+    if room < _FEWEST_NETWORK_CONNECTIONS:
+        raise ConfigError(
+            f"the open-file limit ({soft}) less the reserve for the agent's own work ({reserve}) and "
+            f"its unix sockets ({sockets} x {local.max_connections}) leaves {room} connections for "
+            "--api-listen; raise the limit (ulimit -n, the container's nofile) or lower --fd-reserve"
+        )
+    if room < network.max_connections:
+        log.warning(
+            "--api-listen holds at most %d connections, not %d: the open-file limit is %d and %d are "
+            "kept for the agent's own work",
+            room,
+            network.max_connections,
+            soft,
+            reserve,
+        )
+        network = dataclasses.replace(network, max_connections=room)
+    return network, local
+
+
 class ApiServer:
     """uvicorn on one bound socket, in a thread, so the daemon owns the process's signals and its
-    shutdown order."""
+    shutdown order; its connections are under `limits` (servekit)."""
 
-    def __init__(self, app: Any, sock: socket.socket, where: str) -> None:
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    def __init__(self, app: Any, sock: socket.socket, where: str, limits: ConnectionLimits) -> None:
+        self.gate = Gate(limits, where)
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", **uvicorn_options(self.gate)
+        )
         self.server = uvicorn.Server(config)
         self.where = where
         self._sock = sock

@@ -30,7 +30,13 @@ from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.settings import Settings, default_admin_socket
 from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.arenas import limit_malloc_arenas, trim_loop
-from agent.daemon.listeners import ApiServer, split_hostport, tcp_listener, unix_listener
+from agent.daemon.listeners import (
+    ApiServer,
+    listener_limits,
+    split_hostport,
+    tcp_listener,
+    unix_listener,
+)
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
@@ -43,6 +49,7 @@ from agent.swarm.relay import RelayDirectory, relay_credential
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
+from servekit.limits import ConnectionLimits
 
 if TYPE_CHECKING:
     from agent.kube.podsync import PodSync
@@ -171,13 +178,14 @@ class Daemon:
             """The pod watcher and status reporter (agent.kube.podsync) with `--kube`."""
             node = NodeApi(self.request_model, self.jobs, self.list_models, self.problems)
             self.admin_socket = s.daemon.admin_socket or default_admin_socket(s.state_dir)
+            network_limits, local = listener_limits(s)
             admin = create_app(node, ADMIN, self.ops.admin_routers())
-            self._serve(admin, self.admin_socket, 0o600, "--admin-socket")
+            self._serve(admin, self.admin_socket, 0o600, "--admin-socket", local)
             if s.daemon.pods_socket is not None:
-                self._serve(create_app(node, PODS), s.daemon.pods_socket, 0o666, "--pods-socket")
+                self._serve(create_app(node, PODS), s.daemon.pods_socket, 0o666, "--pods-socket", local)
             network = create_app(node, None, self.ops.network_routers())
             listener = tcp_listener(s.daemon.api_listen, "--api-listen")
-            self.api_server = ApiServer(network, listener, s.daemon.api_listen)
+            self.api_server = ApiServer(network, listener, s.daemon.api_listen, network_limits)
             self.servers.append(self.api_server)
         except BaseException:
             for server in self.servers:
@@ -185,8 +193,8 @@ class Daemon:
             self.swarm.close()
             raise
 
-    def _serve(self, app: Any, path: Path, mode: int, what: str) -> None:
-        self.servers.append(ApiServer(app, unix_listener(path, mode, what), str(path)))
+    def _serve(self, app: Any, path: Path, mode: int, what: str, limits: ConnectionLimits) -> None:
+        self.servers.append(ApiServer(app, unix_listener(path, mode, what), str(path), limits))
 
     def _pod_sync(self) -> PodSync:
         from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
@@ -506,6 +514,11 @@ def build_serve_settings(
     watch_namespace: str | None = None,
     kube_preheat: str = "on",
     kube_node_labels: str = "on",
+    api_max_connections: int | None = None,
+    api_max_connections_per_client: int | None = None,
+    api_header_timeout: float | None = None,
+    api_keepalive_timeout: float | None = None,
+    fd_reserve: int | None = None,
 ) -> Settings:
     """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
     split_hostport(bt_listen, "--bt-listen")
@@ -557,6 +570,14 @@ def build_serve_settings(
     )
     if lease_ttl is not None:
         daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)
+    default = daemon.api_limits
+    api_limits = ConnectionLimits(
+        max_connections=api_max_connections or default.max_connections,
+        max_per_client=api_max_connections_per_client or default.max_per_client,
+        header_timeout=api_header_timeout or default.header_timeout,
+        keepalive_timeout=api_keepalive_timeout or default.keepalive_timeout,
+    )
+    daemon = dataclasses.replace(daemon, api_limits=api_limits, fd_reserve=fd_reserve)
     origin_settings = dataclasses.replace(
         settings.origin,
         endpoint=(origin or settings.origin.endpoint).rstrip("/"),

@@ -11,12 +11,13 @@ import dataclasses
 import functools
 import hashlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,13 @@ def origin(tmp_path: Path) -> Iterator[Origin]:
 
 
 class TrackerProcess:
-    def __init__(self, tmp: Path, redis_url: str | None = None, interval: int = 10) -> None:
-        """`interval`: the announce interval; a peer is listed for 2.5 times that after its last announce."""
+    def __init__(
+        self, tmp: Path, redis_url: str | None = None, interval: int = 10, extra: Sequence[str] = ()
+    ) -> None:
+        """`interval`: the announce interval; a peer is listed for 2.5 times that after its last announce.
+        `extra`: more `tracker serve` options."""
         self.port = free_port()
+        self.extra = list(extra)
         self.interval = interval
         self.db = tmp / "tracker.db"
         self.store = ["--redis", redis_url] if redis_url else ["--db", str(self.db)]
@@ -104,6 +109,7 @@ class TrackerProcess:
             str(self.interval),
             "--log-level",
             "WARNING",
+            *self.extra,
         ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -350,9 +356,15 @@ class AgentProcess:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, open_files: int | None = None) -> None:
+        """`open_files`: the agent's limit on open files (soft and hard), as a container's nofile."""
+
+        def limit() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit)
         loop_until(self.ready, timeout=30, what="agent ready")
 
     def ready(self) -> bool:
