@@ -47,13 +47,52 @@ log = logging.getLogger(__name__)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _BLOB_ID = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_REF_BAD = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//")
+
+MAX_REPO_PART = 96
+"""Characters of a repo id's org or name at most (the Hub's limit)."""
+MAX_REVISION = 255
+"""Bytes of a revision at most: it is a file name under `refs/` (NAME_MAX), branches with `/` a path."""
+MAX_PATH_PART = 255
+"""Bytes of one name of a repo path at most (NAME_MAX: each is a file or directory of a snapshot)."""
+MAX_PATH = 1024
+"""Bytes of a repo path at most: well above any real repo's, well below PATH_MAX with the cache's prefix."""
 
 
 def check_repo_id(repo_id: str) -> str:
-    """`org/name` (or `name`) with the characters the Hub allows; anything else is a usage error."""
-    if not _REPO_ID.match(repo_id) or ".." in repo_id:
-        raise ConfigError(f"invalid repo id {repo_id!r}: expected 'org/name'")
+    """`org/name` (or `name`) with the characters and lengths the Hub allows (huggingface_hub's
+    `validate_repo_id`: each part at most 96 characters); anything else is a usage error."""
+    if (
+        not _REPO_ID.match(repo_id)
+        or ".." in repo_id
+        or any(len(part) > MAX_REPO_PART for part in repo_id.split("/"))
+    ):
+        raise ConfigError(f"invalid repo id {_shown(repo_id)}: expected 'org/name'")
     return repo_id
+
+
+def check_revision(revision: str) -> str:
+    """A branch, tag or commit as git's check-ref-format allows one (no control characters, space,
+    `~^:?*[\\`, `..`, `@{`, `//`, component starting with a dot, trailing `/`, `.` or `.lock`), and at
+    most `MAX_REVISION` bytes: it becomes a file under `refs/`. Anything else is a usage error."""
+    bad = (
+        not revision
+        or len(revision.encode()) > MAX_REVISION
+        or _REF_BAD.search(revision) is not None
+        or any(part.startswith(".") for part in revision.split("/"))
+        or revision.endswith(("/", ".", ".lock"))
+        or revision == "@"
+    )
+    if bad:
+        raise ConfigError(f"invalid revision {_shown(revision)}: expected a branch, tag or commit id")
+    return revision
+
+
+def _shown(value: str) -> str:
+    """A value for an error line: printable, at most 80 characters."""
+    shown = repr(value[:80])
+    return shown + "..." if len(value) > 80 else shown
 
 
 def check_blob_id(blob_id: str) -> str:
@@ -83,13 +122,16 @@ def safe_relpath(path: str) -> PurePosixPath:
     """A repo path that stays inside its snapshot directory, else `UnsafePathError`.
 
     Refuses absolute paths, `..`, empty or `.` components, backslashes (a Windows separator
-    that would be one odd name here but a traversal elsewhere) and NUL.
+    that would be one odd name here but a traversal elsewhere), control characters (NUL among them),
+    and names longer than `MAX_PATH_PART` bytes or paths longer than `MAX_PATH`.
     """
-    if not path or "\\" in path or "\x00" in path or path.startswith("/"):
-        raise UnsafePathError(path)
+    if not path or "\\" in path or _CONTROL.search(path) or path.startswith("/"):
+        raise UnsafePathError(_shown(path))
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise UnsafePathError(path)
+        raise UnsafePathError(_shown(path))
+    if len(path.encode()) > MAX_PATH or any(len(p.encode()) > MAX_PATH_PART for p in parts):
+        raise UnsafePathError(f"{_shown(path)} (longer than a file name or path may be)")
     return PurePosixPath(*parts)
 
 
@@ -356,13 +398,15 @@ class RepoCache:
         """`refs/<revision>` = commit, atomically; skipped when the revision is the commit itself."""
         if revision == commit:
             return
-        ref = self.refs_dir.joinpath(*safe_relpath(revision).parts)
+        ref = self.refs_dir.joinpath(*check_revision(revision).split("/"))
         write_atomic(ref, check_commit(commit).encode())
 
     def read_ref(self, revision: str) -> str | None:
+        """The commit `refs/<revision>` names; None when there is none (or `revision` is no valid one)."""
         try:
-            return self.refs_dir.joinpath(*safe_relpath(revision).parts).read_text().strip()
-        except (FileNotFoundError, UnsafePathError):
+            check_revision(revision)
+            return self.refs_dir.joinpath(*revision.split("/")).read_text().strip()
+        except (OSError, ConfigError):
             return None
 
 

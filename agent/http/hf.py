@@ -43,7 +43,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from fastapi import APIRouter, Request, Response
@@ -52,7 +51,7 @@ from starlette.background import BackgroundTask
 
 from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
-from agent.cache.layout import RepoCache, blob_homes, check_repo_id, is_commit, safe_relpath
+from agent.cache.layout import RepoCache, blob_homes, is_commit
 from agent.core.errors import BusyError, OriginError, WeightswarmError
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, RequestModel
@@ -65,6 +64,7 @@ from agent.http.hf_answers import (
     passed,
     without_xet_hashes,
 )
+from agent.http.hf_paths import ApiRequest, BadPath, ResolveRequest, api_request, resolve_request
 from agent.http.metrics import AgentMetrics
 from agent.http.stream import POLL as STREAM_POLL
 from agent.http.stream import arrival_response, parse_range
@@ -146,15 +146,22 @@ class HfEndpoint:
                 "Xet is not served through this endpoint: files download over HTTP (resolve). Set "
                 "HF_HUB_DISABLE_XET=1, or remove the client cache's trees/ folder of this repo.",
             )
-        url = f"{self.origin}/api/models/{rest}"
+        try:
+            asked = api_request(request.scope["raw_path"])
+        except BadPath as exc:
+            return hub_error(exc.status, str(exc))
         try:
             async with self._client() as client:
-                resp = await client.get(url, params=request.query_params, headers=self._origin_headers(auth))
+                resp = await client.get(
+                    asked.origin_url(self.origin),
+                    params=asked.params(request.query_params.multi_items()),
+                    headers=self._origin_headers(auth),
+                )
             if resp.status_code >= 500:
                 raise Unreachable(f"HTTP {resp.status_code}")
         except (httpx.TransportError, Unreachable) as exc:
             log.warning("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
-            return self._local_api(rest, auth)
+            return self._local_api(asked, auth)
         # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
         # fields out) and its token; access decisions come from the agent's own requests only.
         headers = passed(resp.headers)
@@ -169,22 +176,20 @@ class HfEndpoint:
         """None when the client may read the repo's files, else the answer to send it."""
         return await self.checker.check(repo_id, authorization)
 
-    def _local_api(self, rest: str, auth: str | None) -> Response:
-        parts = rest.split("/")
-        if len(parts) < 2:
-            return hub_error(503, "origin unreachable")
-        repo_id = f"{parts[0]}/{parts[1]}"
+    def _local_api(self, asked: ApiRequest, auth: str | None) -> Response:
+        """The origin unreachable: a model's info or tree from this node's cache, for a client the origin
+        let read the repo within the access TTL."""
+        repo_id = asked.repo_id
         if not self.access.allowed(repo_id, client_credential(auth)):
             return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
         known = self.access.visibility(repo_id)
         repo = self._scan(repo_id)
-        tail = parts[2:]
-        rev = tail[1] if len(tail) >= 2 and tail[0] in ("revision", "tree") else "main"
+        rev = asked.revision or "main"
         commits = repo.commit_for(rev) if repo else []
         if repo is None or not commits:
             return hub_error(503, f"origin unreachable and {repo_id}@{rev} is not in this node's cache")
         snap = repo.snapshots[commits[0]]
-        if not tail or tail[0] == "revision":
+        if asked.route in ("info", "revision"):
             siblings = [self._sibling(repo.blobs, p, b) for p, b in sorted(snap.files.items())]
             body: Any = {
                 "id": repo_id,
@@ -195,8 +200,8 @@ class HfEndpoint:
                 "siblings": siblings,
             }
             return JSONResponse(body)
-        if tail[0] == "tree":
-            prefix = "/".join(tail[2:]).strip("/")
+        if asked.route == "tree":
+            prefix = asked.path
             entries = [
                 self._tree_entry(repo.blobs, p, b)
                 for p, b in sorted(snap.files.items())
@@ -251,7 +256,7 @@ class HfEndpoint:
             return local
         # Metadata only (which commit `rev` is, the blob id and size), asked with the client's own
         # token; access was decided above.
-        url = f"{self.origin}/{repo_id}/resolve/{quote(rev, safe='')}/{quote(path)}"
+        url = ResolveRequest(repo_id, rev, path).origin_url(self.origin)
         try:
             hops = await self._resolve_hops(url, auth)
         except (httpx.TransportError, Unreachable) as exc:
@@ -312,13 +317,12 @@ class HfEndpoint:
                 continue
         return None
 
-    async def resolve(self, request: Request, org: str, name: str, rev: str, path: str) -> Response:
-        repo_id = f"{org}/{name}"
+    async def resolve(self, request: Request) -> Response:
         try:
-            check_repo_id(repo_id)
-            safe_relpath(path)
-        except WeightswarmError as exc:
-            return hub_error(400, str(exc))
+            asked = resolve_request(request.scope["raw_path"])
+        except BadPath as exc:
+            return hub_error(exc.status, str(exc))
+        repo_id, rev, path = asked.repo_id, asked.revision, asked.path
         meta = await self.file_meta(repo_id, rev, path, request.headers.get("authorization"))
         if isinstance(meta, Response):
             return meta
@@ -451,14 +455,14 @@ def hf_router(endpoint: HfEndpoint) -> APIRouter:
 
     # Every answer leaves through for_client: whatever built it, no Xet header or link reaches a client.
     @router.get("/api/models/{rest:path}")
-    async def api_models(rest: str, request: Request) -> Response:
+    async def api_models(rest: str, request: Request) -> Response:  # `rest` for the Xet check and logs
         resp = for_client(await endpoint.api_models(request, rest))
         metrics.hf_requests.labels("api", str(resp.status_code)).inc()
         return resp
 
     @router.api_route("/{org}/{name}/resolve/{rev}/{path:path}", methods=["GET", "HEAD"])
-    async def resolve(org: str, name: str, rev: str, path: str, request: Request) -> Response:
-        resp = for_client(await endpoint.resolve(request, org, name, rev, path))
+    async def resolve(request: Request) -> Response:  # the path is read raw (agent.http.hf_paths)
+        resp = for_client(await endpoint.resolve(request))
         metrics.hf_requests.labels("resolve", str(resp.status_code)).inc()
         return resp
 
