@@ -91,6 +91,10 @@ class IntegrityError(WeightswarmError):
     exit_code = EXIT_INTEGRITY
 
 
+class OriginLengthError(IntegrityError):
+    """The origin lists a file at more bytes than it sends: every answer ends early at the same byte."""
+
+
 class UnsafePathError(WeightswarmError):
     """A repo path would escape the snapshot directory."""
 

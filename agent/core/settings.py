@@ -552,6 +552,10 @@ class OpsSettings:
     public_ttl: float = 600.0
     """Seconds the origin's word that a repo is public (not gated, not private) is trusted without asking."""
 
+    partial_max_age: float = 7 * 86400.0
+    """Seconds a partial download (`blobs/<id>.incomplete` and its resume record) may go untouched before
+    the daemon's start removes it: no fetch came back for it (agent.cache.partials)."""
+
     hf_fetch_timeout: float = 3600.0
     """Longest an HF-endpoint GET of a file the node does not have waits for its first byte (then 504),
     and longest a streaming response waits for the next one (then it is cut short)."""

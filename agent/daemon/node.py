@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.cache.eviction import repo_id_of, scan_repo
 from agent.cache.layout import RepoCache, StateDir, check_repo_id
+from agent.cache.partials import sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.settings import Settings, default_admin_socket
@@ -223,6 +224,8 @@ class Daemon:
     def start(self) -> None:
         s = self.settings
         started = time.monotonic()
+        # Before any torrent or fetch: a partial that is being resumed is not stale.
+        sweep_partials(s.cache_dir, s.state_dir, s.ops.partial_max_age)
         self.gate.refresh()  # before any torrent: who may connect
         restored = self.seeder.restore()
         log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)

@@ -76,6 +76,11 @@ class Faults:
     model_info_omit: set[str] = field(default_factory=set)
     """Fields left out of every model info document (a hub, mirror or proxy that does not send them)."""
 
+    claimed_sizes: dict[str, int] = field(default_factory=dict)
+    """Files (by repo path) whose size the hub states as this everywhere (listings, X-Linked-Size,
+    Content-Length, Content-Range) while it sends only the bytes it has and then closes the connection:
+    an origin that lies about a length."""
+
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:

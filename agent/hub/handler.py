@@ -237,7 +237,17 @@ class Handler(FileSender):
             info = {k: v for k, v in info.items() if k in ("_id", "id", *expand)}
         for name in self.hub.faults.model_info_omit:
             info.pop(name, None)
+        for sibling in info.get("siblings", []):
+            self._claim(sibling, sibling["rfilename"])
         self._send_json(200, info)
+
+    def _claim(self, item: dict[str, Any], path: str) -> None:
+        """A listing item with the size `Faults.claimed_sizes` states for `path`, if any."""
+        claimed = self.hub.faults.claimed_sizes.get(path)
+        if claimed is not None and "size" in item:
+            item["size"] = claimed
+            if isinstance(item.get("lfs"), dict):
+                item["lfs"]["size"] = claimed
 
     def _auth_check(self, repo_id: str) -> None:
         self._check_access(repo_id, content=True)
@@ -257,6 +267,8 @@ class Handler(FileSender):
         except ValueError as exc:
             raise HttpError(400, "Invalid cursor") from exc
         page = entries[start : start + self.hub.tree_page_size]
+        for item in page:
+            self._claim(item, item["path"])
         headers: dict[str, str] = {}
         if start + self.hub.tree_page_size < len(entries):
             next_query = dict(query, cursor=str(start + self.hub.tree_page_size))
@@ -297,7 +309,7 @@ class Handler(FileSender):
             {
                 "ETag": f'"{entry.sha256}"',
                 "X-Linked-Etag": f'"{entry.sha256}"',
-                "X-Linked-Size": str(entry.size),
+                "X-Linked-Size": str(self.hub.faults.claimed_sizes.get(entry.path, entry.size)),
             }
         )
         if not modern:

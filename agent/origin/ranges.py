@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import urllib3
 
@@ -44,6 +45,7 @@ from agent.core.errors import (
     DiskSpaceError,
     IntegrityError,
     OriginError,
+    OriginLengthError,
     OriginUnavailableError,
     WeightswarmError,
 )
@@ -76,6 +78,9 @@ holder's heartbeats report: on an origin shared by 14 connections at 1 MB/s a 1 
 another node took its lease and pulled the blob again (bench.swarm, 2 nodes: 1.46 x S of egress)."""
 HASH_BLOCK = 4 << 20
 WRITEBACK_EVERY = 16 << 20
+SHORT_ANSWERS = 3
+"""Answers in a row ending early at the same byte that make an origin's listed length a lie."""
+
 RECORD_EVERY = 4 << 20
 """Bytes a worker writes between resume-record updates: a kill loses at most this much per connection."""
 
@@ -109,6 +114,9 @@ class _Reader:
     began: float = 0.0
     got: int = 0
     """When its current request began, and the bytes it has brought since."""
+    short: int = 0
+    """Answers in a row that ended early at the same byte (`_ended_early`)."""
+    ended_at: int = -1
 
     def start(self) -> None:
         self.seen = self.began = time.monotonic()
@@ -405,6 +413,7 @@ class OriginSource:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
         job: _Job | None = None
         space: Reservation | None = None
+        hopeless = False
         try:
             chunk = self.settings.chunk_size
             nchunks = -(-entry.size // chunk)
@@ -422,6 +431,9 @@ class OriginSource:
             if shares is not None:
                 shares.bind(job)
             hashes = self._run(plan, cache, job, shares)
+        except IntegrityError:
+            hopeless = True  # bytes the origin cannot or did not send right: no resume can help
+            raise
         except WeightswarmError:
             raise
         except OSError as exc:
@@ -433,6 +445,8 @@ class OriginSource:
             if space is not None:
                 space.close()
             os.close(fd)
+            if hopeless:  # its reservation and resume record go with it
+                cache.discard_partial(entry.blob_id)
         if hashes.content_id != entry.blob_id or hashes.size != entry.size:
             cache.discard_partial(entry.blob_id)
             kind = "sha256" if entry.is_lfs else "git sha1"
@@ -803,8 +817,7 @@ class OriginSource:
                     with job.cond:
                         if idx in job.done or reader.cut:  # the other worker has it, and cut this one
                             raise _ChunkDone()
-                    ended = f"{what}: body ended at byte {pos} of {start}-{end - 1}"
-                    raise Retryable(OriginUnavailableError(ended))
+                    self._ended_early(job, reader, pos, f"{pos}-{end - 1}")
                 if not body_complete(resp):
                     raise OriginError(f"{what}: origin sent more bytes than the range asked for")
             finally:
@@ -908,9 +921,26 @@ class OriginSource:
             with job.cond:
                 job.done.clear()
                 job.written.clear()
-            raise Retryable(OriginUnavailableError(f"{job.entry.path}: body ended at byte {pos} of {size}"))
+            self._ended_early(job, reader, pos, f"0-{size - 1}")
         if not body_complete(resp):
             raise OriginError(f"{job.entry.path}: origin sent more than {size} bytes")
+
+    def _ended_early(self, job: _Job, reader: _Reader, pos: int, asked: str) -> NoReturn:
+        """An answer ended before the bytes it promised: a dropped connection (asked again from `pos`), or,
+        when `SHORT_ANSWERS` answers in a row end at the same byte, an origin that lists more bytes than
+        it has: no retry or resume can bring them (OriginLengthError: the partial file goes)."""
+        if reader.ended_at == pos:
+            reader.short += 1
+        else:
+            reader.ended_at, reader.short = pos, 1
+        entry = job.entry
+        if reader.short >= SHORT_ANSWERS:
+            raise OriginLengthError(
+                f"{entry.path}: the origin lists {entry.size} bytes, but its answers end at byte {pos} "
+                f"({reader.short} times in a row, nothing more sent): it cannot send what it lists; the "
+                "partial file was discarded. Tell the origin's operator, or retry once it is fixed"
+            )
+        raise Retryable(OriginUnavailableError(f"{entry.path}: body ended at byte {pos} of {asked}"))
 
     def _wrote(self, job: _Job, idx: int, chunk_written: int, n: int) -> bool:
         """Account for `n` bytes written; True when the resume record is due for an update."""

@@ -35,6 +35,7 @@ from agent.origin.ranges import SLOWER, WINDOW
 from tests.support.fetchkit import (
     REPO,
     MiB,
+    assert_one_line_error,
     fetch_args,
     file_requests,
     leftovers,
@@ -42,6 +43,7 @@ from tests.support.fetchkit import (
     repo_dir,
     serve,
     settings_for,
+    shards,
     snapshot_contents,
 )
 from tests.support.procs import loop_until
@@ -60,22 +62,8 @@ def total(files: dict[str, bytes]) -> int:
     return sum(len(b) for b in files.values())
 
 
-def shards(files: dict[str, bytes]) -> list[str]:
-    return sorted(p for p in files if p.endswith(".safetensors"))
-
-
 def cli(srv, tmp_path, *extra: str):
     return CliRunner().invoke(main, ["--log-level", "DEBUG", *fetch_args(srv.url, tmp_path, *extra)])
-
-
-def assert_one_line_error(result, exit_code: int, *needles: str) -> None:
-    assert result.exit_code == exit_code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("error: "), result.stderr
-    # No traceback of ours (the in-process test hub may log its own connection resets to stderr).
-    assert not any(f"agent/{m}.py" in result.output for m in ("cli", "fetch", "origin", "download", "cache"))
-    for needle in needles:
-        assert needle in lines[-1], lines[-1]
 
 
 def test_unknown_repo_revision_and_file(tmp_path, origin):

@@ -14,15 +14,20 @@ from agent.core.errors import EXIT_AUTH
 from agent.fetch.engine import fetch_snapshot
 from agent.hub.repos import is_lfs
 from agent.origin import location as origin_location
-from tests.support.fetchkit import REPO, MiB, fetch_args, model, serve, settings_for, snapshot_contents
+from tests.support.fetchkit import (
+    REPO,
+    MiB,
+    fetch_args,
+    model,
+    serve,
+    settings_for,
+    shards,
+    snapshot_contents,
+)
 
 
 def _small(files: dict[str, bytes]) -> list[str]:
     return sorted(p for p, b in files.items() if not is_lfs(p, len(b)))
-
-
-def _shards(files: dict[str, bytes]) -> list[str]:
-    return sorted(p for p in files if p.endswith(".safetensors"))
 
 
 def test_small_files_behind_a_307_arrive_with_one_resolve_each(tmp_path):
@@ -44,7 +49,7 @@ def test_small_files_behind_a_307_arrive_with_one_resolve_each(tmp_path):
 def test_a_shard_that_outlives_its_signed_url_is_renewed_and_resumed(tmp_path, monkeypatch):
     root = tmp_path / "origin"
     files = model(root, total=6 * MiB, shards=1)
-    shard = _shards(files)[0]
+    shard = shards(files)[0]
     monkeypatch.setattr(origin_location, "FRESH", 0.5)
     for srv in serve(root, cdn_url_ttl=1.0, rate_per_connection=1.5 * MiB):
         started = time.monotonic()
@@ -67,7 +72,7 @@ def test_a_url_refused_right_after_a_fresh_resolve_is_a_refusal_that_names_the_c
         last = result.stderr.strip().splitlines()[-1]
         assert "download host" in last and f"127.0.0.1:{srv.cdn_port}" in last, last
         assert "--token" not in last, last  # the origin granted access: no token would help
-        heads = [r for r in srv.requests if r.method == "HEAD" and r.path.endswith(_shards(files)[0])]
+        heads = [r for r in srv.requests if r.method == "HEAD" and r.path.endswith(shards(files)[0])]
         assert len(heads) == 1, heads  # no loop of resolves
 
 
@@ -100,13 +105,13 @@ def test_a_mirror_that_ignores_range_and_drops_head_lengths_still_serves(tmp_pat
         said_for = [m.split(":")[0] for m in said]
         assert len(said_for) == len(set(said_for)), said  # once per file
         cdn_gets = [r for r in srv.requests if r.bucket == "cdn" and r.method == "GET"]
-        assert len(cdn_gets) == len(_shards(files))
+        assert len(cdn_gets) == len(shards(files))
 
 
 def test_progress_never_says_done_for_a_file_that_failed(tmp_path):
     root = tmp_path / "origin"
     files = model(root)
-    bad = _shards(files)[0]
+    bad = shards(files)[0]
     for srv in serve(root):
         srv.faults.corrupt_paths = {bad}
         result = CliRunner().invoke(main, fetch_args(srv.url, tmp_path))

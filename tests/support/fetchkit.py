@@ -6,6 +6,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from agent.cache.layout import repo_folder_name
 from agent.core.settings import FetchSettings, OriginSettings, Settings
@@ -115,3 +116,20 @@ def serve(root: Path, **kwargs: object) -> Iterator[HubServer]:
         yield srv
     finally:
         srv.stop()
+
+
+def shards(files: dict[str, bytes]) -> list[str]:
+    """The model's safetensors shards, sorted."""
+    return sorted(p for p in files if p.endswith(".safetensors"))
+
+
+def assert_one_line_error(result: Any, exit_code: int, *needles: str) -> None:
+    """A CLI run (click's CliRunner result) that failed with `exit_code` and one `error:` line naming
+    each of `needles`, and no traceback of ours."""
+    assert result.exit_code == exit_code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), result.stderr
+    # No traceback of ours (the in-process test hub may log its own connection resets to stderr).
+    assert not any(f"agent/{m}.py" in result.output for m in ("cli", "fetch", "origin", "download", "cache"))
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
