@@ -29,6 +29,7 @@ COPY agent/ agent/
 COPY tracker/ tracker/
 COPY clikit/ clikit/
 COPY servekit/ servekit/
+COPY wirekit/ wirekit/
 RUN python -m venv /opt/build \
     && /opt/build/bin/pip install --require-hashes --only-binary=:all: -r requirements-build.lock \
     && /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \

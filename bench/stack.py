@@ -36,7 +36,7 @@ API_PORT = 7470
 the relay (agent.swarm.relay) other nodes stream an arriving blob from."""
 
 
-def compile_bytecode(packages: Iterable[str] = ("agent", "tracker", "clikit", "servekit")) -> None:
+def compile_bytecode(packages: Iterable[str] = ("agent", "tracker", "clikit", "servekit", "wirekit")) -> None:
     """Byte-compile the packages the spawned processes import, where they will import them from (so an
     A/B checkout on PYTHONPATH too), as the image's `pip install` does. A checkout run with
     PYTHONDONTWRITEBYTECODE=1 (as this machine's shell sets it) otherwise compiles every module again in

@@ -71,7 +71,7 @@ from typing import NamedTuple
 from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
-from tracker.bencode import bencode
+from wirekit.bencode import bencode
 
 SYSTEMS = (
     "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts",

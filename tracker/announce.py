@@ -19,9 +19,9 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
-from tracker.bencode import bencode
 from tracker.settings import TrackerSettings
 from tracker.store import AnnounceResult, PeerAddr, Store, SwarmCounts
+from wirekit.bencode import bencode
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
 _EVENT_ALIASES = {

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracker import announce as bt
-from tracker.auth import Role, bearer, passkey_ok, role_of
+from tracker.auth import Role, passkey_ok, role_of
 from tracker.errors import (
     ConflictError,
     PublishedRepoError,
@@ -37,6 +37,7 @@ from tracker.metainfo import check_blob_id, validate_info
 from tracker.metrics import Metrics
 from tracker.settings import TrackerSettings
 from tracker.store import LeaseHolder, LeaseState, Store, SwarmCounts
+from wirekit.tokens import bearer
 
 BITTORRENT = "application/x-bittorrent"
 NODE_ID = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$"

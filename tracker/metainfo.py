@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tracker.bencode import BencodeError, bdecode, bencode
 from tracker.errors import ValidationError
+from wirekit.bencode import BencodeError, bdecode, bencode
 
 MIN_PIECE = 16 * 1024
 MAX_PIECE = 64 * 1024 * 1024

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 MIN_PIECE_LENGTH = 256 * 1024
 MAX_PIECE_LENGTH = 16 * 1024 * 1024

@@ -7,5 +7,5 @@ who may read what, decided as huggingface.co decides it, `ranges`, `faults` for 
 `agent.hub.testmodel` writes deterministic safetensors test models into that layout, sharing files
 between repos as the real Hub's do.
 
-May import `agent.cache`, `agent.core` and `tracker.auth`; nothing but the CLI imports it.
+May import `agent.cache`, `agent.core` and `wirekit`; nothing but the CLI imports it.
 """

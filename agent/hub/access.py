@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tracker.auth import bearer, matches
+from wirekit.tokens import bearer, matches
 
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 GATED_MODES = ("auto", "manual")

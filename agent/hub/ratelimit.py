@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tracker.auth import bearer
+from wirekit.tokens import bearer
 
 LIMITED = ("api", "resolvers")
 _PRUNE_AT = 10_000  # windows kept before the expired ones are dropped

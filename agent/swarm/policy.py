@@ -84,7 +84,7 @@ from agent.swarm.status import WebSeed
 from agent.swarm.tracker_client import BlobState, Lease, TrackerClient
 from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
 from agent.swarm.webseed import Renewal, WebSeedOrigin
-from tracker.bencode import bdecode
+from wirekit.bencode import bdecode
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import httpx
 
 from agent.core.errors import RefusedError, TrackerError, TrackerUnavailableError, snippet
 from agent.core.settings import DaemonSettings
-from tracker.bencode import bdecode
+from wirekit.bencode import bdecode
 
 log = logging.getLogger(__name__)
 

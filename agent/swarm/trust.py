@@ -29,7 +29,7 @@ from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.swarm.session import Swarm
 from agent.swarm.tracker_client import TrackerClient
-from tracker.bencode import bdecode
+from wirekit.bencode import bdecode
 
 log = logging.getLogger(__name__)
 

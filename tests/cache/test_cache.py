@@ -23,7 +23,7 @@ from agent.core.metainfo import (
 )
 from agent.fetch.safetensors import check_index, check_safetensors
 from tests.support.procs import require_module
-from tracker.bencode import bencode
+from wirekit.bencode import bencode
 
 BLOB = "a" * 64
 

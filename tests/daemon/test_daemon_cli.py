@@ -20,7 +20,7 @@ from tests.support.cluster import (
     wait_until_seeded,
 )
 from tests.support.procs import loop_until
-from tracker.bencode import bdecode
+from wirekit.bencode import bdecode
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

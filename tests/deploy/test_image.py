@@ -120,6 +120,7 @@ def test_dockerignore_keeps_what_the_build_copies_and_drops_the_rest() -> None:
         "tracker",
         "clikit",
         "servekit",
+        "wirekit",
     }
     for source in sources:
         assert dockerignore_allows(source), source

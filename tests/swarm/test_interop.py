@@ -28,7 +28,7 @@ from tests.support.cluster import (
     wait_until_seeded,
 )
 from tests.support.procs import free_port, loop_until, require, stop_process
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from tests.support.cluster import (
 )
 from tests.support.procs import loop_until, require
 from tests.support.stock import stock_session
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 OUTSIDER = "127.0.0.2"
 

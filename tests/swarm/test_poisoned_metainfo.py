@@ -32,7 +32,7 @@ from tests.support.cluster import (
     wait_until_seeded,
 )
 from tests.support.procs import loop_until
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 POISONER = "127.0.0.2"
 PIECE = 64 * 1024

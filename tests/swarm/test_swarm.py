@@ -26,7 +26,7 @@ from agent.swarm.status import WebSeed
 from tests.support.procs import loop_until, require
 from tests.support.stock import stock_session
 from tests.tracker.test_tracker_fixtures import SETTINGS, run_server
-from tracker.bencode import bencode
+from wirekit.bencode import bencode
 
 MiB = 2**20
 PIECE = 256 * 1024

@@ -32,8 +32,8 @@ from tests.tracker.test_tracker_fixtures import (
     run_server,
     store_settings,  # noqa: F401
 )
-from tracker.bencode import bdecode
 from tracker.settings import TrackerSettings
+from wirekit.bencode import bdecode
 
 READ = "read-token-abcdefgh"
 READER = {"Authorization": f"Bearer {READ}"}

@@ -18,7 +18,7 @@ from tests.tracker.test_tracker_fixtures import (
     peer_id,
     run_server,
 )
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 IH = quote_from_bytes(infohash(1))
 PID = quote_from_bytes(peer_id(1))

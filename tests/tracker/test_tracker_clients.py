@@ -19,7 +19,7 @@ import pytest
 from tests.support.procs import free_port, kill_process, loop_until, require, require_module
 from tests.support.stock import stock_session
 from tests.tracker.test_tracker_fixtures import AUTH, SETTINGS, Tracker, make_info, run_server
-from tracker.bencode import bdecode, bencode
+from wirekit.bencode import bdecode, bencode
 
 lt = require_module("libtorrent", "a dependency of weightswarm: pip install -e '.[dev]' (./dev does)")
 

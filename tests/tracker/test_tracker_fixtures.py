@@ -21,8 +21,8 @@ import uvicorn
 
 from tests.support.procs import RedisProcess, free_port, loop_until
 from tracker.app import TrackerApp, create_app
-from tracker.bencode import bdecode, bencode
 from tracker.settings import TrackerSettings
+from wirekit.bencode import bdecode, bencode
 
 TOKEN = "test-write-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -23,8 +23,8 @@ from tests.tracker.test_tracker_fixtures import (
     run_server,
     store_settings,  # noqa: F401
 )
-from tracker.bencode import bdecode
 from tracker.settings import TrackerSettings
+from wirekit.bencode import bdecode
 
 
 def test_announce_hands_out_others_seeders_first(store_settings: TrackerSettings) -> None:
