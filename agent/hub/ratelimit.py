@@ -104,7 +104,7 @@ class RateLimiter:
             if state is None or now >= state[0] + window:
                 state = self._windows[(bucket, key)] = [now, 0]
             state[1] += 1
-            count, reset = int(state[1]), state[0] + window - now
+            count, reset = int(state[1]), window - (now - state[0])  # exact for the first request
         return Verdict(
             bucket=bucket,
             quota=quota,

@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.cache.layout import is_commit, safe_relpath
-from agent.core.errors import UnsafePathError
+from agent.cache.layout import is_commit
 
 LFS_MIN_SIZE = 10 * 2**20
 """Files this large are stored in LFS regardless of their name (as the Hub's 10 MiB rule)."""
@@ -65,12 +64,12 @@ def valid_repo_id(repo_id: str) -> bool:
 
 
 def safe_repo_path(path: str) -> bool:
-    """A relative POSIX path inside a repo: no empty, `.` or `..` segments, no backslashes or NULs."""
-    try:
-        safe_relpath(path)
-    except UnsafePathError:
+    """A relative POSIX path inside a repo: no empty, `.` or `..` segments, no backslashes or NULs. Only
+    what would leave the repo is refused (400): any other name the Hub answers 404 if it has no such file,
+    as this hub does (the cache's own rule, agent.cache.layout `safe_relpath`, is stricter)."""
+    if not path or "\\" in path or "\x00" in path or path.startswith("/"):
         return False
-    return True
+    return not any(part in ("", ".", "..") for part in path.split("/"))
 
 
 @dataclass(frozen=True)
