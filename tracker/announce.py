@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
 from tracker.settings import TrackerSettings
-from tracker.store import AnnounceResult, PeerAddr, Store, SwarmCounts
+from tracker.store import AnnounceResult, PeerAddr, PeerStore, SwarmCounts
 from wirekit.bencode import bencode
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
@@ -176,7 +176,7 @@ def announce_response(req: AnnounceRequest, result: AnnounceResult, settings: Tr
 
 
 async def announce(
-    raw_query: bytes, client_host: str | None, store: Store, settings: TrackerSettings, agent: bool = True
+    raw_query: bytes, client_host: str | None, store: PeerStore, settings: TrackerSettings, agent: bool = True
 ) -> tuple[bytes, str]:
     """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request).
     `agent`: it carried the agents' passkey (not the interop one), so its address is an agent's."""
@@ -189,7 +189,7 @@ async def announce(
     return announce_response(req, result, settings), req.event or "update"
 
 
-async def scrape(raw_query: bytes, store: Store, settings: TrackerSettings) -> bytes:
+async def scrape(raw_query: bytes, store: PeerStore, settings: TrackerSettings) -> bytes:
     """BEP 48 scrape for the given info_hash values (at least one; unknown ones report zeros)."""
     try:
         hashes = parse_query(raw_query).get(b"info_hash", [])

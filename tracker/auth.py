@@ -3,7 +3,7 @@
 Secrets come from files (the chart mounts a Secret); they are never echoed back, never
 logged, and the comparison time does not depend on how much of a guess was right.
 
-Roles (see docs/security.md and ARCHITECTURE.md "Trust model"):
+Roles (docs/security.md says what each may do to the others):
 - agent (--token-file): every node holds it. Metainfo, origin leases, manifests of hub models,
   all reads. It may not write a repo the publisher has published.
 - publisher (--publisher-token-file): the operator. Manifests of hub-less models (which mark

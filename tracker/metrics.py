@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tracker.store import Store
+from tracker.store import StoreLifecycle
 
 EVENT_LABELS = ("started", "completed", "stopped", "update", "error")
 ROUTES = ("announce", "scrape", "api")
@@ -56,7 +56,7 @@ class Metrics:
         )
         self.latency = {route: latency.labels(route) for route in ROUTES}
 
-    async def render(self, store: Store) -> bytes:
+    async def render(self, store: StoreLifecycle) -> bytes:
         """The exposition text, with the swarm gauges refreshed from the store first."""
         stats = await store.stats()
         self.peers.set(stats.peers)

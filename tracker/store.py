@@ -1,9 +1,13 @@
-"""The store interface and the small table that picks an implementation by URL.
+"""The store interface, split by concern, and the values that cross it.
 
-Two implementations: `store_sqlite` (the embedded default: durable manifests, metainfo
-and leases in one SQLite file, live peers in memory) and `store_redis` (everything in
-Redis, so several tracker replicas share one view of the swarm). Both pass the same test
-suite (tests/test_tracker_store.py).
+Five small interfaces, one per thing the tracker keeps: `PeerStore` (live peers: announce,
+scrape), `MetainfoStore` (info dicts and their quarantine), `LeaseStore` (origin leases),
+`ManifestStore` (manifests, refs, the model list) and `StoreLifecycle` (ping, epoch, totals,
+close). Each router asks for the ones it uses; `Store` is all five, what `tracker.stores.open_store`
+returns. Two implementations: `store_sqlite` (the embedded default: durable manifests, metainfo
+and leases in one SQLite file, live peers in memory) and `store_redis` (everything in Redis, so
+several tracker replicas share one view of the swarm). Both pass the same test suite
+(tests/tracker/test_tracker_store.py).
 """
 
 from __future__ import annotations
@@ -92,10 +96,12 @@ class ModelEntry:
     """The publisher role wrote a manifest for it: agent-role writes are refused."""
 
 
-class Store(abc.ABC):
-    """Everything the tracker keeps. Async so that the Redis store never blocks the loop."""
+# Every method is async so that the Redis store never blocks the event loop.
 
-    # -- swarm (live peers) --------------------------------------------------------------
+
+class PeerStore(abc.ABC):
+    """Live peers per torrent: what announce and scrape read and write."""
+
     @abc.abstractmethod
     async def announce(
         self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
@@ -113,15 +119,14 @@ class Store(abc.ABC):
         Live as for `scrape`: an entry past its expiry is not counted."""
 
     @abc.abstractmethod
-    async def stats(self) -> StoreStats:
-        """Totals for the metrics."""
-
-    @abc.abstractmethod
     async def peer_addresses(self) -> list[bytes]:
         """Packed IPs (4 or 16 bytes) of every peer that announced in any swarm within the peer TTL:
         the agents, since an announce needs the passkey. Agents admit only these (agent.swarm.gate)."""
 
-    # -- metainfo ------------------------------------------------------------------------
+
+class MetainfoStore(abc.ABC):
+    """Each blob's info dict, and the dicts nodes reported wrong (quarantined)."""
+
     @abc.abstractmethod
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
         """Store the info dict; True if new, False if the same bytes were there; ConflictError if other;
@@ -143,7 +148,10 @@ class Store(abc.ABC):
     async def quarantined(self, blob_id: str) -> list[QuarantineRecord]:
         """The blob's quarantined info dicts, oldest first."""
 
-    # -- leases --------------------------------------------------------------------------
+
+class LeaseStore(abc.ABC):
+    """Origin leases: which nodes may download a blob from the origin now."""
+
     @abc.abstractmethod
     async def acquire_lease(
         self, blob_id: str, node_id: str, ttl: float, max_holders: int, stale_after: float | None = None
@@ -171,7 +179,10 @@ class Store(abc.ABC):
     async def lease_holders(self, blob_id: str) -> list[LeaseHolder]:
         """Current (unexpired) holders."""
 
-    # -- manifests -----------------------------------------------------------------------
+
+class ManifestStore(abc.ABC):
+    """Manifests (repo@commit -> files), the publisher's refs, and the list of models."""
+
     @abc.abstractmethod
     async def put_manifest(
         self,
@@ -203,9 +214,13 @@ class Store(abc.ABC):
         """The commit the publisher pointed repo_id@revision at; None for any other repo."""
 
     @abc.abstractmethod
-    async def list_models(self) -> list[ModelEntry]: ...
+    async def list_models(self) -> list[ModelEntry]:
+        """Every registered repo with its manifests, and its refs if the publisher wrote it."""
 
-    # -- lifecycle -----------------------------------------------------------------------
+
+class StoreLifecycle(abc.ABC):
+    """The store as a whole: whether it serves, which swarm state it holds, totals, closing it."""
+
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StoreUnavailableError if the store cannot serve."""
@@ -217,4 +232,16 @@ class Store(abc.ABC):
         it change register again what they hold (`/readyz` reports it)."""
 
     @abc.abstractmethod
-    async def close(self) -> None: ...
+    async def stats(self) -> StoreStats:
+        """Totals for the metrics."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the connection (SQLite file, Redis pool); the store is unusable after."""
+
+
+class Store(PeerStore, MetainfoStore, LeaseStore, ManifestStore, StoreLifecycle):
+    """Everything the tracker keeps: what an implementation provides and `open_store` returns.
+
+    The implementations are one class each because the concerns share one connection (the SQLite
+    file, the Redis pool) and one lifecycle."""
