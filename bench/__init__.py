@@ -1,1 +1,1 @@
-"""Benchmarks and the multi-node harness (scripts, not timed tests; see README "Benchmarks")."""
+"""Benchmarks and the multi-node harness (scripts, not timed tests; docs/benchmarks.md has each one)."""

@@ -9,10 +9,10 @@ A calculation on paper, calibrated on what this machine measures:
   announces, is the cost of one live peer entry with everything the store keeps beside it.
 - Announces per second: every node announces each torrent once per tracker interval (30 s by
   default); a node also announces the relay key of each blob it streams for others or seeds whole
-  (agent.swarm.relay: blobs of 16 MiB and more), counted here for every blob: the steady state of a
+  (agent.relay.directory: blobs of 16 MiB and more), counted here for every blob: the steady state of a
   model's shards, an upper bound for its small files. Each relay key is a peer entry in Redis too.
   Replicas needed: that rate ÷ one replica's measured rate (`--replica-rate`, from
-  bench/tracker_load.py: 4,190 announces/s is the lowest figure the README reports).
+  bench/tracker_load.py: 4,190 announces/s is the lowest figure docs/benchmarks.md reports).
 - Completion: the lower bound max(S/U_origin, S/D_node, N·S/(U_origin + N·U_node)) times the ratio
   to the bound that bench.scaling measured, extrapolated in log2(N) by a least-squares line
   through its points (weightswarm's slowest node, cold and warm). The check printed first: the line

@@ -33,7 +33,7 @@ TRACKER_PORT = 7480
 BT_PORT = 6881
 API_PORT = 7470
 """Each agent's network listener, on its node's address as the chart binds it to the pod's: probes, and
-the relay (agent.swarm.relay) other nodes stream an arriving blob from."""
+the relay (agent.relay.directory) other nodes stream an arriving blob from."""
 
 
 def compile_bytecode(packages: Iterable[str] = ("agent", "tracker", "clikit", "servekit", "wirekit")) -> None:

@@ -24,17 +24,17 @@ Systems (in one run):
   weightswarm_open  the same with `agent serve --no-peer-gate`: what authenticating peers costs
               (agent.swarm.gate), side by side in throughput and CPU
   weightswarm_norelay  the same with `agent serve --relay-fanout 0`: no relay of a blob while it
-              arrives (agent.swarm.relay), so other nodes start once its lease holder has it whole
+              arrives (agent.relay.directory), so other nodes start once its lease holder has it whole
   weightswarm_parts  the same with `agent serve --origin-holders 8`: a large blob pulled from the
-              origin in up to 8 parts, by as many nodes as measuring says pay (agent.swarm.relay
-              "Parts", agent.swarm.admission); with --origin-rate-per-client, what parts gain
+              origin in up to 8 parts, by as many nodes as measuring says pay (agent.relay.directory
+              "Parts", agent.relay.admission); with --origin-rate-per-client, what parts gain
               against a CDN's per-client cap, and without, what they cost on an origin capped in total
   weightswarm_mmap  the same with `agent serve --disk-io mmap`: libtorrent's memory maps in place of
               its pread/pwrite disk I/O (the agent's default)
   weightswarm_super  the same with `agent serve --super-seed`: a node seeds complete blobs in
               libtorrent's super-seeding mode (SwarmSettings.super_seed)
   weightswarm_bt  the same with `agent serve --no-relay-seeds`: a blob some node has whole comes
-              by BitTorrent alone, not as a chain of relays first (agent.swarm.relay "Warm starts")
+              by BitTorrent alone, not as a chain of relays first (agent.relay.directory "Warm starts")
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,

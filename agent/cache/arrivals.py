@@ -15,7 +15,7 @@ The last byte is never servable before the blob is whole, verified end to end an
 completed with the right bytes is cut short instead, and the blob is remembered as `failed` for a while
 so that a client's resumed ranged request is answered with the whole file (200), which makes it start
 over (huggingface_hub truncates its partial file then) instead of appending good bytes to bad ones.
-A reader that checks the blob end to end itself (another agent, over the relay: agent.swarm.relay) is
+A reader that checks the blob end to end itself (another agent, over the relay: agent.relay.directory) is
 served the last byte as soon as it is written (`available(pos, checked=True)`): held back, it waited
 for this node's check and install, and the nodes of a relay chain took their last bytes one after the
 other (0.2-0.4 s a hop, measured).
@@ -90,7 +90,7 @@ class Arrival:
             if self.state == "arriving":
                 self.written = 0
                 self.extent = None
-                self.chain = False  # the next producer says again (agent.swarm.policy `_from_relay`)
+                self.chain = False  # the next producer says again (agent.fetch.sources.policy `_from_relay`)
                 self._generation += 1
 
     def finish(self, final_path: Path) -> None:

@@ -26,7 +26,7 @@ _SECRET_PATTERNS = (
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1[REDACTED]"),
     (re.compile(r"\bhf_[A-Za-z0-9]{8,}\b"), "hf_[REDACTED]"),
     # The tracker's passkey is a path segment of every announce URL, which httpx logs at INFO with
-    # each request (the relay's announces: agent.swarm.relay), and the chart's default level is INFO.
+    # each request (the relay's announces: agent.relay.directory), and the chart's default level is INFO.
     (re.compile(r"(/(?:announce|scrape)/)[A-Za-z0-9._~-]+"), r"\1[REDACTED]"),
 )
 

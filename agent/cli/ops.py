@@ -95,7 +95,7 @@ def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str,
 def cluster_models(tracker: str | None, token_file: Path | None) -> list[dict[str, Any]]:
     """`agent ls --cluster`: every model the tracker knows, with the seeders ("ip:port") per commit."""
     from agent.daemon.node import read_secret
-    from agent.swarm.tracker_client import TrackerClient
+    from agent.tracking.client import TrackerClient
 
     if not tracker:
         raise ConfigError("--cluster asks the tracker: give --tracker URL (or WEIGHTSWARM_TRACKER)")
@@ -311,7 +311,7 @@ def publish_command(
         click.echo(out["commit"])
         return
     from agent.daemon.node import build_serve_settings
-    from agent.swarm.tracker_client import TrackerClient
+    from agent.tracking.client import TrackerClient
 
     settings = build_serve_settings(
         cache_dir=cache_dir,

@@ -1,4 +1,4 @@
-"""A blob that comes in parts (agent.swarm.relay "Parts", issue 13): what the swarm's policy hands the
+"""A blob that comes in parts (agent.relay.directory "Parts"): what the swarm's policy hands the
 origin engine (`Shares`), and the handle through which a part's feed writes it (`PartSink`, implemented
 by agent.origin.ranges `Share`). Here, below both, so that neither imports the other."""
 

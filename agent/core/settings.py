@@ -308,7 +308,7 @@ class SwarmSettings:
     the kernel has queued for it, so an agent that falls behind its sockets (8 agents on 2 cores in the
     benchmark; one network thread at 100 Gb/s) copied each connection's backlog into anonymous memory:
     60 of 147 MiB of an agent's peak heap (heaptrack, warm round of bench.swarm). Peak RssAnon there:
-    191-209 MiB autotuned, 154-174 at 1 MiB, 130-133 at 512 KiB, in the same times (README, "Memory").
+    191-209 MiB autotuned, 154-174 at 1 MiB, 130-133 at 512 KiB, in the same times.
     512 KiB is a window of ~1 GB/s per connection at a 0.5 ms round trip, and a node has a connection
     per peer and blob. The kernel caps it at net.core.rmem_max (208 KiB on a stock kernel)."""
 
@@ -342,7 +342,7 @@ class SwarmSettings:
     """Seed complete blobs of more than one piece in libtorrent's super-seeding mode: each receiver is
     shown one piece at a time that no other receiver is being shown, so a lone seed sends each piece
     about once and the receivers trade the rest. Pays when one seed serves many receivers and the
-    transfer is long (README "Super-seeding"); costs ~10 s at the start of each connection to the seed
+    transfer is long (bench.swarm --super-seed); costs ~10 s at the start of each connection to the seed
     (libtorrent drops its first two HAVEs during the handshake and shows a first piece after 10 s)."""
 
     seed_choke_fastest_upload: bool = True
@@ -403,18 +403,18 @@ class SwarmSettings:
     """Alerts buffered between alert-loop turns before libtorrent drops them."""
 
     relay_fanout: int = 3
-    """Streams of one arriving blob this node relays to other agents at once (agent.swarm.relay); 0 turns
+    """Streams of one arriving blob this node relays to other agents at once (agent.relay.directory); 0 turns
     the relay off (a blob then reaches other nodes only once its lease holder has it whole). Each stream
     runs at the origin's pace, so the node's uplink should carry this many times the origin rate."""
 
     relay_seeds: bool = True
-    """Blobs seeded whole are relay sources too (agent.swarm.relay "Warm starts"): a node that wants a
+    """Blobs seeded whole are relay sources too (agent.relay.directory "Warm starts"): a node that wants a
     large blob some node holds whole takes it as a chain of relays, before BitTorrent. Needs the relay
     (`relay_fanout` > 0), and is off on a node with an `upload_rate_limit` (`chains_seeds`)."""
 
     origin_holders: int = 1
     """At most this many nodes pull disjoint parts of one large blob from the origin at once
-    (agent.swarm.relay "Parts"). How many do is measured per blob (agent.swarm.admission): the first
+    (agent.relay.directory "Parts"). How many do is measured per blob (agent.relay.admission): the first
     node leads and pulls the parts in order; a second probes with the last part, and the others join
     only if the lead kept its origin rate meanwhile, as from an origin that caps each client (a CDN's
     per-connection or per-IP limit): a one-shard cold start was then 4.0-4.3 x faster with 8 than with one
@@ -430,7 +430,7 @@ class SwarmSettings:
 
     origin_probe_seconds: float = 2.0
     """Seconds over which the lead of a blob in parts measures its origin rate, alone and then while a
-    second node pulls a part (agent.swarm.admission): two windows of half this that agree."""
+    second node pulls a part (agent.relay.admission): two windows of half this that agree."""
 
     peer_gate: bool = True
     """Admit only the cluster's agents as peers (agent.swarm.gate). False (`agent serve --no-peer-gate`)

@@ -13,7 +13,7 @@ seven peers and four blobs) left the agent's RssAnon at its high-water mark for 
 64 MiB arena heaps fully resident. `trim_heaps` (glibc's malloc_trim, which hands every free page of
 every arena back to the kernel) runs every `TRIM_EVERY` seconds. The 8-node warm round
 (bench.swarm --systems weightswarm --scenarios warm): peak RssAnon 207-225 MiB in eight runs without
-(a ninth 301 MiB), 169-191 MiB in three with, in the same times (README, "Memory").
+(a ninth 301 MiB), 169-191 MiB in three with, in the same times.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`agent serve`: the node daemon. Wiring and lifecycle, no policy (that is agent.swarm.policy).
+"""`agent serve`: the node daemon. Wiring and lifecycle, no policy (that is agent.fetch.sources.policy).
 
 Construction builds every part (the BitTorrent session first) and hands each only what it uses:
 callables and small parts, never the daemon. Start-up, in order: seeding of every complete blob
@@ -41,15 +41,15 @@ from agent.daemon.listeners import (
 from agent.daemon.nodeops import NodeOps
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
-from agent.fetch.relay import RelayReceiver
+from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.origin.ranges import Turn
+from agent.relay.directory import RelayDirectory, relay_credential
+from agent.relay.receiver import RelayReceiver
 from agent.swarm.gate import PeerGate
-from agent.swarm.policy import SwarmFetcher
-from agent.swarm.relay import RelayDirectory, relay_credential
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 from servekit.limits import ConnectionLimits
 
 if TYPE_CHECKING:
@@ -154,10 +154,10 @@ class Daemon:
                 if self.tracker is not None and credential is not None
                 else None
             )
-            """This node among the relay sources of the blobs it pulls or receives (agent.swarm.relay)."""
+            """This node among the relay sources of the blobs it pulls or receives (agent.relay.directory)."""
             if relay is not None and s.swarm.chains_seeds:
                 relay.seeds = self._relay_seeds
-            self.fetcher = SwarmFetcher(
+            self.fetcher = SourcePolicy(
                 s, self.swarm, self.tracker, self.node_id, self.seeder.remember, relay=relay
             )
             self.relay = (

@@ -46,11 +46,11 @@ from agent.fetch.publish import (
 from agent.http.admin import AdminOps, admin_router
 from agent.http.hf import HfEndpoint, hf_router
 from agent.http.metrics import AgentMetrics, SwarmSnapshot, metrics_router
-from agent.http.relay import relay_router
-from agent.swarm.relay import blob_parts, relay_credential
+from agent.relay.directory import blob_parts, relay_credential
+from agent.relay.routes import relay_router
 from agent.swarm.seeding import Seeder
 from agent.swarm.session import Swarm
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class NodeOps:
         arrivals: Arrivals,
         relay_stall: float,
     ) -> None:
-        """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.http.relay)."""
+        """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.relay.routes)."""
         self.settings = settings
         self._arrivals = arrivals
         self._relay_stall = relay_stall

@@ -2,7 +2,7 @@
 
 Planning (agent.fetch.planning) asks the origin first, and the tracker's manifest only where that
 widens no access; the origin fetch engine (agent.fetch.engine) does the disk-space check, the
-snapshot links, the index checks and `refs/`; the swarm source (agent.swarm.policy) decides per blob
+snapshot links, the index checks and `refs/`; the swarm source (agent.fetch.sources.policy) decides per blob
 where the bytes come from and installs each blob itself (libtorrent finishes a blob in place
 under its final name, so there is no temp file for the engine to move).
 """
@@ -24,13 +24,13 @@ from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import STAGES, Job, JobFile
 from agent.fetch.planning import plan_fetch
-from agent.fetch.relay import RelayReceiver
-from agent.fetch.swarm_source import SwarmSource
+from agent.fetch.sources.policy import BlobOutcome, SourcePolicy
+from agent.fetch.sources.swarm_source import SwarmSource
 from agent.origin.answers import CdnRefusedError
 from agent.origin.client import OriginClient
 from agent.origin.ranges import OriginSource, Turn
-from agent.swarm.policy import BlobOutcome, SwarmFetcher
-from agent.swarm.tracker_client import TrackerClient
+from agent.relay.receiver import RelayReceiver
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class FetchContext:
     """What a daemon's fetch jobs need from the node; built once by the daemon."""
 
     settings: Settings
-    fetcher: SwarmFetcher
+    fetcher: SourcePolicy
     tracker: TrackerClient | None
     before_fetch: Callable[[FetchPlan], None]
     """Makes room for a plan's missing blobs under the cache limit, or raises `CacheFullError`."""
@@ -49,7 +49,7 @@ class FetchContext:
     turn_of: Callable[[Job], Turn]
     """When the job must step aside for others, and how it waits (preheat work: `JobTable.must_yield`)."""
     relay: RelayReceiver | None = None
-    """Takes blobs from the nodes relaying them while they arrive (agent.swarm.relay); None: off."""
+    """Takes blobs from the nodes relaying them while they arrive (agent.relay.directory); None: off."""
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
     """Set when the daemon stops: a job waiting out the origin gives up at once."""
     entitlements: Entitlements = dataclasses.field(init=False)

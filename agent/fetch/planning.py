@@ -28,7 +28,7 @@ from agent.fetch.engine import filter_files, plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
 from agent.origin.client import OriginClient
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

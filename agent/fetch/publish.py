@@ -42,7 +42,7 @@ from agent.core.metainfo import infohash
 from agent.core.settings import Settings
 from agent.core.signing import load_private_key, manifest_payload, sign_manifest
 from agent.origin.client import OriginClient
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

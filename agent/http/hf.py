@@ -12,7 +12,7 @@ Routes (on the agent's `--api-listen` address):
 
 Bytes: from the local cache when the blob is complete. A GET for a blob the node does not have starts
 a fetch job through the daemon (peers first, the origin once per cluster) and streams the blob while it
-arrives (agent.http.stream, agent.cache.arrivals): the response starts with the first servable bytes,
+arrives (agent.cache.stream, agent.cache.arrivals): the response starts with the first servable bytes,
 carries the whole file's Content-Length (or the range's), and goes on in order, so an unmodified client
 with its default read timeout sees a download, not silence. Servable means written by the origin engine
 (the trust of a direct origin download) or in pieces that passed their hash check (from peers); the
@@ -52,6 +52,8 @@ from starlette.background import BackgroundTask
 from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.eviction import BlobReaders, CachedRepo, UsageLog, scan_repo
 from agent.cache.layout import RepoCache, blob_homes, is_commit
+from agent.cache.stream import POLL as STREAM_POLL
+from agent.cache.stream import arrival_response, parse_range
 from agent.core.errors import BusyError, OriginError, WeightswarmError
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, RequestModel
@@ -66,8 +68,6 @@ from agent.http.hf_answers import (
 )
 from agent.http.hf_paths import ApiRequest, BadPath, ResolveRequest, api_request, resolve_request
 from agent.http.metrics import AgentMetrics
-from agent.http.stream import POLL as STREAM_POLL
-from agent.http.stream import arrival_response, parse_range
 from agent.origin.answers import Hop, file_metadata, next_hop
 
 log = logging.getLogger(__name__)

@@ -146,7 +146,7 @@ class OriginClient:
     def told_to_wait(self) -> bool:
         """Whether a request of this client is waiting (between retries, or out of patience) because the
         origin answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
-        holder then reports no stall (agent.swarm.policy): another node taking its lease over would be
+        holder then reports no stall (agent.fetch.sources.policy): another node taking its lease over would be
         told the same, and both would then pull the blob (1.5 x S measured through a 30-s rate limit).
         Refused or dropped connections do not count: they may be this node's own trouble."""
         with self._lock:

@@ -16,7 +16,7 @@ the page cache, so a SIGKILL loses nothing written (the kernel still owns the di
 A power loss can lose pages the record claims; the record is not fsynced for that reason
 alone: the final hash over the whole blob catches it and the blob is discarded, not installed.
 
-Parts (`Shares`, issue 13): a large blob whose parts other nodes pull from the origin at the same
+Parts (`Shares`): a large blob whose parts other nodes pull from the origin at the same
 time. The engine then pulls only its own part and takes the others from `Shares.feeds` (the relay),
 which write into the same file and record, so the hashing thread follows the contiguous prefix
 whoever wrote it; a feed whose part nobody else will bring hands the rest of it to the engine's
@@ -26,10 +26,8 @@ workers (`Share.take_over`).
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -39,10 +37,10 @@ from typing import NoReturn
 
 import urllib3
 
-from agent.cache.layout import RepoCache, start_writeback, write_atomic
+from agent.cache.layout import RepoCache, start_writeback
+from agent.cache.partial import RECORD_EVERY, Reservation, load_record, write_failed, write_record
 from agent.core.errors import (
     CacheError,
-    DiskSpaceError,
     IntegrityError,
     OriginError,
     OriginLengthError,
@@ -80,9 +78,6 @@ HASH_BLOCK = 4 << 20
 WRITEBACK_EVERY = 16 << 20
 SHORT_ANSWERS = 3
 """Answers in a row ending early at the same byte that make an origin's listed length a lie."""
-
-RECORD_EVERY = 4 << 20
-"""Bytes a worker writes between resume-record updates: a kill loses at most this much per connection."""
 
 
 class _Cancelled(Exception):
@@ -406,7 +401,7 @@ class OriginSource:
         if shares is None or shares.own:  # one that pulls no part asks nothing unless a feed hands it one
             location.url  # noqa: B018 - resolved now: a disagreeing origin fails the blob before its file opens
         incomplete = cache.incomplete_path(entry.blob_id)
-        done, written = self._load_record(cache, entry)
+        done, written = load_record(cache, entry, self.settings.chunk_size)
         try:
             fd = os.open(incomplete, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
@@ -962,29 +957,6 @@ class OriginSource:
 
     # --- resume records --------------------------------------------------------------------------
 
-    def _load_record(self, cache: RepoCache, entry: FileEntry) -> tuple[set[int], dict[int, int]]:
-        """Completed chunks (and bytes of started ones) from an earlier run, if its record fits exactly."""
-        path = cache.partial_record_path(entry.blob_id)
-        incomplete = cache.incomplete_path(entry.blob_id)
-        try:
-            rec = json.loads(path.read_bytes())
-            ok = (
-                rec["blob_id"] == entry.blob_id
-                and rec["size"] == entry.size
-                and rec["chunk_size"] == self.settings.chunk_size
-                and incomplete.stat().st_size == entry.size
-            )
-            if ok:
-                nchunks = -(-entry.size // self.settings.chunk_size)
-                done = {int(i) for i in rec["done"] if 0 <= int(i) < nchunks}
-                written = {int(i): int(n) for i, n in rec.get("written", {}).items()}
-                started = {i: n for i, n in written.items() if 0 <= i < nchunks and i not in done and n > 0}
-                return done, started
-        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
-            pass
-        cache.discard_partial(entry.blob_id)
-        return set(), {}
-
     def _save_record(self, cache: RepoCache, plan: FetchPlan, job: _Job) -> None:
         with job.cond:
             done = sorted(job.done)
@@ -992,97 +964,12 @@ class OriginSource:
             written = {i: n for i, n in job.written.items() if i not in job.done and not streaming}
         # Concurrent workers write whole records via os.replace: the last one wins and each lists
         # only chunks that were written, so any interleaving is safe.
-        _write_record(cache, plan, job.entry, job.chunk_size, done, written)
-
-    def contiguous_record(self, cache: RepoCache, entry: FileEntry) -> int:
-        """How many bytes from the start an earlier run left written (by its resume record); 0 if none."""
-        done, written = self._load_record(cache, entry)
-        chunk, pos = self.settings.chunk_size, 0
-        while pos < entry.size:
-            idx = pos // chunk
-            if idx in done:
-                pos = min(entry.size, pos + chunk)
-                continue
-            return pos + written.get(idx, 0)
-        return pos
-
-    def record_prefix(self, cache: RepoCache, plan: FetchPlan, entry: FileEntry, end: int) -> None:
-        """Record [0, end) of `blobs/<id>.incomplete` as written (by another engine, e.g. a relay
-        receiver), so that the origin engine resumes after it."""
-        chunk = self.settings.chunk_size
-        full = end // chunk
-        written = {full: end - full * chunk} if end % chunk else {}
-        _write_record(cache, plan, entry, chunk, list(range(full)), written)
+        write_record(cache, plan, job.entry, job.chunk_size, done, written)
 
 
 def _chunks(ranges: list[tuple[int, int]], chunk: int) -> list[int]:
     """The indices of the chunks that byte ranges touch."""
     return [i for start, end in ranges for i in range(start // chunk, -(-end // chunk))]
-
-
-def _write_record(
-    cache: RepoCache, plan: FetchPlan, entry: FileEntry, chunk: int, done: list[int], written: dict[int, int]
-) -> None:
-    record = {
-        "blob_id": entry.blob_id,
-        "size": entry.size,
-        "chunk_size": chunk,
-        "done": done,
-        "written": {str(i): n for i, n in written.items()},
-        "repo_id": plan.repo_id,
-        "commit": plan.commit,
-        "path": entry.path,
-    }
-    write_atomic(cache.partial_record_path(entry.blob_id), json.dumps(record).encode(), fsync=False)
-
-
-def write_failed(cache: RepoCache, entry: FileEntry, exc: OSError) -> WeightswarmError:
-    """The error for a failed write of `blobs/<id>.incomplete`, whose partial is discarded: a full disk
-    says so (DiskSpaceError), anything else names the file."""
-    cache.discard_partial(entry.blob_id)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DiskSpaceError(str(cache.blobs_dir), entry.size, shutil.disk_usage(cache.blobs_dir).free)
-    return CacheError(f"{entry.path}: cannot write {cache.incomplete_path(entry.blob_id)}: {exc.strerror}")
-
-
-class Reservation:
-    """A blob's space reserved (posix_fallocate) on a thread of its own while its first bytes are asked
-    for, so that a full disk fails at the start of a file, not after hours. On tmpfs the call allocates
-    every page: 0.15-0.6 s for 256 MiB with eight nodes on two cores, which each start used to wait out
-    before its first request. Writing meanwhile is safe: fallocate (mode 0) fills only what holds no
-    data, under the inode's lock. A full disk goes to `on_full` and to `check`, for the writer to raise."""
-
-    def __init__(self, fd: int, size: int, on_full: Callable[[OSError], None] | None = None) -> None:
-        self.failed: OSError | None = None
-        self._thread: threading.Thread | None = None
-        if os.fstat(fd).st_size == size:
-            return
-        os.ftruncate(fd, size)
-        if size and hasattr(os, "posix_fallocate"):
-            self._thread = threading.Thread(
-                target=self._reserve, args=(fd, size, on_full), name="reserve", daemon=True
-            )
-            self._thread.start()
-
-    def _reserve(self, fd: int, size: int, on_full: Callable[[OSError], None] | None) -> None:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            # EOPNOTSUPP etc.: the sparse file still works.
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.failed = exc
-                if on_full is not None:
-                    on_full(exc)
-
-    def check(self) -> None:
-        """Raise the full disk the reservation found, if it found one."""
-        if self.failed is not None:
-            raise self.failed
-
-    def close(self) -> None:
-        """Wait for the reservation: before the file is closed, as it uses its descriptor."""
-        if self._thread is not None:
-            self._thread.join()
 
 
 def _cut(resp: urllib3.BaseHTTPResponse) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from agent.core.errors import TrackerError
 from agent.swarm.session import Swarm
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from agent.cache.layout import RepoCache, check_repo_id
 from agent.cache.verify import seedable_digest
 from agent.core.errors import TrackerError, TrackerUnavailableError, WeightswarmError
 from agent.swarm.session import Swarm
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

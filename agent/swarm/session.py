@@ -652,7 +652,7 @@ class Swarm:
         writes done only later. When the piece failed its hash meanwhile and was reset for download
         again, those late reports mark its blocks written once more, and nothing asks for a verdict
         again: every block is "finished", the piece is neither had nor wanted, and the blob waits
-        forever at (nearly) all its bytes. Seen in CI after a peer sent bad pieces (libtorrent's log
+        forever at (nearly) all its bytes. It happens after a peer sent bad pieces (libtorrent's log
         showed the late write reports); 64 bad pieces handed to `add_piece` hold one in about one
         round in fifteen (tests/swarm/test_swarm.py). A verdict takes milliseconds, so a piece held
         that long with no progress is this. libtorrent's way back is a re-check of the file: it drops

@@ -1,4 +1,4 @@
-"""Which published metainfo a node still uses, and what it does about one that proved wrong (issue 12).
+"""Which published metainfo a node still uses, and what it does about one that proved wrong.
 
 Any holder of the tracker's agent token can publish a blob's metainfo, and the first one published is
 the one every node downloads against. A node that publishes piece hashes of other bytes, and seeds
@@ -6,7 +6,7 @@ those bytes, would have every piece pass while the blob's own hash (sha256 / git
 fails once the torrent completes. That is proof the metainfo is wrong: the node drops the bytes,
 bans the seeds that sent them (`Swarm.ban`), reports the metainfo (the tracker quarantines it) and
 takes the blob through the origin-lease path as if no metainfo existed, so one node pulls it from the
-origin and publishes the metainfo of bytes it verified (agent.swarm.policy). The seeds are those the
+origin and publishes the metainfo of bytes it verified (agent.fetch.sources.policy). The seeds are those the
 swarm saw connected as seeds with payload sent (sampled as pieces pass, every half second): one that
 sends a whole small blob and leaves between two samples goes unbanned, and its metainfo is still
 reported and replaced.
@@ -28,7 +28,7 @@ from agent.core.errors import IntegrityError, TrackerError, TrackerUnavailableEr
 from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.swarm.session import Swarm
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 from wirekit.bencode import bdecode
 
 log = logging.getLogger(__name__)

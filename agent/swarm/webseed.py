@@ -92,7 +92,7 @@ class WebSeedHosts:
 
 class WebSeedOrigin(Protocol):
     """Where a lease holder's web seed fetches a blob: the origin's current download URL of it, with no
-    credentials (agent.fetch.swarm_source builds one around agent.origin.location.FileLocation)."""
+    credentials (agent.fetch.sources.swarm_source builds one around agent.origin.location.FileLocation)."""
 
     def __call__(self) -> str:
         """The current URL (resolved at the origin on first use)."""

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from agent.cache.arrivals import Arrival, Arrivals
-from agent.http.stream import parse_range
+from agent.cache.stream import parse_range
 
 
 def arriving(tmp_path: Path, data: bytes) -> Arrival:

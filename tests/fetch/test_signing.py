@@ -27,7 +27,7 @@ from agent.core.signing import (
     verify_manifest,
 )
 from agent.fetch.publish import publish_directory
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 REPO, COMMIT = "me/finetune", "c" * 40
 FILES = [

@@ -1,4 +1,4 @@
-"""A large blob pulled from the origin in parts by several nodes at once (agent.swarm.relay "Parts",
+"""A large blob pulled from the origin in parts by several nodes at once (agent.relay.directory "Parts",
 issue 13): each node holds the lease of one part, receives the others from their holders' relays,
 and every failure of that path ends in the right bytes. Real tracker, real daemons (one a
 subprocess, to be killed), a rate-capped test hub with its fault injection."""
@@ -15,9 +15,9 @@ import pytest
 from huggingface_hub import constants, hf_hub_download
 
 from agent.core.settings import DaemonSettings
-from agent.swarm.admission import MORE, ONE, admission_key
-from agent.swarm.relay import part_key
-from agent.swarm.tracker_client import TrackerClient
+from agent.relay.admission import MORE, ONE, admission_key
+from agent.relay.directory import part_key
+from agent.tracking.client import TrackerClient
 from tests.http.test_hf_streaming import client_warnings
 from tests.support.cluster import TOKEN, AgentProcess, Origin, TrackerProcess, admin_request, model_origin
 from tests.support.procs import RedisProcess, loop_until

@@ -1,5 +1,5 @@
-"""agent.swarm.relay `blob_parts` and `part_key`: how a blob is cut for several origin holders; and
-agent.swarm.admission: the keys and the rule that decide how many hold parts at once."""
+"""agent.relay.directory `blob_parts` and `part_key`: how a blob is cut for several origin holders; and
+agent.relay.admission: the keys and the rule that decide how many hold parts at once."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from agent.core.settings import Settings
-from agent.swarm.admission import MORE, ONE, admission_key, judge
-from agent.swarm.relay import blob_parts, part_key
+from agent.relay.admission import MORE, ONE, admission_key, judge
+from agent.relay.directory import blob_parts, part_key
 
 MiB = 2**20
 

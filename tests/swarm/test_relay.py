@@ -1,5 +1,5 @@
-"""The relay (agent.swarm.relay, issue 13): a blob reaches other nodes while its lease holder still pulls it
-from the origin, and every failure of that path ends in the right bytes. Real tracker, real daemons (one a
+"""The relay (agent.relay.directory): a blob reaches other nodes while its lease holder still pulls it from
+the origin, and every failure of that path ends in the right bytes. Real tracker, real daemons (one a
 subprocess, to be killed), a rate-capped test hub with its fault injection."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from agent.core.settings import DaemonSettings
-from agent.swarm.relay import RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
-from agent.swarm.tracker_client import TrackerClient
+from agent.relay.directory import RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
+from agent.tracking.client import TrackerClient
 from tests.support.cluster import (
     PASSKEY,
     TOKEN,

@@ -1,5 +1,5 @@
-"""Warm starts over the relay (agent.swarm.relay "Warm starts", issue 13): a large blob some node has whole
-comes as a chain of relays, one stream per node, before BitTorrent; a seed that hangs or serves bad bytes
+"""Warm starts over the relay (agent.relay.directory "Warm starts"): a large blob some node has whole comes
+as a chain of relays, one stream per node, before BitTorrent; a seed that hangs or serves bad bytes
 leaves the receiver to finish by BitTorrent with the right bytes. Real tracker, real daemons (one a
 subprocess, to be stopped), a test hub."""
 
@@ -17,8 +17,8 @@ import pytest
 
 from agent.core import hashing
 from agent.core.settings import DaemonSettings, SwarmSettings
-from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
-from agent.swarm.tracker_client import TrackerClient
+from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
+from agent.tracking.client import TrackerClient
 from tests.support.cluster import (
     PASSKEY,
     TOKEN,
@@ -159,7 +159,7 @@ def test_a_hung_seed_leaves_the_receiver_to_bittorrent_from_the_others(
         os.kill(hung.proc.pid, signal.SIGSTOP)
         try:
             b = make_agent("b", one_shard, tracker, daemon={"lease_stall_min": 3.0, "lease_ttl": 3.0})
-            caplog.set_level("INFO", logger="agent.fetch.relay")
+            caplog.set_level("INFO", logger="agent.relay.receiver")
             status = fetch_and_wait(b, one_shard.repo_id, timeout=100)
             assert_snapshot_verifies(status["snapshot"], one_shard)
             assert f"relay source {hung.api_url} stopped at byte 0" in caplog.text  # it asked hung first
@@ -192,7 +192,7 @@ def test_a_seed_with_a_corrupt_copy_costs_the_receiver_one_stream_not_its_bytes(
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     loop_until(lambda: len(offered(tracker, blob)) == 1, timeout=10, what="only bad offers the blob")
     b = make_agent("b", one_shard, tracker)
-    caplog.set_level("WARNING", logger="agent.fetch.relay")
+    caplog.set_level("WARNING", logger="agent.relay.receiver")
     status = fetch_and_wait(b, one_shard.repo_id)
     assert_snapshot_verifies(status["snapshot"], one_shard)
     assert "relayed bytes fail the blob's sha256" in caplog.text  # b took bad's stream, then dropped it

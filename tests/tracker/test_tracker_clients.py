@@ -207,7 +207,7 @@ def test_agent_tracker_client_roles_and_passkey(tracker: Tracker, caplog: pytest
     from agent.core.errors import TrackerError as AgentTrackerError
     from agent.core.settings import DaemonSettings
     from agent.swarm.ltkit import redact_tracker_url
-    from agent.swarm.tracker_client import TrackerClient
+    from agent.tracking.client import TrackerClient
     from tests.tracker.test_tracker_fixtures import PASSKEY, PUBLISHER_TOKEN, SIGNATURE, TOKEN
 
     caplog.set_level(logging.DEBUG)

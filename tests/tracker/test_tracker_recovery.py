@@ -1,4 +1,4 @@
-"""How the tracker lets a cluster recover (issue 12): an info dict reported wrong is quarantined so a
+"""How the tracker lets a cluster recover: an info dict reported wrong is quarantined so a
 verified one can replace it, and a lease holder whose reported bytes stop moving can be taken over.
 
 Both stores (SQLite and Redis), through the real HTTP app.
@@ -134,8 +134,9 @@ def test_a_holder_whose_bytes_stop_moving_can_be_taken_over(store_settings: Trac
 
 def test_a_grant_counts_the_seeders_after_it(store_settings: TrackerSettings) -> None:
     """A grant says how many seeders the blob has, counted after granting: the new holder learns of a
-    seeder that announced since it last looked without waiting for its own announce (agent.swarm.policy
-    `_seeder_appeared`). A refusal says nothing of seeders (the asker waits; it does not pull)."""
+    seeder that announced since it last looked without waiting for its own announce
+    (agent.fetch.sources.policy `_seeder_appeared`). A refusal says nothing of seeders (the asker waits;
+    it does not pull)."""
     blob_id, info = make_info(TRUE_BYTES)
     ih = hashlib.sha1(info).digest()
     with run_server(store_settings) as t:

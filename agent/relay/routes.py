@@ -1,5 +1,5 @@
 """`GET /v1/relay/{blob_id}` on the network listener: an arriving blob's prefix for other agents
-(agent.swarm.relay has the design). Streams as the HF endpoint does (agent.http.stream), from a
+(agent.relay.directory has the design). Streams as the HF endpoint does (agent.cache.stream), from a
 `Range: bytes=N-` (or `N-M`: one part of a blob pulled in parts) on.
 
 Who: requests with the relay credential (`Authorization: Bearer`, derived from the agents' passkey)
@@ -27,8 +27,8 @@ from fastapi import APIRouter, Request, Response
 
 from agent.cache.arrivals import Arrival, Arrivals
 from agent.cache.layout import is_blob_id
-from agent.http.stream import POLL, arrival_response, parse_range
-from agent.swarm.relay import NEXT_HEADER
+from agent.cache.stream import POLL, arrival_response, parse_range
+from agent.relay.directory import NEXT_HEADER
 
 AHEAD_WAIT = 1.0
 """Seconds a request waits for a node that is not ahead of it yet (see the route)."""
@@ -44,7 +44,7 @@ def relay_router(
     seeded: Callable[[str], Arrival | None] = lambda _blob_id: None,
 ) -> APIRouter:
     """`admitted(address)`: the peer gate's word on a client address. `parts(size)`: the byte ranges a
-    blob of that size is pulled from the origin in (agent.swarm.relay `blob_parts`): each is a relay
+    blob of that size is pulled from the origin in (agent.relay.directory `blob_parts`): each is a relay
     tree of its own, with `fanout` streams per node. `seeded(blob_id)`: a blob this node seeds whole, as
     an arrival that is complete (None when it seeds no such blob, or offers none: `swarm.relay_seeds`)."""
     router = APIRouter(tags=["relay"], include_in_schema=False)

@@ -1,4 +1,4 @@
-"""Streaming a blob while it arrives (issue 17): the body of a GET for a file the node is still fetching.
+"""Streaming a blob while it arrives: the body of a GET for a file the node is still fetching.
 
 The response starts as soon as the first servable bytes exist, with the whole file's `Content-Length`
 (or the range's), and goes on in order as `agent.cache.arrivals` says more is servable: a client's

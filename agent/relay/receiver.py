@@ -1,4 +1,5 @@
-"""Receiving a blob from its relay sources (agent.swarm.relay has the design): in order, hashed as it comes.
+"""Receiving a blob from its relay sources (agent.relay.directory has the design): in order, hashed as it
+comes.
 
 The bytes go into `blobs/<id>.incomplete` at the node's own prefix, so a receiver is a source for the
 nodes after it from its first byte on (the daemon's `Arrival` of the blob is told each step). When a
@@ -6,7 +7,7 @@ source breaks or stalls, the next one continues from the same byte; what was rec
 in the origin engine's resume record, so that a node which later takes the origin lease (the holder
 died) asks the origin only for the rest.
 
-A blob pulled in parts (agent.swarm.relay "Parts") is received part by part (`feed`): each part from
+A blob pulled in parts (agent.relay.directory "Parts") is received part by part (`feed`): each part from
 its own sources, written through the origin engine's `PartSink`, which records and hashes it.
 """
 
@@ -25,13 +26,13 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from agent.cache.layout import RepoCache
+from agent.cache.partial import RECORD_EVERY, Reservation, contiguous_record, record_prefix, write_failed
 from agent.core.errors import CacheError, IntegrityError
 from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.ranges import RECORD_EVERY, OriginSource, Reservation, write_failed
-from agent.swarm.relay import NEXT_HEADER, RELAY_PATH, RelayDirectory
+from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,8 @@ class _Whole(_Receiving):
 
     plan: FetchPlan
     cache: RepoCache
-    origin: OriginSource
-    """Its resume record is the one the origin engine reads."""
+    chunk: int
+    """The origin engine's chunk size: the unit of the resume record, which the engine resumes after."""
     fd: int
     hasher: BlobHasher
     progress: FileProgress
@@ -99,7 +100,7 @@ class _Whole(_Receiving):
         self.prefix(self.pos)
 
     def record(self) -> None:
-        self.origin.record_prefix(self.cache, self.plan, self.entry, self.pos)
+        record_prefix(self.cache, self.plan, self.entry, self.pos, self.chunk)
 
 
 @dataclass(kw_only=True)
@@ -136,27 +137,28 @@ class RelayReceiver:
         plan: FetchPlan,
         entry: FileEntry,
         cache: RepoCache,
-        origin: OriginSource,
+        chunk: int,
         progress: FileProgress,
         prefix: Callable[[int], None],
         patient: bool = True,
         pieces: bytes | None = None,
     ) -> tuple[BlobHashes, int] | None:
         """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
-        for the caller to install; None when no source could finish it (what arrived stays recorded).
+        for the caller to install; None when no source could finish it (what arrived stays recorded, in
+        `chunk`s of the origin engine, which resumes after it).
         `patient`: wait up to `_NO_SOURCE_WAIT` for a first source to be listed (a holder announces as it
         starts); else None at once when none is. `pieces`: the piece sha1s of the metainfo the tracker
         lists (agent.core.metainfo `listed_pieces`), taken as the blob's instead of hashing its pieces
         here, a third of a receiver's CPU: the sha256 checks the bytes, and a seed's libtorrent checks each
         piece before serving it (and never writes to the blob: agent.swarm.session `_add`)."""
         path = cache.incomplete_path(entry.blob_id)
-        start = origin.contiguous_record(cache, entry)
+        start = contiguous_record(cache, entry, chunk)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
         hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None)
-        r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, origin=origin, fd=fd,
+        r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, chunk=chunk, fd=fd,
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
         try:

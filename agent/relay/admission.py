@@ -1,6 +1,6 @@
-"""How many nodes pull one blob's parts from the origin at once, decided from measured rates (issue 13).
+"""How many nodes pull one blob's parts from the origin at once, decided from measured rates.
 
-Parts (agent.swarm.relay "Parts") pay only where the origin gives more clients more rate: an origin
+Parts (agent.relay.directory "Parts") pay only where the origin gives more clients more rate: an origin
 that caps each client (a CDN's per-IP limit) gives K holders K times what one gets, one that caps its
 total (or a cluster behind one NAT address, a single client to the origin) gives them the same rate
 between them, and then parts only cost: each node hashes most of the blob once all its parts are in
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from agent.core.errors import TrackerError
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

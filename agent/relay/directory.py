@@ -1,10 +1,10 @@
-"""Relay sources of a blob while it arrives from the origin (issue 13): who may be asked, and the credential.
+"""Relay sources of a blob while it arrives from the origin: who may be asked, and the credential.
 
 BitTorrent needs a blob's metainfo (every piece hash) before any peer can take a piece, and the
 metainfo exists only once the lease holder has the whole blob. Without more, a one-shard model pays
 the origin time first and the distribution time after it. The relay overlaps them: the holder, and
 every node receiving from it, serves the blob's contiguous prefix over HTTP (`GET /v1/relay/{blob}`
-on the agent's network listener, agent.http.relay) while it grows; receivers stream it in order,
+on the agent's network listener, agent.relay.routes) while it grows; receivers stream it in order,
 hash it as it comes, and serve their own prefix to the nodes after them. So the bytes form a tree
 that moves at the origin's pace, and each node's uplink carries at most `swarm.relay_fanout`
 streams of it.
@@ -14,13 +14,13 @@ port, on a torrent of its own, `relay_infohash(blob)` (no libtorrent torrent has
 the announce reply lists the others. The tracker needs nothing new, its peer TTL drops dead sources,
 and the announce carries the agents' passkey as every other one does.
 
-Parts (deliverable 2 of issue 13): an origin that caps each client (per connection or per IP, as a
+Parts: an origin that caps each client (per connection or per IP, as a
 CDN does) rather than its total holds one holder to that cap. A blob of at least twice
 `swarm.origin_part_min` is therefore cut into up to `swarm.origin_holders` chunk-aligned parts
 (`blob_parts`), each with an origin lease and relay sources of its own (`part_key`: a derived id, so
 the tracker needs nothing new), all written into the same file (agent.core.parts `Shares`). The
 first node to ask leads: it pulls the parts in order. Whether more nodes pull parts at once is
-measured, per blob (agent.swarm.admission): only if the lead keeps its origin rate while a second
+measured, per blob (agent.relay.admission): only if the lead keeps its origin rate while a second
 node pulls does every node take a free part; on an origin that caps its total, K holders would end
 when one does, but each node would then hash most of the blob only once all its parts are in
 (sha256 is sequential). Origin egress stays one copy either way. Off by default (`origin_holders`
@@ -32,7 +32,7 @@ stream moves at link speed, not at the origin's, so each node passes it on to on
 (`Arrival.chain`): the receivers form a chain behind each seed, and every node's uplink carries the
 blob at its whole rate while it downloads, which is the lower bound of a broadcast. BitTorrent from one
 seed sends many pieces twice (every receiver asks the seed for what looks rarest to it), and measured
-1.6-2.3 x the bound with the CPU idle (README "Warm with the CPU out of the way"). The chain's costs:
+1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled links). The chain's costs:
 a node that slows holds up the nodes behind it, and one that stops leaves them to ask another source
 after the stall time; a node that finds no relay source, or whose relay breaks off, takes the blob by
 BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its torrents.
@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable
 
 from agent.core.errors import TrackerError
 from agent.core.settings import Settings
-from agent.swarm.tracker_client import TrackerClient
+from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
 

@@ -335,7 +335,7 @@ class TrackerClient:
         event: str | None = None,
         numwant: int = 50,
     ) -> list[tuple[str, int]]:
-        """A BitTorrent announce of our own (agent.swarm.relay), on the passkey URL as libtorrent's are:
+        """A BitTorrent announce of our own (agent.relay.directory), on the passkey URL as libtorrent's are:
         the peers the tracker hands back, as (address, port); never this node itself."""
         params: dict[str, str | int] = {"port": port, "uploaded": 0, "downloaded": 0, "left": left}
         params.update({"compact": 1, "numwant": numwant})
