@@ -16,12 +16,31 @@ import click
 from agent.cli.common import choose_daemon, handle_errors, local_agent_url, with_origin
 from agent.cli.ops import register
 from agent.core.settings import DISK_IO, Settings
-from clikit import env_option
+from clikit import SectionedCommand, env_option
+
+# The headings that `agent fetch --help` and `agent serve --help` list their options under (the
+# same in docs/configuration.md, which scripts/config_doc.py generates); each option names its own.
+CACHE = "Cache and state"
+ORIGIN = "Origin"
+SWARM = "Tracker and swarm"
+BITTORRENT = "BitTorrent"
+CHANNELS = "Channels and connection limits"
+EVICTION = "Eviction"
+PUBLISHING = "Publishing"
+KUBE = "Kubernetes"
+LOGGING = "Logging"
+WANTED = "What to fetch"
+DAEMON = "Agent daemon"
+OUTPUT = "Output"
+SERVE_SECTIONS = (CACHE, ORIGIN, SWARM, BITTORRENT, CHANNELS, EVICTION, PUBLISHING, KUBE)
+FETCH_SECTIONS = (WANTED, CACHE, ORIGIN, DAEMON, OUTPUT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@env_option("--log-level", default="WARNING", help="Logging level (DEBUG, INFO, WARNING, ERROR).")
-@env_option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]),
+@env_option("--log-level", section=LOGGING,
+            default="WARNING", help="Logging level (DEBUG, INFO, WARNING, ERROR).")
+@env_option("--log-format", section=LOGGING,
+            default="text", show_default=True, type=click.Choice(["text", "json"]),
             help="Log lines as text or as one JSON object per line (tokens are redacted either way).")
 def main(log_level: str, log_format: str) -> None:
     """weightswarm node agent: model weights into a Hugging Face hub cache, peer to peer."""
@@ -30,21 +49,29 @@ def main(log_level: str, log_format: str) -> None:
     setup_logging(log_level, log_format)
 
 
-@main.command("fetch")
+@main.command("fetch", cls=SectionedCommand, sections=FETCH_SECTIONS)
 @click.argument("repo_id")
-@env_option("--revision", default="main", show_default=True, help="Branch, tag or commit to fetch.")
-@env_option("--include", multiple=True, metavar="GLOB", help="Only files matching (repeatable, fnmatch).")
-@env_option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching (repeatable, fnmatch).")
-@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+@env_option("--revision", section=WANTED,
+            default="main", show_default=True, help="Branch, tag or commit to fetch.")
+@env_option("--include", section=WANTED,
+            multiple=True, metavar="GLOB", help="Only files matching (repeatable, fnmatch).")
+@env_option("--exclude", section=WANTED,
+            multiple=True, metavar="GLOB", help="Skip files matching (repeatable, fnmatch).")
+@env_option("--cache-dir", section=CACHE, type=click.Path(path_type=Path, file_okay=False),
             help="Hub cache directory [default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
-@env_option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+@env_option("--state-dir", section=CACHE, type=click.Path(path_type=Path, file_okay=False),
             help="The agent's resume/digest state [default: ~/.local/state/weightswarm].")
-@env_option("--origin", metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
-@env_option("--token", metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
-@env_option("--connections-per-file", type=click.IntRange(1, 64), help="Parallel ranges per file [8].")
-@env_option("--files-at-once", type=click.IntRange(1, 64), help="Files downloaded concurrently [4].")
-@env_option("--quiet", is_flag=True, default=False, help="No progress output; the snapshot path only.")
-@env_option("--agent", "agent_url", metavar="URL",
+@env_option("--origin", section=ORIGIN,
+            metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
+@env_option("--token", section=ORIGIN,
+            metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--connections-per-file", section=ORIGIN,
+            type=click.IntRange(1, 64), help="Parallel ranges per file [8].")
+@env_option("--files-at-once", section=ORIGIN,
+            type=click.IntRange(1, 64), help="Files downloaded concurrently [4].")
+@env_option("--quiet", section=OUTPUT,
+            is_flag=True, default=False, help="No progress output; the snapshot path only.")
+@env_option("--agent", "agent_url", section=DAEMON, metavar="URL",
             help="Hand the fetch to the agent daemon at URL ('off' = standalone) [default: the local "
                  "daemon at 127.0.0.1:7470 if it answers and no --cache-dir/--origin is given].")
 @handle_errors
@@ -166,102 +193,118 @@ def make_test_model_command(
     click.echo(make_test_model(directory, repo_id, size=size, shards=shards, seed=seed, dtype=dtype))
 
 
-@main.command("serve")
-@env_option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+@main.command("serve", cls=SectionedCommand, sections=SERVE_SECTIONS)
+@env_option("--cache-dir", section=CACHE, type=click.Path(path_type=Path, file_okay=False),
             help="Hub cache directory [default: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub].")
-@env_option("--state-dir", type=click.Path(path_type=Path, file_okay=False),
+@env_option("--state-dir", section=CACHE, type=click.Path(path_type=Path, file_okay=False),
             help="Resume data, digests [default: ~/.local/state/weightswarm].")
-@env_option("--tracker", metavar="URL", help="Tracker base URL, e.g. http://tracker:6969 [default: none].")
-@env_option("--tracker-token-file", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--tracker", section=SWARM,
+            metavar="URL", help="Tracker base URL, e.g. http://tracker:6969 [default: none].")
+@env_option("--tracker-token-file", section=SWARM, type=click.Path(path_type=Path, dir_okay=False),
             help="File holding the tracker's agent-role token (reads, metainfo, leases).")
-@env_option("--tracker-passkey-file", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--tracker-passkey-file", section=SWARM, type=click.Path(path_type=Path, dir_okay=False),
             help="File holding the tracker's announce passkey (BitTorrent announces and scrapes).")
-@env_option("--publisher-token-file", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--publisher-token-file", section=PUBLISHING, type=click.Path(path_type=Path, dir_okay=False),
             help="File holding the tracker's publisher-role token; without it `agent publish` is refused.")
-@env_option("--origin", metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
-@env_option("--token", metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
-@env_option("--bt-listen", default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
+@env_option("--origin", section=ORIGIN,
+            metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
+@env_option("--token", section=ORIGIN,
+            metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--bt-listen", section=BITTORRENT, default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
             help="BitTorrent listen address (port 0 = any free port).")
-@env_option("--api-listen", default="127.0.0.1:7470", show_default=True, metavar="HOST:PORT",
+@env_option("--api-listen", section=CHANNELS,
+            default="127.0.0.1:7470", show_default=True, metavar="HOST:PORT",
             help="Network listener: probes, /metrics and the HF-compatible endpoint only.")
-@env_option("--api-max-connections", default=1024, show_default=True, type=click.IntRange(16),
+@env_option("--api-max-connections", section=CHANNELS,
+            default=1024, show_default=True, type=click.IntRange(16),
             help="Connections --api-listen holds at once; more are answered 503 and closed (lowered to fit "
                  "the open-file limit less --fd-reserve).")
-@env_option("--api-max-connections-per-client", default=64, show_default=True, type=click.IntRange(1),
+@env_option("--api-max-connections-per-client", section=CHANNELS,
+            default=64, show_default=True, type=click.IntRange(1),
             help="Connections one client address may hold on --api-listen.")
-@env_option("--api-header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
+@env_option("--api-header-timeout", section=CHANNELS,
+            default=10.0, show_default=True, type=click.FloatRange(min=0.1),
             metavar="SECONDS", help="Time a connection has to send a request's headers (every listener).")
-@env_option("--api-keepalive-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+@env_option("--api-keepalive-timeout", section=CHANNELS,
+            default=5.0, show_default=True, type=click.FloatRange(min=0.1),
             metavar="SECONDS", help="Time a connection may sit idle between requests (every listener).")
-@env_option("--fd-reserve", type=click.IntRange(0), metavar="N",
+@env_option("--fd-reserve", section=CHANNELS, type=click.IntRange(0), metavar="N",
             help="Open files kept for the agent's own work beyond its listeners' caps [default: libtorrent's "
                  "peers and files + the origin connections + 256].")
-@env_option("--admin-socket", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--admin-socket", section=CHANNELS, type=click.Path(path_type=Path, dir_okay=False),
             help="Unix socket (mode 0600) of the admin channel: every route, for this node's CLI "
                  "[default: STATE_DIR/admin.sock].")
-@env_option("--pods-socket", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--pods-socket", section=CHANNELS, type=click.Path(path_type=Path, dir_okay=False),
             help="Unix socket (mode 0666) where pods that mount its directory request models with their "
                  "own HF token [default: off].")
-@env_option("--metrics-on-network/--no-metrics-on-network", default=True, show_default=True,
+@env_option("--metrics-on-network/--no-metrics-on-network", section=CHANNELS, default=True, show_default=True,
             help="Serve /metrics on --api-listen as well as on the admin socket.")
-@env_option("--publish-root", "publish_roots", multiple=True,
+@env_option("--publish-root", "publish_roots", section=PUBLISHING, multiple=True,
             type=click.Path(path_type=Path, file_okay=False),
             help="Directory `agent publish` may read (repeatable) [default: none, publishing is off].")
-@env_option("--publish-unchecked-ids", is_flag=True, default=False,
+@env_option("--publish-unchecked-ids", section=PUBLISHING, is_flag=True, default=False,
             help="Publish a repo id even when the origin cannot be asked whether it has it (air-gapped).")
-@env_option("--publisher-public-key-file", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--publisher-public-key-file", section=PUBLISHING,
+            type=click.Path(path_type=Path, dir_okay=False),
             help="The publisher's Ed25519 public key (PEM): hub-less models must be signed by it.")
-@env_option("--publisher-signing-key-file", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--publisher-signing-key-file", section=PUBLISHING,
+            type=click.Path(path_type=Path, dir_okay=False),
             help="The publisher's Ed25519 private key (PEM), to sign what `agent publish` registers.")
-@env_option("--interop-public", is_flag=True, default=False,
+@env_option("--interop-public", section=SWARM, is_flag=True, default=False,
             help="Let stock BitTorrent clients exchange bytes of models the origin reports public.")
-@env_option("--peer-gate/--no-peer-gate", default=True, show_default=True,
+@env_option("--peer-gate/--no-peer-gate", section=SWARM, default=True, show_default=True,
             help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
-@env_option("--relay-fanout", type=click.IntRange(min=0), metavar="N",
+@env_option("--relay-fanout", section=SWARM, type=click.IntRange(min=0), metavar="N",
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
-@env_option("--relay-seeds/--no-relay-seeds", default=True, show_default=True,
+@env_option("--relay-seeds/--no-relay-seeds", section=SWARM, default=True, show_default=True,
             help="Offer blobs seeded whole as relay sources, and take a blob some node has whole as a "
                  "chain of relays before BitTorrent (a warm start at the links' full rate).")
-@env_option("--origin-holders", type=click.IntRange(min=1), metavar="N",
+@env_option("--origin-holders", section=ORIGIN, type=click.IntRange(min=1), metavar="N",
             help="At most this many nodes pull disjoint parts of one large blob from the origin at "
                  "once; how many do is measured per blob (1 = one holder, no parts) [1].")
-@env_option("--origin-part-min", type=click.IntRange(min=1), metavar="BYTES",
+@env_option("--origin-part-min", section=ORIGIN, type=click.IntRange(min=1), metavar="BYTES",
             help="Least bytes of such a part; smaller blobs have one holder [67108864].")
-@env_option("--disk-io", type=click.Choice(DISK_IO),
+@env_option("--disk-io", section=BITTORRENT, type=click.Choice(DISK_IO),
             help="libtorrent's disk I/O: pread/pwrite, a memory map of each file, or plain "
                  "reads and writes [pread].")
-@env_option("--super-seed/--no-super-seed", default=False, show_default=True,
+@env_option("--super-seed/--no-super-seed", section=BITTORRENT, default=False, show_default=True,
             help="Seed complete blobs in libtorrent's super-seeding mode: a lone seed sends each piece "
-                 "about once to many receivers, at ~10 s more per connection (README: Super-seeding).")
-@env_option("--peer-socket-buffer", type=click.IntRange(min=0), metavar="BYTES",
+                 "about once to many receivers, at ~10 s more per connection.")
+@env_option("--peer-socket-buffer", section=BITTORRENT, type=click.IntRange(min=0), metavar="BYTES",
             help="The kernel's receive buffer of each peer connection, which bounds the agent's own "
                  "buffer per connection (0 = the kernel's autotuning) [524288].")
-@env_option("--node-name", metavar="NAME", help="This node's name [default: the hostname].")
-@env_option("--upload-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
+@env_option("--node-name", section=SWARM, metavar="NAME", help="This node's name [default: the hostname].")
+@env_option("--upload-rate-limit", section=BITTORRENT, type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent upload cap, bytes/s (0 = unlimited); a capped node passes no whole blob on "
                  "over the relay (--relay-seeds is off there).")
-@env_option("--download-rate-limit", type=click.IntRange(min=0), metavar="BYTES_PER_S",
+@env_option("--download-rate-limit", section=BITTORRENT, type=click.IntRange(min=0), metavar="BYTES_PER_S",
             help="BitTorrent download cap, bytes/s (0 = unlimited).")
-@env_option("--stall-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+@env_option("--stall-timeout", section=SWARM, type=click.FloatRange(min=1), metavar="SECONDS",
             help="No progress from peers for this long -> the origin-lease path [60].")
-@env_option("--lease-ttl", type=click.FloatRange(min=3), metavar="SECONDS", help="Origin lease TTL [30].")
-@env_option("--resume-interval", type=click.FloatRange(min=0.5), metavar="SECONDS",
+@env_option("--lease-ttl", section=SWARM,
+            type=click.FloatRange(min=3), metavar="SECONDS", help="Origin lease TTL [30].")
+@env_option("--resume-interval", section=BITTORRENT, type=click.FloatRange(min=0.5), metavar="SECONDS",
             help="Resume data saved this often while downloading: progress a crash can lose [30].")
-@env_option("--cache-max-bytes", metavar="BYTES", help="Evict LRU blobs to keep the cache under this size.")
-@env_option("--cache-max-disk-percent", type=click.FloatRange(1, 100), default=85.0, show_default=True,
+@env_option("--cache-max-bytes", section=EVICTION,
+            metavar="BYTES", help="Evict LRU blobs to keep the cache under this size.")
+@env_option("--cache-max-disk-percent", section=EVICTION,
+            type=click.FloatRange(1, 100), default=85.0, show_default=True,
             metavar="PERCENT", help="Evict LRU blobs while the cache filesystem is fuller than this "
                                     "(100 = off).")
-@env_option("--pin", "pins", multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
-@env_option("--kube", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+@env_option("--pin", "pins", section=EVICTION,
+            multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
+@env_option("--kube", section=KUBE,
+            default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
             help="Watch this node's pods for weightswarm.io/models and report status on them "
                  "(auto = on inside a cluster, i.e. when KUBERNETES_SERVICE_HOST is set).")
-@env_option("--kubeconfig", type=click.Path(path_type=Path, dir_okay=False),
+@env_option("--kubeconfig", section=KUBE, type=click.Path(path_type=Path, dir_okay=False),
             help="Kubeconfig for the pod watcher [default: the pod's service account, else ~/.kube/config].")
-@env_option("--watch-namespace", metavar="NAMESPACE",
+@env_option("--watch-namespace", section=KUBE, metavar="NAMESPACE",
             help="Watch pods of this namespace only (a Role suffices) [default: all namespaces].")
-@env_option("--kube-preheat", default="on", show_default=True, type=click.Choice(["on", "off"]),
+@env_option("--kube-preheat", section=KUBE, default="on", show_default=True, type=click.Choice(["on", "off"]),
             help="With --kube: keep the models of the ModelPreheat objects that select this node.")
-@env_option("--kube-node-labels", default="on", show_default=True, type=click.Choice(["on", "off"]),
+@env_option("--kube-node-labels", section=KUBE,
+            default="on", show_default=True, type=click.Choice(["on", "off"]),
             help="With --kube: label this node model.weightswarm.io/<name>.<hash>=<commit> for each "
                  "requested model it holds (see `agent label-key`).")
 @handle_errors
