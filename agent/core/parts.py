@@ -42,7 +42,7 @@ Feed = Callable[[PartSink], None]
 
 
 class Written(Protocol):
-    """What the origin engine says of the blob's file while it writes it (agent.origin.ranges `_Job`)."""
+    """What the origin engine says of the blob's file while it writes it (agent.origin.chunks `BlobJob`)."""
 
     def extent(self, pos: int) -> int:
         """How far from `pos` the file is written (a reader may serve that far)."""

@@ -38,7 +38,8 @@ from agent.core.progress import FileProgress, Progress
 from agent.core.settings import Settings
 from agent.fetch.safetensors import check_index, check_safetensors
 from agent.origin.answers import RemoteFile
-from agent.origin.client import OriginClient
+from agent.origin.base import Origin
+from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def filter_files(
 
 
 def plan_from_origin(
-    client: OriginClient,
+    client: Origin,
     repo_id: str,
     revision: str,
     include: Sequence[str] = (),
@@ -269,7 +270,7 @@ def fetch_snapshot(
 ) -> FetchResult:
     """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified."""
     f = settings.fetch
-    client = OriginClient(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
+    client = open_origin(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
         plan = plan_from_origin(client, repo_id, revision, include, exclude)
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);

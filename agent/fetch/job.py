@@ -27,8 +27,10 @@ from agent.fetch.planning import plan_fetch
 from agent.fetch.sources.policy import BlobOutcome, SourcePolicy
 from agent.fetch.sources.swarm_source import SwarmSource
 from agent.origin.answers import CdnRefusedError
-from agent.origin.client import OriginClient
-from agent.origin.ranges import OriginSource, Turn
+from agent.origin.base import Origin
+from agent.origin.chunks import Turn
+from agent.origin.kinds import open_origin
+from agent.origin.ranges import OriginSource
 from agent.relay.receiver import RelayReceiver
 from agent.tracking.client import TrackerClient
 
@@ -118,7 +120,7 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
     settings = ctx.settings
     f = settings.fetch
     origin, which = origin_for_request(settings, token, lend)
-    client = OriginClient(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
+    client = open_origin(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
     try:
         _run(ctx, job, client)
     except CdnRefusedError:
@@ -129,7 +131,7 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
         client.close()
 
 
-def _run(ctx: FetchContext, job: Job, client: OriginClient) -> None:
+def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
     settings = ctx.settings
     f = settings.fetch
     key = job.key

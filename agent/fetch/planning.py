@@ -27,7 +27,7 @@ from agent.core.signing import verified_published_manifest
 from agent.fetch.engine import filter_files, plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
-from agent.origin.client import OriginClient
+from agent.origin.base import Origin
 from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ _UNREACHABLE = (OriginError, RateLimitedError)
 
 
 def plan_fetch(
-    client: OriginClient,
+    client: Origin,
     tracker: TrackerClient | None,
     repo_id: str,
     revision: str,
@@ -74,7 +74,7 @@ def plan_fetch(
     return plan
 
 
-def _check_file_access(client: OriginClient, plan: FetchPlan) -> None:
+def _check_file_access(client: Origin, plan: FetchPlan) -> None:
     """The origin serves this token a file of the plan (HEAD, no body, redirects not followed), or
     raises its refusal. The smallest file: any would do, as the Hub gates a repo's files together."""
     entry = min(plan.files, key=lambda e: (e.size, e.path))

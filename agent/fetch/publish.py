@@ -41,7 +41,7 @@ from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.settings import Settings
 from agent.core.signing import load_private_key, manifest_payload, sign_manifest
-from agent.origin.client import OriginClient
+from agent.origin.kinds import open_origin
 from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,9 @@ def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
     for it would get the local files). A private repo the node's token cannot see looks absent
     (the Hub answers it with RepoNotFound), which no check can tell apart. When the origin cannot
     be asked, refuse unless `daemon.publish_unchecked_ids` (an air-gapped cluster)."""
-    client = OriginClient(settings.origin, max_connections=1)
+    client = open_origin(settings.origin, max_connections=1)
     try:
-        client.get_json(f"{client.endpoint}/api/models/{repo_id}", f"{repo_id} at the origin")
+        client.has_repo(repo_id)
     except NotFoundError:
         return
     except AuthError:

@@ -201,7 +201,8 @@ def raise_for_status(status: int, headers: Headers, body: bytes, what: str, url:
         host = host_of(url)
         raise CdnRefusedError(
             f"{what}: the origin's download host {host} refused the signed URL ({status}{suffix}); "
-            "the origin itself granted access", host,
+            "the origin itself granted access",
+            host,
         )
     if status == 401 and not code and "credential" in detail.lower():
         raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")
@@ -212,8 +213,10 @@ def raise_for_status(status: int, headers: Headers, body: bytes, what: str, url:
     if code == "EntryNotFound" or status == 404:
         raise NotFoundError(f"{what}: not found{suffix}")
     if status in (401, 403):
-        raise AuthError(f"{what}: access refused by the origin ({status} {code or 'forbidden'}); "
-                        f"check --token / HF_TOKEN and that it was granted access{suffix}")
+        raise AuthError(
+            f"{what}: access refused by the origin ({status} {code or 'forbidden'}); "
+            f"check --token / HF_TOKEN and that it was granted access{suffix}"
+        )
     raise OriginError(f"{what}: origin answered {status}{suffix}")
 
 

@@ -1,4 +1,5 @@
-"""Client of a Hugging Face-compatible hub: a revision with its files, per-file metadata, ranged GETs.
+"""The HF-compatible hub as an origin (agent.origin.base `Origin`): a revision with its files, per-file
+metadata, ranged GETs.
 
 One urllib3 PoolManager (keep-alive connections reused across ranges and files). Every request is
 retried a bounded number of times on 429 (honouring `RateLimit: ...;t=` and Retry-After, spread so
@@ -298,8 +299,20 @@ class OriginClient:
                 raise OriginError(f"{repo_id}: the file list's next page is on another host ({host_of(url)})")
         raise OriginError(f"{repo_id}: file list has more than {_MAX_PAGES} pages")
 
-    def resolve_url(self, repo_id: str, commit: str, path: str) -> str:
+    def download_url(self, repo_id: str, commit: str, path: str) -> str:
+        """The file's `resolve` URL (a small file's 307 leads to its bytes)."""
         return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path)}"
+
+    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
+        """The file's download URL after its redirects (an LFS file's signed CDN URL): no token needed."""
+        return self.patiently(lambda: self.file_metadata(repo_id, commit, path)).url
+
+    def has_repo(self, repo_id: str) -> None:
+        """The model info of `repo_id` answers (NotFoundError: the Hub's RepoNotFound)."""
+        self.get_json(f"{self.endpoint}/api/models/{repo_id}", f"{repo_id} at the origin")
+
+    def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
+        return self.request("GET", url, what, {"Range": f"bytes={start}-{end - 1}"})
 
     def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
         """HEAD /resolve/, following redirects on the origin's own host (a small file's 307 to its
@@ -307,7 +320,7 @@ class OriginClient:
         what = f"{repo_id}/{path}"
 
         def attempt() -> FileMetadata:
-            url: str | None = self.resolve_url(repo_id, commit, path)
+            url: str | None = self.download_url(repo_id, commit, path)
             hops: list[Hop] = []
             while url is not None:
                 if len(hops) > _MAX_REDIRECTS:

@@ -42,41 +42,27 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
 
 import libtorrent as lt
 
-from agent.cache.layout import write_atomic
 from agent.core.errors import SwarmError, WaitTimeoutError
 from agent.core.settings import SwarmSettings
+from agent.swarm.alerts import CLEAN_KEY, FINAL_NAME_KEY, RESUME_SUFFIX, TICK, AlertLoop
+from agent.swarm.filter import PeerFilter
 from agent.swarm.ltkit import (
-    bdecode_dict,
-    fsync_file_and_dir,
     infohash_of,
     load_resume,
-    redact_tracker_url,
     session_params,
     torrent_info,
 )
-from agent.swarm.status import BlobStatus, TorrentRecord, WebSeed, WebSeedRefusal
-from agent.swarm.webseed import WebSeedHosts, check_credentials, http_status
+from agent.swarm.status import BlobStatus, Records, TorrentRecord, WebSeed
 
 log = logging.getLogger(__name__)
 
-RESUME_SUFFIX = ".resume"
-_BLOCKED = 1
-"""`ip_filter` access flag: blocked (libtorrent's ip_filter::blocked)."""
-_BY_IP_FILTER = 0
-"""`peer_blocked_alert.reason` when the IP filter refused the peer."""
+__all__ = ["INCOMPLETE_SUFFIX", "RESUME_SUFFIX", "Swarm"]
+
 INCOMPLETE_SUFFIX = ".incomplete"
-_FINAL_NAME_KEY = b"weightswarm-final-name"
-_CLEAN_KEY = b"weightswarm-clean"
-_TICK = 0.25  # seconds: alert wait bound, so close() stops the loop promptly
-_BLOCK_FINISHED = 3
-"""`get_download_queue()` block state: written (libtorrent's block_info::finished)."""
-_POLL_PEERS = 0.5  # seconds between per-peer counter polls (web seed vs peer bytes)
 _CLOSE_TIMEOUT = 10.0
-_MAX_LOOP_RESTARTS = 20
 
 
 class Swarm:
@@ -86,16 +72,10 @@ class Swarm:
         self.settings = settings
         self.resume_dir = Path(resume_dir)
         self.resume_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._torrents: dict[str, TorrentRecord] = {}
-        self._pending_saves: set[str] = set()
-        self._stop = threading.Event()
+        self._records = Records()
+        self._lock, self._changed = self._records.lock, self._records.changed
+        self._torrents = self._records.by_infohash
         self._closed = False
-        self._final_saves = False
-        """Set by close() once the session is paused: resume data saved from then on is clean."""
-        self.loop_failures = 0
-        """Times the alert loop failed and was restarted (each one is logged with its traceback)."""
         try:
             self._ses = lt.session(session_params(settings))
         except (RuntimeError, KeyError) as exc:
@@ -108,101 +88,45 @@ class Swarm:
         classes.add_rule("0.0.0.0", "255.255.255.255", everyone)
         classes.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", everyone)
         self._ses.set_peer_class_filter(classes)
-        self._banned: dict[str, float] = {}
-        """Addresses refused whatever the gate admits (`ban`) -> when the ban ends (monotonic)."""
-        self._admitted: frozenset[str] = frozenset()
-        self._web_hosts = WebSeedHosts()
-        self.blocked = threading.Event()
-        """Set when the IP filter refused someone: the peer gate looks again at once (a new agent)."""
-        self._apply_ip_filter()
-        self._thread = threading.Thread(target=self._supervise, name="swarm-alerts", daemon=True)
-        self._thread.start()
+        self.peers = PeerFilter(self._ses, settings, self._records)
+        """Who may connect (agent.swarm.filter; the peer gate and the trust checks drive it)."""
+        self._alerts = AlertLoop(self._ses, settings, self.resume_dir, self._records, self.peers, self.status)
+        self._alerts.start()
 
-    # -- who may connect (agent.swarm.gate) ---------------------------------------------------
+    # -- who may connect (agent.swarm.filter) ------------------------------------------------
 
     def admit(self, addresses: Iterable[str]) -> None:
-        """Exchange bytes with these addresses only (the cluster's agents), plus the hosts of the web
-        seeds in use. Every torrent applies the filter, both ways: an outsider that knows an
-        infohash connects to nothing and is refused when it connects."""
-        admitted = frozenset(addresses)
-        if admitted != self._admitted:
-            joined = admitted - self._admitted
-            self._admitted = admitted
-            self._apply_ip_filter()
-            if joined:
-                # libtorrent dropped these peers from its lists while they were filtered: downloads
-                # ask the tracker again now rather than at their next interval.
-                with self._lock:
-                    pending = [r for r in self._torrents.values() if not r.complete]
-                for rec in pending:
-                    rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
+        self.peers.admit(addresses)
 
     def admits(self, address: str) -> bool:
-        """Whether the peer gate lets this address exchange bytes (always, with the gate off). A refusal
-        makes the gate ask the tracker again soon, as a refused connection does (a node that just joined)."""
-        if not self.settings.peer_gate or address in self._admitted:
-            return True
-        self.blocked.set()
-        return False
+        return self.peers.admits(address)
 
     def open_to_all(self, infohashes: set[str]) -> None:
-        """Exempt these torrents from the IP filter (stock clients may exchange their bytes: only for
-        blobs of models the origin reports public, with --interop-public); close every other."""
-        with self._lock:
-            records = list(self._torrents.values())
-        for rec in records:
-            want_open = rec.infohash in infohashes
-            if want_open != rec.open_to_all:
-                if want_open:
-                    rec.handle.unset_flags(lt.torrent_flags.apply_ip_filter)
-                else:
-                    rec.handle.set_flags(lt.torrent_flags.apply_ip_filter)
-                rec.open_to_all = want_open
+        self.peers.open_to_all(infohashes)
 
     def resolve_web_seed_hosts(self) -> None:
-        """Look up the web seeds' hosts again (a CDN's addresses change); admit what they resolve to."""
-        if self._web_hosts.refresh():
-            self._apply_ip_filter()
-
-    def _apply_ip_filter(self) -> None:
-        f = lt.ip_filter()
-        if not self.settings.peer_gate:
-            self._add_bans(f)
-            self._ses.set_ip_filter(f)  # everyone but banned peers (--no-peer-gate)
-            return
-        f.add_rule("0.0.0.0", "255.255.255.255", _BLOCKED)
-        f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", _BLOCKED)
-        for address in self._admitted | self._web_hosts.addresses():
-            f.add_rule(address, address, 0)
-        self._add_bans(f)
-        self._ses.set_ip_filter(f)
-
-    def _add_bans(self, f: Any) -> None:
-        """Block the banned addresses in filter `f`: added last, a ban outranks admission."""
-        with self._lock:
-            banned = list(self._banned)
-        for address in banned:
-            f.add_rule(address, address, _BLOCKED)
+        self.peers.resolve_web_seed_hosts()
 
     def ban(self, address: str, seconds: float) -> None:
-        """Refuse `address` (one IP) every connection, both ways and in every torrent, for `seconds`,
-        even if the peer gate admits it: a peer that fed us a blob whose bytes failed its own hash.
-
-        Bad pieces are libtorrent's own business: a peer whose data fails a piece hash is banned from
-        that torrent (smart_ban, one of the session's default plugins, finds which peer sent the bad
-        block when several did). A ban here is for what libtorrent cannot see: pieces that match a
-        wrong metainfo."""
-        with self._lock:
-            new = address not in self._banned
-            self._banned[address] = max(self._banned.get(address, 0.0), time.monotonic() + seconds)
-        if new:
-            log.warning("banned peer %s for %.0f s: it served a blob that failed its hash", address, seconds)
-            self._apply_ip_filter()
+        self.peers.ban(address, seconds)
 
     def banned(self) -> list[str]:
-        """Addresses banned now (`ban`)."""
-        with self._lock:
-            return sorted(self._banned)
+        return self.peers.banned()
+
+    @property
+    def blocked(self) -> threading.Event:
+        """Set when the IP filter refused someone: the peer gate looks again at once (a new agent)."""
+        return self.peers.blocked
+
+    @property
+    def loop_failures(self) -> int:
+        """Times the alert loop failed and was restarted."""
+        return self._alerts.loop_failures
+
+    @property
+    def healthy(self) -> bool:
+        """False once the alert loop has died for good (completion would no longer be seen)."""
+        return self._alerts.alive or self._closed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -224,21 +148,19 @@ class Swarm:
             return
         self._closed = True
         self._ses.pause()
-        self._final_saves = True
-        with self._lock:
-            records = list(self._torrents.values())
-        for rec in records:
-            self._request_save(rec, flush=True)
+        alerts = self._alerts
+        alerts.final_saves = True
+        for rec in self._records.values():
+            alerts.request_save(rec, flush=True)
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._pending_saves and self._thread.is_alive():
+            while alerts.pending_saves and alerts.alive:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.warning("resume data of %d torrents not saved by close", len(self._pending_saves))
+                    log.warning("resume data of %d torrents not saved by close", len(alerts.pending_saves))
                     break
                 self._changed.wait(left)
-        self._stop.set()
-        self._thread.join(timeout=max(1.0, deadline - time.monotonic()))
+        alerts.stop(timeout=max(1.0, deadline - time.monotonic()))
         with self._lock:
             self._torrents.clear()
         del self._ses  # the session's destructor waits for its threads
@@ -295,7 +217,7 @@ class Swarm:
         dest_dir = Path(dest_dir)
         ti = torrent_info(info, blob_id)
         for ws in web_seeds:
-            self._admit_web_seed(ws, blob_id)
+            self.peers.admit_web_seed(ws, blob_id)
             ti.add_url_seed(ws.url, "", list(ws.headers.items()))
         ih = infohash_of(ti)
         with self._lock:
@@ -327,17 +249,12 @@ class Swarm:
             rec.handle.connect_peer((host, port))
         return ih
 
-    def _admit_web_seed(self, ws: WebSeed, blob_id: str) -> None:
-        check_credentials(ws, blob_id)
-        if self._web_hosts.add(ws.url):
-            self._apply_ip_filter()
-
     def swap_web_seed(self, infohash: str, old: str, new: WebSeed) -> None:
         """Replace a downloading torrent's web seed `old` by `new` (a renewed URL, agent.swarm.webseed): the
         pieces it has stay. Removed first: a new web seed of the same URL starts with the file (the
         refused one was marked as lacking it). `new.headers` are not sent (libtorrent's handle takes none)."""
         rec = self._get(infohash)
-        self._admit_web_seed(new, rec.final_name)
+        self.peers.admit_web_seed(new, rec.final_name)
         rec.handle.remove_url_seed(old)
         rec.handle.add_url_seed(new.url)
 
@@ -354,7 +271,7 @@ class Swarm:
                     continue
             try:
                 atp, ours = load_resume(path)
-                final = ours.get(_FINAL_NAME_KEY)
+                final = ours.get(FINAL_NAME_KEY)
             except (OSError, RuntimeError) as exc:
                 log.warning("skipping unreadable resume file %s: %s", path, exc)
                 continue
@@ -372,7 +289,7 @@ class Swarm:
             complete = current == final_name
             atp.flags &= ~(lt.torrent_flags.paused | lt.torrent_flags.auto_managed)
             atp.trackers = list(trackers)
-            if not complete and not ours.get(_CLEAN_KEY):
+            if not complete and not ours.get(CLEAN_KEY):
                 self._forget_pieces(atp, current)
             self._add(atp, ih, save_path, final_name, current, complete=complete)
             restored.append(ih)
@@ -382,7 +299,7 @@ class Swarm:
         """(libtorrent's add_torrent_params or None, whether close() wrote it)."""
         try:
             atp, ours = load_resume(self.resume_dir / (ih + RESUME_SUFFIX))
-            return atp, bool(ours.get(_CLEAN_KEY))
+            return atp, bool(ours.get(CLEAN_KEY))
         except (OSError, RuntimeError):
             return None, False
 
@@ -432,12 +349,18 @@ class Swarm:
                 raise SwarmError(f"libtorrent refused torrent {ih}: {exc}") from None
             total = atp.ti.total_size()
             rec = TorrentRecord(
-                handle, ih, save_path, final, current, total=total, complete=complete,
+                handle,
+                ih,
+                save_path,
+                final,
+                current,
+                total=total,
+                complete=complete,
                 piece_length=atp.ti.piece_length(),
             )
             self._torrents[ih] = rec
             self._changed.notify_all()
-        self._request_save(rec)
+        self._alerts.request_save(rec)
         return rec
 
     # -- queries and control -----------------------------------------------------------------
@@ -564,13 +487,13 @@ class Swarm:
                     f"({status.done}/{status.total} bytes, {status.num_peers} peers, state {status.state})"
                 )
             with self._changed:
-                self._changed.wait(min(left, _TICK))
+                self._changed.wait(min(left, TICK))
 
     def remove(self, infohash: str, delete_files: bool = False) -> None:
         """Stop seeding/fetching; forget its resume data; with delete_files also its data file."""
         with self._lock:
             rec = self._torrents.pop(infohash, None)
-            self._pending_saves.discard(infohash)
+            self._alerts.pending_saves.discard(infohash)
         if rec is None:
             return
         flags = lt.session.delete_files if delete_files else 0
@@ -585,280 +508,3 @@ class Swarm:
 
     def add_peer(self, infohash: str, host: str, port: int) -> None:
         self._get(infohash).handle.connect_peer((host, port))
-
-    # -- alert loop --------------------------------------------------------------------------
-
-    def _supervise(self) -> None:
-        """Run the alert loop; log a failure at once and restart it (bounded)."""
-        while not self._stop.is_set():
-            try:
-                self._loop()
-            except Exception:
-                self.loop_failures += 1
-                log.exception("swarm alert loop failed (%d); restarting", self.loop_failures)
-                if self.loop_failures >= _MAX_LOOP_RESTARTS:
-                    log.error("swarm alert loop gave up after %d failures", self.loop_failures)
-                    return
-                self._stop.wait(min(5.0, 0.1 * 2**self.loop_failures))
-            else:
-                if not self._stop.is_set():
-                    log.error("swarm alert loop returned while the swarm is open; restarting")
-
-    @property
-    def healthy(self) -> bool:
-        """False once the alert loop has died for good (completion would no longer be seen)."""
-        return self._thread.is_alive() or self._closed
-
-    def _loop(self) -> None:
-        next_poll = 0.0
-        while not self._stop.is_set():
-            if self._ses.wait_for_alert(int(_TICK * 1000)) is not None:
-                for alert in self._ses.pop_alerts():
-                    self._on_alert(alert)
-            now = time.monotonic()
-            if now >= next_poll:
-                next_poll = now + _POLL_PEERS
-                self._poll()
-
-    def _poll(self) -> None:
-        with self._lock:
-            recs = list(self._torrents.values())
-        now = time.monotonic()
-        with self._lock:
-            ended = [address for address, until in self._banned.items() if until <= now]
-            for address in ended:
-                del self._banned[address]
-        if ended:
-            self._apply_ip_filter()
-        for rec in recs:
-            if now - rec.last_resume_save > self.settings.resume_interval:
-                rec.last_resume_save = now
-                self._request_save(rec, only_if_modified=True)
-            if rec.complete:
-                continue
-            self._sample_sources(rec)
-            self._note_seeds(rec)
-            state = self.status(rec.infohash).state  # also refreshes last_progress
-            if state == "finishing":
-                # A safety net should a torrent_finished_alert ever be lost (a full alert queue).
-                self._on_finished(rec)
-            elif state in ("downloading", "stalled"):
-                self._recheck_held(rec, now)
-
-    def _recheck_held(self, rec: TorrentRecord, now: float) -> None:
-        """Re-check the file of a blob that holds a written piece with no hash verdict.
-
-        libtorrent 2.1's pread disk I/O hashes a piece from its write cache and may report the
-        writes done only later. When the piece failed its hash meanwhile and was reset for download
-        again, those late reports mark its blocks written once more, and nothing asks for a verdict
-        again: every block is "finished", the piece is neither had nor wanted, and the blob waits
-        forever at (nearly) all its bytes. It happens after a peer sent bad pieces (libtorrent's log
-        showed the late write reports); 64 bad pieces handed to `add_piece` hold one in about one
-        round in fifteen (tests/swarm/test_swarm.py). A verdict takes milliseconds, so a piece held
-        that long with no progress is this. libtorrent's way back is a re-check of the file: it drops
-        the piece picker, keeps the pieces that hash right and fetches the rest again. The queue is
-        read, and the whole file re-read, at most once per `held_piece_recheck`: a blob merely
-        waiting for peers is looked at that rarely."""
-        if now - max(rec.last_progress, rec.last_held_look) < self.settings.held_piece_recheck:
-            return
-        rec.last_held_look = now
-        held = [
-            int(piece["piece_index"])
-            for piece in rec.handle.get_download_queue()
-            if piece["blocks"] and all(block["state"] == _BLOCK_FINISHED for block in piece["blocks"])
-        ]
-        if not held:
-            return
-        with self._lock:
-            rec.rechecks += 1
-        log.warning(
-            "blob %s: libtorrent holds piece(s) %s written, with no hash verdict for %.0fs; re-checking",
-            rec.final_name,
-            ", ".join(map(str, held[:8])),
-            now - rec.last_progress,
-        )
-        rec.handle.force_recheck()
-
-    def _sample_sources(self, rec: TorrentRecord) -> None:
-        """Add BitTorrent peers' new payload bytes to the torrent's peer total.
-
-        libtorrent counts payload per torrent, not per source. Peer connections update their
-        counters block by block, web seed connections only when a whole HTTP response is in
-        (up to 16 MiB): so peers are summed from their per-connection counters, sampled on
-        every verified piece and every poll, and web seed bytes are the rest. Bytes a peer sends
-        after the last sample of a connection that then closes count as web seed bytes (errs
-        towards over-stating origin egress, never hiding it). Without web seeds all is peers, and
-        nothing is sampled: get_peer_info on every verified piece is CPU a warm fetch can use.
-        """
-        if rec.complete or not rec.web_seeded:
-            return
-        for p in rec.handle.get_peer_info():
-            if p.connection_type != lt.peer_info.standard_bittorrent:
-                continue
-            key = (str(p.ip[0]), int(p.ip[1]))
-            got = int(p.total_download)
-            with self._lock:
-                seen = rec.peer_seen.get(key, 0)
-                # A reconnect from the same endpoint restarts the connection's counter.
-                rec.peer_bytes += got - seen if got >= seen else got
-                rec.peer_seen[key] = got
-
-    def _note_seeds(self, rec: TorrentRecord, now: bool = False) -> None:
-        """Add the addresses of seeds that sent this torrent payload to `rec.seed_sources`; at most
-        every _POLL_PEERS seconds (the first verified piece included) unless `now`."""
-        at = time.monotonic()
-        if rec.complete or (not now and at - rec.last_seed_sample < _POLL_PEERS):
-            return
-        rec.last_seed_sample = at
-        seeds = {
-            str(p.ip[0])
-            for p in rec.handle.get_peer_info()
-            if p.connection_type == lt.peer_info.standard_bittorrent
-            and p.flags & lt.peer_info.seed
-            and p.total_download > 0
-        }
-        if seeds:
-            with self._lock:
-                rec.seed_sources |= seeds
-
-    def _record_for(self, alert: Any) -> TorrentRecord | None:
-        handle = getattr(alert, "handle", None)
-        if handle is None or not handle.is_valid():
-            return None
-        ih = str(handle.info_hashes().v1)
-        with self._lock:
-            return self._torrents.get(ih)
-
-    def _on_alert(self, alert: Any) -> None:
-        if isinstance(alert, lt.save_resume_data_alert):
-            self._on_resume_data(alert)
-            return
-        if isinstance(alert, lt.save_resume_data_failed_alert):
-            self._save_done(self._record_for(alert))
-            return
-        if isinstance(alert, lt.peer_blocked_alert) and alert.reason == _BY_IP_FILTER:
-            log.debug("refused a connection from/to %s: not an agent of this cluster", alert.ip[0])
-            self.blocked.set()
-            return
-        rec = self._record_for(alert)
-        if rec is None:
-            return
-        if isinstance(alert, lt.piece_finished_alert):
-            self._sample_sources(rec)
-            self._note_seeds(rec)
-        elif isinstance(alert, lt.torrent_finished_alert):
-            self._sample_sources(rec)
-            self._note_seeds(rec, now=True)
-            self._on_finished(rec)
-        elif isinstance(alert, lt.file_renamed_alert):
-            self._on_renamed(rec, str(alert.new_name()))
-        elif isinstance(alert, lt.hash_failed_alert):
-            with self._lock:
-                rec.hash_failures += 1
-            log.warning("piece %d of %s failed its hash check", alert.piece_index, rec.final_name)
-        elif isinstance(alert, lt.peer_ban_alert):
-            with self._lock:
-                rec.banned_peers += 1
-            log.warning("banned peer %s:%d for %s (sent bad data)", *alert.endpoint, rec.final_name)
-        elif isinstance(alert, lt.file_rename_failed_alert | lt.torrent_error_alert | lt.file_error_alert):
-            self._fail(rec, alert.message())
-        elif isinstance(alert, lt.tracker_error_alert):
-            # Not alert.message(): it holds the announce URL, and with it the tracker's passkey.
-            url = redact_tracker_url(str(alert.tracker_url()))
-            reason = str(alert.failure_reason() or alert.error.message())
-            log.info("tracker error for %s from %s: %s", rec.final_name, url, reason)
-        elif isinstance(alert, lt.url_seed_alert):
-            self._on_web_seed_error(rec, alert)
-
-    def _on_web_seed_error(self, rec: TorrentRecord, alert: Any) -> None:
-        # Not alert.message(): it holds the whole URL, and a signed CDN URL's query is a credential.
-        parts = urlsplit(str(alert.server_url()))
-        reason = str(alert.error_message() or alert.error.message())
-        line = f"web seed {parts.scheme}://{parts.netloc}{parts.path} failed: {reason}"
-        status = http_status(reason)
-        with self._changed:
-            rec.web_seed_errors += 1
-            rec.web_seed_error = line
-            if status is not None:
-                url = str(alert.server_url())
-                rec.web_seed_refusal = WebSeedRefusal(url, status, reason, rec.web_seed_errors)
-            first = rec.web_seed_errors == 1
-            self._changed.notify_all()
-        # The first failure is what an operator needs (e.g. an origin the agent cannot reach);
-        # libtorrent retries every `web_seed_retry` seconds, and the repeats are noise.
-        (log.warning if first else log.info)("%s: %s", rec.final_name, line)
-
-    def _fail(self, rec: TorrentRecord, message: str) -> None:
-        log.error("blob %s: %s", rec.final_name, message)
-        with self._changed:
-            rec.error = message
-            self._changed.notify_all()
-
-    def _on_finished(self, rec: TorrentRecord) -> None:
-        if rec.complete or rec.finishing:
-            return
-        rec.finishing = True
-        if rec.current_name == rec.final_name:
-            self._on_renamed(rec, rec.final_name)
-        else:
-            # Runs on libtorrent's disk thread after every queued write, then file_renamed_alert.
-            rec.handle.rename_file(0, rec.final_name)
-
-    def _on_renamed(self, rec: TorrentRecord, new_name: str) -> None:
-        new = Path(new_name)
-        name = new.name if new.is_absolute() else new_name
-        if name != rec.final_name:
-            return
-        try:
-            fsync_file_and_dir(rec.save_path / rec.final_name)
-        except OSError as exc:
-            self._fail(rec, f"cannot flush {rec.save_path / rec.final_name}: {exc.strerror}")
-            return
-        with self._changed:
-            rec.current_name = rec.final_name
-            rec.complete = True
-            self._changed.notify_all()
-        rec.handle.set_flags(lt.torrent_flags.upload_mode)  # as `_add` does for a complete blob
-        self._request_save(rec, flush=True)
-        # Tell the tracker now: libtorrent's own "completed" announce waits out its back-off from the
-        # announces that failed during a tracker or Redis restart, and the seed stayed unlisted for
-        # minutes after the tracker had come back and the node's probe had re-announced.
-        rec.handle.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
-        log.info("blob %s complete", rec.final_name)
-
-    def _request_save(self, rec: TorrentRecord, flush: bool = False, only_if_modified: bool = False) -> None:
-        flags = lt.torrent_handle.save_info_dict
-        if flush:
-            flags |= lt.torrent_handle.flush_disk_cache
-        if only_if_modified:
-            flags |= lt.torrent_handle.only_if_modified
-        with self._lock:
-            self._pending_saves.add(rec.infohash)
-        rec.handle.save_resume_data(flags)
-
-    def _on_resume_data(self, alert: Any) -> None:
-        rec = self._record_for(alert)
-        try:
-            if rec is None:
-                return
-            data = bdecode_dict(lt.write_resume_data_buf(alert.params))
-            # Web seeds are per-lease and may be signed URLs, and the announce URL carries the
-            # tracker's passkey: never persisted (restore() hands the current tracker list).
-            for key in (b"url-list", b"httpseeds", b"trackers", b"tracker_tiers"):
-                data.pop(key, None)
-            data[_FINAL_NAME_KEY] = rec.final_name.encode()
-            # close() pauses the session before its saves, so those describe the files exactly.
-            data[_CLEAN_KEY] = 1 if self._final_saves else 0
-            try:
-                write_atomic(self.resume_dir / (rec.infohash + RESUME_SUFFIX), lt.bencode(data))
-            except OSError as exc:
-                log.error("cannot write resume data for %s: %s", rec.final_name, exc)
-        finally:
-            self._save_done(rec)
-
-    def _save_done(self, rec: TorrentRecord | None) -> None:
-        """A resume save answered (written or failed): close() may stop waiting for it."""
-        with self._changed:
-            if rec is not None:
-                self._pending_saves.discard(rec.infohash)
-            self._changed.notify_all()

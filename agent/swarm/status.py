@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -114,3 +115,20 @@ class TorrentRecord:
     """When `Swarm._recheck_held` last read the download queue (at most once per `held_piece_recheck`)."""
     pieces_on_disk: int = 0
     """Leading pieces read back from the file and found to match their hashes (`Swarm.verified_prefix`)."""
+
+
+class Records:
+    """The torrents of one session by infohash, under one lock; waiters sleep on `changed`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.by_infohash: dict[str, TorrentRecord] = {}
+
+    def get(self, infohash: str) -> TorrentRecord | None:
+        with self.lock:
+            return self.by_infohash.get(infohash)
+
+    def values(self) -> list[TorrentRecord]:
+        with self.lock:
+            return list(self.by_infohash.values())

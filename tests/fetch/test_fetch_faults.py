@@ -30,8 +30,8 @@ from agent.core.progress import Progress
 from agent.fetch.engine import fetch_snapshot
 from agent.hub import server as hub_server
 from agent.hub.server import HubServer
-from agent.origin import ranges as origin_ranges
-from agent.origin.ranges import SLOWER, WINDOW
+from agent.origin import hedging as origin_hedging
+from agent.origin.hedging import SLOWER, WINDOW
 from tests.support.fetchkit import (
     REPO,
     MiB,
@@ -445,7 +445,7 @@ def test_a_head_range_left_far_behind_by_the_others_is_hedged_for_its_rest(tmp_p
     slow response is closed once that flows. The slow-chunk hedge (next test) is off here: it would send
     for the head's rest first, and this one is for a head that is slow but not `SLOWER` than a free
     connection, which the window alone catches."""
-    monkeypatch.setattr(origin_ranges, "SLOWER", float("inf"))
+    monkeypatch.setattr(origin_hedging, "SLOWER", float("inf"))
     chunk, connections, slow = 512 * 1024, 4, 100_000
     # The head at 100 KB/s, 5.2 s for its 512 KiB, a 64-KiB read every 0.65 s: flowing, never quiet for
     # `HEDGE_AFTER`. Every other chunk comes at loopback speed.

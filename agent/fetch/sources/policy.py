@@ -356,8 +356,8 @@ class SourcePolicy:
                 assert self.relay is not None
                 self.relay.join(blob.blob_id, blob.size)  # nodes waiting for it take it as it arrives
                 return self._from_origin(req, publish=True, info=info)
-            if info is None:
-                return self._from_origin(req, publish=True)
+            if info is None or not req.web_seed():  # no metainfo, or an origin that offers no web seed
+                return self._from_origin(req, publish=True, info=info)
             try:
                 outcome = self._from_swarm(req, info, web_seed=True)
                 # Released as the download ended, the lease went to a node that asked before the tracker

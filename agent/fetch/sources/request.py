@@ -15,7 +15,7 @@ from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
 from agent.origin.answers import CdnRefusedError, host_of, same_host
-from agent.origin.client import OriginClient
+from agent.origin.base import Origin
 from agent.origin.location import FileLocation
 from agent.origin.ranges import OriginSource
 from agent.relay.receiver import RelayReceiver
@@ -112,15 +112,16 @@ class WebSeedLocation:
     file's metadata at the origin (one HEAD; for an LFS file the signed CDN URL of its redirect), resolved
     again when the CDN refuses an expired one, as the origin engine's ranges are (agent.origin.location)."""
 
-    def __init__(self, client: OriginClient, plan: FetchPlan, entry: FileEntry) -> None:
+    def __init__(self, client: Origin, plan: FetchPlan, entry: FileEntry) -> None:
         self._client = client
         self._what = f"{plan.repo_id}/{entry.path}"
+        # Resolved on first use (a metadata request at the origin): only a lease holder web-seeds.
         self._location = FileLocation(
-            lambda: client.patiently(lambda: client.file_metadata(plan.repo_id, plan.commit, entry.path)).url,
-            what=entry.path,
+            lambda: client.web_seed_url(plan.repo_id, plan.commit, entry.path) or "", what=entry.path
         )
 
     def __call__(self) -> str:
+        """The current URL; "" when the origin offers no web seed."""
         return self._location.url
 
     def worked(self, url: str) -> None:
