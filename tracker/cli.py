@@ -134,6 +134,7 @@ _path = click.Path(dir_okay=False, path_type=Path)
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
 @handle_errors
+# Long because its parameters are the command's options, one each.
 def serve(
     host: str,
     port: int,

@@ -311,7 +311,8 @@ def make_test_model_command(
 def serve_command(kube: str, cache_max_bytes: str | None, cache_max_disk_percent: float,
                   pins: tuple[str, ...], **options: Any) -> None:
     """Run the node daemon: seed the cache, fetch through the swarm, serve the node's channels."""
-    from agent.daemon.node import build_serve_settings, serve_forever
+    from agent.daemon.node import serve_forever
+    from agent.daemon.serve_settings import build_serve_settings
 
     # The one place that decides "am I in a cluster": kubelet sets this in every container.
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

@@ -29,6 +29,7 @@ def with_ops_settings(
 ) -> Settings:
     from agent.cache.eviction import parse_ref
     from agent.cache.layout import check_repo_id
+    from agent.daemon.serve_settings import overridden
     from agent.hub.testmodel import parse_size
 
     max_bytes = None
@@ -39,13 +40,13 @@ def with_ops_settings(
             raise ConfigError(f"--cache-max-bytes: {exc}") from None
     for pin in pins:
         check_repo_id(parse_ref(pin)[0])
-    ops = dataclasses.replace(
-        settings.ops,
-        cache_max_bytes=max_bytes,
-        cache_max_disk_percent=cache_max_disk_percent,
-        pins=tuple(pins),
-    )
-    return dataclasses.replace(settings, ops=ops)
+    ops = {
+        "ops.cache_max_bytes": max_bytes,
+        "ops.cache_max_disk_percent": cache_max_disk_percent,
+        "ops.pins": pins,
+    }
+    result: Settings = overridden(settings, ops)
+    return result
 
 
 def _local_settings(cache_dir: Path | None, state_dir: Path | None) -> Settings:
@@ -94,7 +95,7 @@ def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str,
 
 def cluster_models(tracker: str | None, token_file: Path | None) -> list[dict[str, Any]]:
     """`agent ls --cluster`: every model the tracker knows, with the seeders ("ip:port") per commit."""
-    from agent.daemon.node import read_secret
+    from agent.daemon.serve_settings import read_secret
     from agent.tracking.client import TrackerClient
 
     if not tracker:
@@ -117,15 +118,17 @@ def cluster_rows(models: list[dict[str, Any]]) -> list[tuple[str, str, str, int,
         for c in m.get("commits") or []:
             refs = ",".join(sorted(r for r, commit in revisions.items() if commit == c["commit"])) or "-"
             files = c.get("files") or []
-            rows.append((
-                str(m["repo_id"]),
-                refs,
-                str(c["commit"])[:12],
-                len(files),
-                sum(int(f.get("size") or 0) for f in files),
-                int(c.get("complete_copies") or 0),
-                ",".join(c.get("holders") or []) or "-",
-            ))
+            rows.append(
+                (
+                    str(m["repo_id"]),
+                    refs,
+                    str(c["commit"])[:12],
+                    len(files),
+                    sum(int(f.get("size") or 0) for f in files),
+                    int(c.get("complete_copies") or 0),
+                    ",".join(c.get("holders") or []) or "-",
+                )
+            )
     return rows
 
 
@@ -156,11 +159,16 @@ def _cache_options(func: Any) -> Any:
 @click.command("rm")
 @click.argument("ref", metavar="REPO[@REV]")
 @_cache_options
-@env_option("--force", is_flag=True, default=False,
-            help="Remove it even while pods on the node, a running fetch or --pin use it.")
+@env_option(
+    "--force",
+    is_flag=True,
+    default=False,
+    help="Remove it even while pods on the node, a running fetch or --pin use it.",
+)
 @handle_errors
-def rm_command(ref: str, cache_dir: Path | None, state_dir: Path | None, agent_url: str | None,
-               force: bool) -> None:
+def rm_command(
+    ref: str, cache_dir: Path | None, state_dir: Path | None, agent_url: str | None, force: bool
+) -> None:
     """Remove a model (one revision, or every revision) from the cache; blobs no revision uses go too.
 
     Through the agent, a model in use on the node is refused unless --force."""
@@ -272,10 +280,17 @@ def _refetcher(settings: Settings, client: Any) -> Any:
     help="The publisher's Ed25519 private key (PEM, `agent keygen`): signs the manifest (standalone "
     "mode with --tracker; agents refuse unsigned hub-less models).",
 )
-@env_option("--origin", metavar="URL",
-            help="Hub that must not have REPO_ID [default: $HF_ENDPOINT or https://huggingface.co].")
-@env_option("--publish-unchecked-ids", is_flag=True, default=False,
-            help="Publish even when the origin cannot be asked whether it has REPO_ID (air-gapped).")
+@env_option(
+    "--origin",
+    metavar="URL",
+    help="Hub that must not have REPO_ID [default: $HF_ENDPOINT or https://huggingface.co].",
+)
+@env_option(
+    "--publish-unchecked-ids",
+    is_flag=True,
+    default=False,
+    help="Publish even when the origin cannot be asked whether it has REPO_ID (air-gapped).",
+)
 @handle_errors
 def publish_command(
     directory: Path,
@@ -310,7 +325,7 @@ def publish_command(
         )
         click.echo(out["commit"])
         return
-    from agent.daemon.node import build_serve_settings
+    from agent.daemon.serve_settings import build_serve_settings
     from agent.tracking.client import TrackerClient
 
     settings = build_serve_settings(

@@ -10,12 +10,10 @@ Shutdown runs the other way round, each step bounded by `daemon.shutdown_timeout
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import logging
 import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +27,6 @@ from agent.cache.partials import sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.settings import Settings, default_admin_socket
-from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.arenas import limit_malloc_arenas, trim_loop
 from agent.daemon.listeners import (
     ApiServer,
@@ -454,147 +451,6 @@ class Daemon:
                 )
             models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots})
         return models
-
-
-def read_secret(path: Path | None, option: str) -> str | None:
-    """The stripped contents of a secret file given as `option`; None when no file was given."""
-    if path is None:
-        return None
-    try:
-        secret = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {option} {path}: {exc.strerror}") from None
-    if not secret:
-        raise ConfigError(f"{option} {path} is empty")
-    return secret
-
-
-def _key_bytes(path: Path | None, option: str, load: Callable[[bytes], object]) -> bytes | None:
-    """A PEM key file's bytes, checked now: a bad key fails at start, not at the first fetch."""
-    secret = read_secret(path, option)
-    if secret is None:
-        return None
-    load(secret.encode())
-    return secret.encode()
-
-
-def build_serve_settings(
-    *,
-    cache_dir: Path | None,
-    state_dir: Path | None,
-    tracker: str | None,
-    tracker_token_file: Path | None,
-    origin: str | None,
-    token: str | None,
-    bt_listen: str,
-    api_listen: str,
-    node_name: str | None,
-    tracker_passkey_file: Path | None = None,
-    publisher_token_file: Path | None = None,
-    admin_socket: Path | None = None,
-    pods_socket: Path | None = None,
-    metrics_on_network: bool = True,
-    publish_roots: Sequence[Path] = (),
-    publish_unchecked_ids: bool = False,
-    publisher_public_key_file: Path | None = None,
-    publisher_signing_key_file: Path | None = None,
-    interop_public: bool = False,
-    peer_gate: bool = True,
-    relay_fanout: int | None = None,
-    origin_holders: int | None = None,
-    origin_part_min: int | None = None,
-    disk_io: str | None = None,
-    super_seed: bool = False,
-    relay_seeds: bool = True,
-    peer_socket_buffer: int | None = None,
-    upload_rate_limit: int | None = None,
-    download_rate_limit: int | None = None,
-    stall_timeout: float | None = None,
-    lease_ttl: float | None = None,
-    resume_interval: float | None = None,
-    kube: bool = False,
-    kubeconfig: Path | None = None,
-    watch_namespace: str | None = None,
-    kube_preheat: str = "on",
-    kube_node_labels: str = "on",
-    api_max_connections: int | None = None,
-    api_max_connections_per_client: int | None = None,
-    api_header_timeout: float | None = None,
-    api_keepalive_timeout: float | None = None,
-    fd_reserve: int | None = None,
-) -> Settings:
-    """`agent serve`'s options onto one Settings (the CLI's only job is to call this)."""
-    split_hostport(bt_listen, "--bt-listen")
-    split_hostport(api_listen, "--api-listen")
-    if tracker and not tracker.startswith(("http://", "https://")):
-        raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
-    settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
-    swarm = dataclasses.replace(
-        settings.swarm, listen=bt_listen, interop_public=interop_public, peer_gate=peer_gate,
-        super_seed=super_seed, relay_seeds=relay_seeds,
-    )
-    if relay_fanout is not None:
-        swarm = dataclasses.replace(swarm, relay_fanout=relay_fanout)
-    if origin_holders is not None:
-        swarm = dataclasses.replace(swarm, origin_holders=origin_holders)
-    if origin_part_min is not None:
-        swarm = dataclasses.replace(swarm, origin_part_min=origin_part_min)
-    if disk_io is not None:
-        swarm = dataclasses.replace(swarm, disk_io=disk_io)
-    if peer_socket_buffer is not None:
-        swarm = dataclasses.replace(swarm, peer_receive_socket_buffer=peer_socket_buffer)
-    if upload_rate_limit is not None:
-        swarm = dataclasses.replace(swarm, upload_rate_limit=upload_rate_limit)
-    if download_rate_limit is not None:
-        swarm = dataclasses.replace(swarm, download_rate_limit=download_rate_limit)
-    if stall_timeout is not None:
-        swarm = dataclasses.replace(swarm, stall_timeout=stall_timeout)
-    if resume_interval is not None:
-        swarm = dataclasses.replace(swarm, resume_interval=resume_interval)
-    daemon = dataclasses.replace(
-        settings.daemon,
-        tracker_url=tracker.rstrip("/") if tracker else None,
-        tracker_token=read_secret(tracker_token_file, "--tracker-token-file"),
-        tracker_passkey=read_secret(tracker_passkey_file, "--tracker-passkey-file"),
-        publisher_token=read_secret(publisher_token_file, "--publisher-token-file"),
-        node_name=node_name or socket.gethostname(),
-        api_listen=api_listen,
-        admin_socket=admin_socket,
-        pods_socket=pods_socket,
-        metrics_on_network=metrics_on_network,
-        publish_roots=tuple(Path(r).resolve() for r in publish_roots),
-        publish_unchecked_ids=publish_unchecked_ids,
-        publisher_public_key=_key_bytes(
-            publisher_public_key_file, "--publisher-public-key-file", load_public_key
-        ),
-        publisher_signing_key=_key_bytes(
-            publisher_signing_key_file, "--publisher-signing-key-file", load_private_key
-        ),
-    )
-    if lease_ttl is not None:
-        daemon = dataclasses.replace(daemon, lease_ttl=lease_ttl)
-    default = daemon.api_limits
-    api_limits = ConnectionLimits(
-        max_connections=api_max_connections or default.max_connections,
-        max_per_client=api_max_connections_per_client or default.max_per_client,
-        header_timeout=api_header_timeout or default.header_timeout,
-        keepalive_timeout=api_keepalive_timeout or default.keepalive_timeout,
-    )
-    daemon = dataclasses.replace(daemon, api_limits=api_limits, fd_reserve=fd_reserve)
-    origin_settings = dataclasses.replace(
-        settings.origin,
-        endpoint=(origin or settings.origin.endpoint).rstrip("/"),
-        token=token or settings.origin.token,
-    )
-    # The watcher needs the real node name (the downward API's spec.nodeName), not the hostname:
-    # left empty without --node-name, so the watcher refuses to start with an actionable line.
-    kube_settings = dataclasses.replace(
-        settings.kube, enabled=kube, node_name=node_name or "", kubeconfig=kubeconfig,
-        namespace=watch_namespace or None, preheat=kube_preheat == "on", node_labels=kube_node_labels == "on",
-    )
-    return dataclasses.replace(
-        settings, swarm=swarm, daemon=daemon, origin=origin_settings, kube=kube_settings
-    )
 
 
 def serve_forever(settings: Settings) -> None:

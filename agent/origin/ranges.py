@@ -444,7 +444,10 @@ class OriginSource:
         `hedge`: why this is a second worker on the chunk (`hedging.hedge`); once its bytes flow, one of
         the two responses is closed (`hedging.settle_hedge`; a "slow" hedge closes the other as it
         starts). Left open, a stall that ends (a retransmit backing off under shaping) sent the same
-        bytes down both connections: up to a chunk served twice."""
+        bytes down both connections: up to a chunk served twice.
+
+        Long on purpose: the request (`attempt`), its hedge bookkeeping and its retry loop share one
+        reader and its position; split, each piece would take and hand back all of them."""
         start, end = job.chunk_bounds(idx)
         what = job.entry.path
         with job.cond:

@@ -46,7 +46,10 @@ def relay_router(
     """`admitted(address)`: the peer gate's word on a client address. `parts(size)`: the byte ranges a
     blob of that size is pulled from the origin in (agent.relay.directory `blob_parts`): each is a relay
     tree of its own, with `fanout` streams per node. `seeded(blob_id)`: a blob this node seeds whole, as
-    an arrival that is complete (None when it seeds no such blob, or offers none: `swarm.relay_seeds`)."""
+    an arrival that is complete (None when it seeds no such blob, or offers none: `swarm.relay_seeds`).
+
+    Long because the route and its two helpers close over the same admission state (the streams each
+    blob has, per part), which is this router's alone."""
     router = APIRouter(tags=["relay"], include_in_schema=False)
     streams: dict[tuple[str, int], list[str]] = {}
     """(blob, part) -> the addresses this node streams it to now."""

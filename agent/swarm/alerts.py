@@ -23,7 +23,7 @@ from agent.swarm.ltkit import bdecode_dict, fsync_file_and_dir, redact_tracker_u
 from agent.swarm.status import BlobStatus, Records, TorrentRecord, WebSeedRefusal
 from agent.swarm.webseed import http_status
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.swarm.session")  # one log for the libtorrent session, its alerts included
 
 RESUME_SUFFIX = ".resume"
 FINAL_NAME_KEY = b"weightswarm-final-name"

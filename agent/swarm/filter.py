@@ -16,7 +16,7 @@ from agent.core.settings import SwarmSettings
 from agent.swarm.status import Records, WebSeed
 from agent.swarm.webseed import WebSeedHosts, check_credentials
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("agent.swarm.session")  # one log for the libtorrent session, its filter included
 
 _BLOCKED = 1
 """`ip_filter` access flag: blocked (libtorrent's ip_filter::blocked)."""

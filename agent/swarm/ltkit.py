@@ -16,6 +16,8 @@ from agent.core.settings import DISK_IO, SwarmSettings
 
 
 def settings_pack(s: SwarmSettings) -> dict[str, Any]:
+    """libtorrent's settings_pack for a node: one table (long because it is one table, each entry with
+    its reason)."""
     alerts = (
         lt.alert.category_t.error_notification
         | lt.alert.category_t.status_notification

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.daemon.node import Daemon, build_serve_settings
+from agent.daemon.node import Daemon
+from agent.daemon.serve_settings import build_serve_settings
 from agent.http.agent_httpx import http_client
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model

@@ -180,6 +180,9 @@ class SourcePolicy:
         return None
 
     def _via_tracker(self, req: BlobRequest) -> BlobOutcome:
+        """Steps 2-4, 6-8 of the module doc with the tracker up, until one source brings the blob. One loop
+        on purpose: its order is the policy's, and what the last pass learnt (peers stalled, relay tried,
+        whom the node waits on) decides the next."""
         assert self.tracker is not None and self.leases is not None
         blob = req.blob
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
