@@ -9,9 +9,10 @@ import pytest
 
 from tests.support.procs import free_port, in_ci, require
 
-# The daemon tests' fixtures (origin, tracker, make_agent) for every test module; a module's own
-# fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
-pytest_plugins = ["tests.support.cluster"]
+# The shared fixtures for every test module: the origin, tracker and agents (make_hub, make_origin,
+# origin, tracker, make_agent) and the in-process tracker's stores (redis_url, store_settings). A
+# module's own fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
+pytest_plugins = ["tests.support.cluster", "tests.support.trackerkit"]
 
 
 @pytest.fixture(autouse=True)

@@ -4,28 +4,15 @@ after two real in-process agents fetched one through it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import httpx
 
 from agent.core.progress import human_bytes
-from tests.support.cluster import BIN, fetch_all_and_verify
+from tests.support.cluster import agent_cli, fetch_all_and_verify
 from tests.support.procs import free_port, loop_until
 
 HEADER = ["REPO", "REVISIONS", "COMMIT", "FILES", "SIZE", "COPIES", "HOLDERS"]
-
-
-def agent_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "agent"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_ls_cluster_lists_copies_and_holders(origin, tracker, make_agent) -> None:

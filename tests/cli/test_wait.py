@@ -4,26 +4,16 @@ the agent unreachable and only the hub cache to look at."""
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.cli.wait import complete_snapshot
-from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
 from agent.kube.requests import ModelRef
-from tests.support.cluster import BIN, REPO, Origin, assert_snapshot_verifies, socket_dir
+from tests.support.cluster import REPO, Origin, agent_cli, assert_snapshot_verifies, socket_dir
 from tests.support.procs import free_port
 
 EXIT_TIMEOUT = 7
-
-
-def agent_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "agent"), *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def unreachable_url() -> str:
@@ -31,12 +21,10 @@ def unreachable_url() -> str:
 
 
 @pytest.fixture
-def slow_origin(tmp_path: Path) -> Iterator[Origin]:
-    root = tmp_path / "slow-origin"
-    paths = make_model(root, REPO, total_bytes=3 * 2**20, shards=3, seed=5)
-    files = {str(p.relative_to(root / REPO)): p.read_bytes() for p in paths}
-    with HubServer(root, rate_total=100 * 1024) as hub:  # ~30 s for the model: far beyond the timeout
-        yield Origin(hub, REPO, sum(len(b) for b in files.values()), files)
+def slow_origin(make_origin) -> Origin:
+    return make_origin(  # ~30 s for the model: far beyond the timeout
+        REPO, total_bytes=3 * 2**20, shards=3, seed=5, root="slow-origin", rate_total=100 * 1024
+    )
 
 
 @pytest.fixture

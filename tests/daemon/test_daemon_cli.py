@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
 import httpx
 
 from agent.cache.layout import RepoCache
 from tests.support.cluster import (
-    BIN,
     TOKEN,
     AgentProcess,
     admin_request,
@@ -19,13 +17,9 @@ from tests.support.cluster import (
     file_requests,
     wait_until_seeded,
 )
+from tests.support.cluster import agent_cli as _cli
 from tests.support.procs import loop_until
 from wirekit.bencode import bdecode
-
-
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "agent"), *args], capture_output=True, text=True, timeout=timeout)
-
 
 READ = {"Authorization": f"Bearer {TOKEN}"}
 

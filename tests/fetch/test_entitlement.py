@@ -6,10 +6,9 @@ hub-less model). Real agents, a real tracker and the real test hub, on loopback.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,9 +23,10 @@ from tests.support.cluster import (
     TOKEN,
     TrackerProcess,
     admin_request,
-    agent_settings,
     wait_until_seeded,
+    write_models,
 )
+from tests.support.cluster import fetch_until_done as _fetch
 
 GOOD = "hf_granted_token_0123456789abcdef"
 """Granted the gated and the private repo."""
@@ -127,44 +127,22 @@ def test_an_unreadable_record_file_grants_nothing(tmp_path):
 
 
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[HubServer]:
+def hub(tmp_path: Path, make_hub) -> HubServer:
     """A gated, a public and a private repo; GOOD may read all, OTHER only the public one."""
     root = tmp_path / "hub-root"
-    for seed, repo_id in enumerate((GATED, OPEN, HIDDEN), start=11):
-        make_model(root, repo_id, total_bytes=2**20, shards=2, seed=seed)
+    write_models(root, (GATED, OPEN, HIDDEN), total_bytes=2**20, shards=2, seed=11)
     grants = {GOOD: [GATED, HIDDEN], OTHER: []}
-    with HubServer(root, grants=grants, gated=[GATED], private=[HIDDEN]) as server:
-        yield server
+    return make_hub(root, grants=grants, gated=[GATED], private=[HIDDEN])
 
 
 @pytest.fixture
-def agents(tmp_path: Path, hub: HubServer) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-
+def agents(hub: HubServer, make_agent) -> Callable[..., Daemon]:
     def make(name: str, tracker: TrackerProcess, **daemon: object) -> Daemon:
-        s = agent_settings(tmp_path, name, hub.url, tracker)
         # One try: an origin that is down fails the plan at once instead of after a backoff.
-        s = dataclasses.replace(
-            s,
-            origin=dataclasses.replace(s.origin, max_retries=1),
-            daemon=dataclasses.replace(s.daemon, **daemon),  # type: ignore[arg-type]
-        )
-        d = Daemon(s)
-        started.append(d)
-        d.start()
-        return d
+        agent: Daemon = make_agent(name, hub, tracker, daemon=daemon, origin_client={"max_retries": 1})
+        return agent
 
-    yield make
-    for d in reversed(started):
-        d.stop()
-
-
-def _fetch(d: Daemon, repo_id: str, token: str | None, revision: str = "main") -> dict:
-    job = d.request_model(repo_id, revision, token=token)
-    assert job.wait(90), job.status()
-    st: dict = job.status().to_json()
-    assert st["phase"] in ("Ready", "Failed"), st
-    return st
+    return make
 
 
 def _ready(d: Daemon, repo_id: str, token: str | None, revision: str = "main") -> dict:

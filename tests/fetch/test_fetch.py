@@ -28,7 +28,7 @@ from tests.support.fetchkit import (
     model,
     origin_files,
     repo_dir,
-    serve,
+    served_model,
     settings_for,
     snapshot_contents,
 )
@@ -36,9 +36,7 @@ from tests.support.fetchkit import (
 
 @pytest.fixture
 def origin(tmp_path):
-    root = tmp_path / "origin"
-    files = model(root)
-    yield from ((srv, root, files) for srv in serve(root))
+    yield from served_model(tmp_path)
 
 
 def test_fetch_writes_hub_layout_that_huggingface_hub_loads_offline(tmp_path, origin):

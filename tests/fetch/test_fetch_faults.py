@@ -41,7 +41,7 @@ from tests.support.fetchkit import (
     leftovers,
     model,
     repo_dir,
-    serve,
+    served_model,
     settings_for,
     shards,
     snapshot_contents,
@@ -53,9 +53,7 @@ TOKEN = "hf_sekrit_TOKEN_0123456789"
 
 @pytest.fixture
 def origin(tmp_path):
-    root = tmp_path / "origin"
-    files = model(root)
-    yield from ((srv, files) for srv in serve(root))
+    yield from ((srv, files) for srv, _, files in served_model(tmp_path))
 
 
 def total(files: dict[str, bytes]) -> int:

@@ -26,7 +26,8 @@ from agent.fetch.publish import publish_directory
 from agent.hub.cdn import cdn_path
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_family
-from tests.support.cluster import BIN, Origin, admin_request, agent_settings, wait_until_seeded
+from tests.support.cluster import BIN, Origin, admin_request, agent_settings, repo_files, wait_until_seeded
+from tests.support.cluster import fetch_and_wait as _fetch
 from tests.support.procs import loop_until
 
 BASE, TUNED = "acme/base", "acme/tuned"
@@ -44,8 +45,7 @@ class Family:
     """repo id -> path -> bytes."""
 
     def origin(self, repo_id: str) -> Origin:
-        files = self.files[repo_id]
-        return Origin(self.hub, repo_id, sum(map(len, files.values())), files)
+        return Origin.of(self.hub, repo_id, self.files[repo_id])
 
     @property
     def shard_sha(self) -> str:
@@ -65,8 +65,7 @@ class Family:
 def family(tmp_path: Path) -> Iterator[Family]:
     root = tmp_path / "hub"
     make_family(root, BASE, TUNED, total_bytes=3 * 2**20, shards=3, seed=11)
-    files = {r: {str(p.relative_to(root / r)): p.read_bytes() for p in (root / r).rglob("*") if p.is_file()}
-             for r in (BASE, TUNED)}
+    files = {r: repo_files(root, r) for r in (BASE, TUNED)}
     assert {p for p in files[BASE] if files[BASE][p] == files[TUNED].get(p)} == SHARED
     with HubServer(root) as hub:
         yield Family(hub, files)
@@ -90,14 +89,6 @@ def _assert_repo(cache_dir: Path, fam: Family, repo_id: str) -> None:
     snap = Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True))
     got = {str(p.relative_to(snap)): p.read_bytes() for p in snap.rglob("*") if p.is_file()}
     assert got == fam.files[repo_id]
-
-
-def _fetch(daemon, repo_id: str, token: str | None = None, timeout: float = 90) -> dict:
-    job = daemon.request_model(repo_id, "main", token=token)
-    assert job.wait(timeout), job.status()
-    status = job.status().to_json()
-    assert status["phase"] == "Ready", status
-    return status
 
 
 def test_second_repo_sharing_files_fetches_through_the_daemon(family, tracker, make_agent):

@@ -29,7 +29,6 @@ from tests.support.cluster import (
     Origin,
     agent_settings,
     assert_snapshot_verifies,
-    model_origin,
     socket_dir,
 )
 
@@ -39,12 +38,9 @@ POD_TOKEN = "hf_pod_token_fedcba9876543210"
 
 
 @pytest.fixture
-def gated(tmp_path: Path) -> Iterator[Origin]:
+def gated(make_origin) -> Origin:
     tokens = [NODE_TOKEN, POD_TOKEN]
-    with model_origin(
-        tmp_path / "hub", GATED, total_bytes=2**20, shards=2, seed=3, tokens=tokens, gated=[GATED]
-    ) as o:
-        yield o
+    return make_origin(GATED, total_bytes=2**20, shards=2, seed=3, tokens=tokens, gated=[GATED])
 
 
 @pytest.fixture

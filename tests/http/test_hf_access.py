@@ -6,9 +6,7 @@ only thing between another client and those bytes is the endpoint's own decision
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,8 +17,7 @@ from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from agent.daemon.node import Daemon
 from agent.http.hf_access import Visibility, visibility_of
 from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
-from tests.support.cluster import Origin
+from tests.support.cluster import Origin, same_files, write_models
 from tests.support.procs import loop_until
 
 OPEN = "acme/open"
@@ -42,23 +39,19 @@ class Hub:
         self.url = server.url
 
     def origin(self, repo_id: str) -> Origin:
-        files = self.files[repo_id]
-        return Origin(self.server, repo_id, sum(map(len, files.values())), files)
+        return Origin.of(self.server, repo_id, self.files[repo_id])
 
     def auth_checks(self, repo_id: str) -> int:
         return sum(1 for r in self.server.requests if r.path == f"/api/models/{repo_id}/auth-check")
 
 
 @pytest.fixture
-def hub(tmp_path: Path) -> Iterator[Hub]:
+def hub(tmp_path: Path, make_hub) -> Hub:
     root = tmp_path / "hub"
-    files: dict[str, dict[str, bytes]] = {}
-    for seed, repo in enumerate((OPEN, GATED, PRIVATE), start=21):
-        paths = make_model(root, repo, total_bytes=2**20, shards=2, seed=seed)
-        files[repo] = {p.relative_to(root / repo).as_posix(): p.read_bytes() for p in paths}
+    files = write_models(root, (OPEN, GATED, PRIVATE), total_bytes=2**20, shards=2, seed=21)
     grants = {GOOD: [GATED, PRIVATE], OTHER: []}
-    with HubServer(root, tokens=[OWNER], grants=grants, gated={GATED: "manual"}, private=[PRIVATE]) as srv:
-        yield Hub(srv, files)
+    server = make_hub(root, tokens=[OWNER], grants=grants, gated={GATED: "manual"}, private=[PRIVATE])
+    return Hub(server, files)
 
 
 @pytest.fixture
@@ -231,13 +224,6 @@ def test_a_private_repo_is_not_revealed(hub: Hub, agent: Daemon, tmp_path: Path)
 
 
 # -- legitimate use --------------------------------------------------------------------------------
-
-
-def same_files(snapshot: str, files: dict[str, bytes]) -> None:
-    snap = Path(snapshot)
-    assert sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()) == sorted(files)
-    for rel, data in files.items():
-        assert hashlib.sha256((snap / rel).read_bytes()).digest() == hashlib.sha256(data).digest(), rel
 
 
 def test_snapshot_download_gated_with_the_right_token_and_public_anonymously(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +12,8 @@ from huggingface_hub.errors import HfHubHTTPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.daemon.node import Daemon
-from tests.support.cluster import Origin, agent_settings, fetch_and_wait, file_requests, model_origin
+from tests.support.cluster import Origin, agent_settings, fetch_and_wait, file_requests
+from tests.support.cluster import has_files as same_files
 
 GOOD = "hf_goodtoken1234567890"
 WRONG = "hf_wrongtoken123456789"
@@ -26,12 +26,6 @@ def metric(url: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     raise AssertionError(f"no metric {name}{labels} in:\n{text}")
-
-
-def same_files(snapshot: str, origin: Origin) -> None:
-    snap = Path(snapshot)
-    for rel, data in origin.files.items():
-        assert hashlib.sha256((snap / rel).read_bytes()).digest() == hashlib.sha256(data).digest(), rel
 
 
 def test_snapshot_download_through_the_agent_takes_no_file_bytes_from_the_origin(
@@ -107,11 +101,11 @@ def test_resolve_headers_ranges_and_errors_match_the_hub(origin, make_agent):
 
 
 @pytest.fixture
-def gated(tmp_path: Path):
-    root = tmp_path / "gated-hub"
+def gated(make_origin) -> Origin:
     secret = "acme/secret"
-    with model_origin(root, secret, total_bytes=2**20, shards=2, seed=3, tokens=[GOOD], gated=[secret]) as o:
-        yield o
+    return make_origin(
+        secret, total_bytes=2**20, shards=2, seed=3, root="gated-hub", tokens=[GOOD], gated=[secret]
+    )
 
 
 def test_gated_repo_is_refused_to_a_wrong_token_although_its_blobs_are_cached(gated, tmp_path):

@@ -3,22 +3,12 @@ decision still in its TTL. Real huggingface_hub against real daemons; the origin
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import httpx
 import pytest
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-from tests.support.cluster import Origin, fetch_and_wait
-
-
-def same_files(snapshot: str, origin: Origin) -> None:
-    snap = Path(snapshot)
-    assert sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir()) == sorted(origin.files)
-    for rel, data in origin.files.items():
-        assert hashlib.sha256((snap / rel).read_bytes()).digest() == hashlib.sha256(data).digest(), rel
+from tests.support.cluster import fetch_and_wait, same_files
 
 
 def test_origin_down_a_cached_model_is_served_to_clients_with_a_fresh_access_decision_only(

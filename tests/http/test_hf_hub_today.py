@@ -217,9 +217,8 @@ def test_huggingface_hub_downloads_through_the_node_with_xet_on_and_off(
 
 
 @pytest.fixture
-def gated(tmp_path: Path) -> Iterator[Origin]:
-    with model_origin(tmp_path / "gated-hub", GATED, total_bytes=2**20, shards=1, seed=5, gated=[GATED]) as o:
-        yield o
+def gated(make_origin) -> Origin:
+    return make_origin(GATED, total_bytes=2**20, shards=1, seed=5, root="gated-hub", gated=[GATED])
 
 
 @pytest.mark.parametrize(

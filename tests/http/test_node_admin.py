@@ -6,19 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import httpx
 
-from tests.support.cluster import BIN, admin_request, fetch_and_wait, wait_until_seeded
+from tests.support.cluster import admin_request, agent_cli, fetch_and_wait, wait_until_seeded
 from tests.support.procs import free_port, loop_until
-
-
-def agent_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "agent"), *args], capture_output=True, text=True, timeout=60, env=env or dict(os.environ)
-    )
 
 
 def test_agent_ls_json_gives_revisions_files_sizes_and_seeded_blobs(origin, tracker, make_agent, tmp_path):

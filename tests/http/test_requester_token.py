@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,9 @@ from tests.support.cluster import (
     admin_request,
     agent_settings,
     assert_snapshot_verifies,
-    model_origin,
     socket_dir,
 )
+from tests.support.cluster import agent_cli as _cli
 
 GOOD = "hf_requester_good_token_0123456789"
 WRONG = "hf_requester_wrong_token_987654321"
@@ -36,16 +35,11 @@ SECRET = "acme/secret"
 
 
 @pytest.fixture
-def gated(tmp_path: Path) -> Iterator[Origin]:
+def gated(make_origin) -> Origin:
     # The node's own token is a valid one too, so lending it would work: the tests show when it is not lent.
-    root = tmp_path / "gated-hub"
-    tokens = [GOOD, NODE]
-    with model_origin(root, SECRET, total_bytes=2**20, shards=2, seed=5, tokens=tokens, gated=[SECRET]) as o:
-        yield o
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "agent"), *args], capture_output=True, text=True, timeout=120)
+    return make_origin(
+        SECRET, total_bytes=2**20, shards=2, seed=5, root="gated-hub", tokens=[GOOD, NODE], gated=[SECRET]
+    )
 
 
 def _no_token_anywhere(*places: Path) -> None:

@@ -7,7 +7,6 @@ Express redirect body, the S3 expiry body, the RateLimit header grammar) and fro
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import signal
@@ -26,6 +25,8 @@ from huggingface_hub.utils._http import parse_ratelimit_headers
 from agent.hub.repos import git_blob_sha1
 from agent.hub.server import HubServer, RateLimits
 from agent.hub.testmodel import make_model
+from tests.support.cluster import repo_files, write_models
+from tests.support.fetchkit import sha256
 from tests.support.procs import kill_process, loop_until
 
 MiB = 2**20
@@ -43,24 +44,13 @@ def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_model(root, REPO, total_bytes=4 * MiB, shards=2, seed=11)
     (root / REPO / "sub").mkdir()
     (root / REPO / "sub" / "notes.txt").write_text("nested\n")
-    make_model(root, GATED, total_bytes=1 * MiB, shards=1, seed=12)
-    make_model(root, PRIVATE, total_bytes=1 * MiB, shards=1, seed=13)
+    write_models(root, (GATED, PRIVATE), total_bytes=1 * MiB, shards=1, seed=12)
     return root
 
 
 @pytest.fixture
-def hub(hub_root: Path):
-    with HubServer(hub_root, tokens=[TOKEN], gated=[GATED], private=[PRIVATE]) as srv:
-        yield srv
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def repo_files(root: Path, repo_id: str) -> dict[str, bytes]:
-    base = root / repo_id
-    return {p.relative_to(base).as_posix(): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+def hub(hub_root: Path, make_hub) -> HubServer:
+    return make_hub(hub_root, tokens=[TOKEN], gated=[GATED], private=[PRIVATE])
 
 
 def hub_headers(response: httpx.Response) -> list[str]:

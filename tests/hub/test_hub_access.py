@@ -5,7 +5,6 @@ like a missing one, a gated repo's files need a token granted access (401 / 403 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,7 +13,7 @@ from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
 from agent.hub.server import HubServer
-from agent.hub.testmodel import make_model
+from tests.support.cluster import write_models
 
 OPEN = "org/open"
 GATED = "org/gated"
@@ -29,21 +28,19 @@ WRONG = "hf_wrong_token_00000000000"
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hub")
-    for seed, repo in enumerate((OPEN, GATED, MANUAL, PRIVATE)):
-        make_model(root, repo, total_bytes=64 * 1024, shards=1, seed=seed)
+    write_models(root, (OPEN, GATED, MANUAL, PRIVATE), total_bytes=64 * 1024, shards=1, seed=0)
     return root
 
 
 @pytest.fixture
-def hub(root: Path) -> Iterator[HubServer]:
-    with HubServer(
+def hub(root: Path, make_hub) -> HubServer:
+    return make_hub(
         root,
         tokens=[OWNER],
         grants={GRANTED: [GATED, PRIVATE], UNGRANTED: []},
         gated={GATED: "auto", MANUAL: "manual"},
         private=[PRIVATE],
-    ) as srv:
-        yield srv
+    )
 
 
 def api(hub: HubServer, token: str | bool) -> HfApi:

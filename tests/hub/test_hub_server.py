@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
@@ -33,6 +32,8 @@ from agent.hub.ranges import parse_range
 from agent.hub.repos import git_blob_sha1
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model, parse_size
+from tests.support.cluster import repo_files, write_models
+from tests.support.fetchkit import sha256
 from tests.support.procs import kill_process, loop_until, require
 
 MiB = 2**20
@@ -50,24 +51,13 @@ def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nested.mkdir(parents=True)
     (nested / "notes.txt").write_text("nested file\n")
     (root / REPO / "sub" / "b.txt").write_text("b\n")
-    make_model(root, GATED, total_bytes=1 * MiB, shards=1, seed=2)
-    make_model(root, PRIVATE, total_bytes=1 * MiB, shards=1, seed=3)
+    write_models(root, (GATED, PRIVATE), total_bytes=1 * MiB, shards=1, seed=2)
     return root
 
 
 @pytest.fixture
-def hub(hub_root: Path):
-    with HubServer(hub_root, tokens=[TOKEN], gated=[GATED], private=[PRIVATE], tree_page_size=3) as srv:
-        yield srv
-
-
-def repo_files(root: Path, repo_id: str) -> dict[str, bytes]:
-    base = root / repo_id
-    return {p.relative_to(base).as_posix(): p.read_bytes() for p in base.rglob("*") if p.is_file()}
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def hub(hub_root: Path, make_hub) -> HubServer:
+    return make_hub(hub_root, tokens=[TOKEN], gated=[GATED], private=[PRIVATE], tree_page_size=3)
 
 
 # -- the real huggingface_hub client --------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from agent.daemon.node import Daemon
 from agent.hub.server import HubServer
 from agent.kube.requests import MODELS_ANNOTATION, STATUS_ANNOTATION, ModelRef
-from tests.support.cluster import BIN, Origin, agent_settings, assert_snapshot_verifies, model_origin
+from tests.support.cluster import BIN, Origin, agent_settings, assert_snapshot_verifies
 from tests.support.fake_kube import FakeKube
 from tests.support.procs import free_port, loop_until, stop_process
 
@@ -29,11 +29,10 @@ ORIGIN_RATE = 1.5 * 2**20
 
 
 @pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    with model_origin(
-        tmp_path / "hub-origin", REPO, total_bytes=MODEL_BYTES, shards=2, seed=11, rate_total=ORIGIN_RATE
-    ) as o:
-        yield o
+def origin(make_origin) -> Origin:
+    return make_origin(
+        REPO, total_bytes=MODEL_BYTES, shards=2, seed=11, root="hub-origin", rate_total=ORIGIN_RATE
+    )
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

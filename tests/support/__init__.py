@@ -4,6 +4,8 @@
   dependency fails under CI and skips locally);
 - `cluster`: the real origin (HubServer), tracker (`tracker serve` subprocess) and agents (in-process
   daemons or `agent serve` subprocesses) on 127.0.0.1, as pytest fixtures (loaded by tests/conftest.py);
+- `trackerkit`: the tracker's app in-process (`run_server`), its settings and stores (`store_settings`
+  runs a test against SQLite and Redis), torrent and peer helpers;
 - `fetchkit`: a small model on a real test hub and settings for the fetch engine;
 - `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher.
 """

@@ -1,6 +1,14 @@
 """Fixtures for the daemon tests: a real origin (HubServer), a real tracker (`tracker serve` as a
 subprocess, so a test can kill and restart it), and real agents (in-process `Daemon`s or
 `agent serve` subprocesses), all on 127.0.0.1. Everything started here is stopped here, by PID.
+
+One family per component, each with a factory a module calls with its own values:
+- origin: `make_hub(root, **options)` (a test hub on models already written, e.g. by `write_models`),
+  `make_origin(repo_id, ...)` (one model on a hub of its own; `gated=`, `tokens=`, rates: HubServer's
+  options) and `origin` (its defaults); `model_origin` where a test wants one inside a `with`;
+- tracker: `TrackerProcess` and `tracker`;
+- agents: `make_agent` (in-process), `AgentProcess`, `agent_cli` (the `agent` command);
+- checks: `fetch_and_wait` / `fetch_until_done`, `assert_snapshot_verifies`, `same_files` / `has_files`.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +56,82 @@ class Origin:
     """Bytes of all files of the model."""
     files: dict[str, bytes]
 
+    @classmethod
+    def of(cls, hub: HubServer, repo_id: str, files: dict[str, bytes]) -> Origin:
+        """The model `repo_id` on `hub`, its files {repo path: bytes}."""
+        return cls(hub, repo_id, sum(len(b) for b in files.values()), files)
+
+
+def write_model(root: Path, repo_id: str, *, total_bytes: int, shards: int, seed: int) -> dict[str, bytes]:
+    """A test model written under `root` (`make_model`): {repo path: bytes} of what it wrote."""
+    paths = make_model(root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed)
+    return {p.relative_to(root / repo_id).as_posix(): p.read_bytes() for p in paths}
+
+
+def write_models(
+    root: Path, repo_ids: Sequence[str], *, total_bytes: int, shards: int, seed: int
+) -> dict[str, dict[str, bytes]]:
+    """One test model per repo id under `root`, seeded `seed`, `seed + 1`, ... in order:
+    {repo id: {repo path: bytes}}."""
+    return {
+        repo_id: write_model(root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed + i)
+        for i, repo_id in enumerate(repo_ids)
+    }
+
+
+def repo_files(root: Path, repo_id: str) -> dict[str, bytes]:
+    """Every file under `root/repo_id`, as a test hub serving `root` has them: {repo path: bytes}."""
+    base = root / repo_id
+    return {p.relative_to(base).as_posix(): p.read_bytes() for p in base.rglob("*") if p.is_file()}
+
 
 @contextlib.contextmanager
 def model_origin(
     root: Path, repo_id: str, *, total_bytes: int, shards: int, seed: int, **hub: Any
 ) -> Iterator[Origin]:
     """A test model written under `root`, served by a real test hub (`hub`: HubServer options)."""
-    paths = make_model(root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed)
-    files = {str(p.relative_to(root / repo_id)): p.read_bytes() for p in paths}
+    files = write_model(root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed)
     with HubServer(root, **hub) as server:
-        yield Origin(server, repo_id, sum(len(b) for b in files.values()), files)
+        yield Origin.of(server, repo_id, files)
 
 
 @pytest.fixture
-def origin(tmp_path: Path) -> Iterator[Origin]:
-    with model_origin(tmp_path / "hub", REPO, total_bytes=MODEL_BYTES, shards=3, seed=7) as o:
-        yield o
+def make_hub() -> Iterator[Callable[..., HubServer]]:
+    """`make_hub(root, **options)`: a real test hub serving the repos under `root`; `options` are
+    HubServer's (tokens, grants, gated, private, tree_page_size, rates, ...). Stopped at teardown."""
+    with contextlib.ExitStack() as stack:
+
+        def make(root: Path, **options: Any) -> HubServer:
+            return stack.enter_context(HubServer(root, **options))
+
+        yield make
+
+
+@pytest.fixture
+def make_origin(tmp_path: Path, make_hub: Callable[..., HubServer]) -> Callable[..., Origin]:
+    """`make_origin(repo_id, total_bytes=, shards=, seed=, root=, **options)`: one test model written
+    under `tmp_path / root` and served by its own test hub (`options`: HubServer's, e.g. `tokens`,
+    `gated`, `rate_total`). The defaults are `origin`'s."""
+
+    def make(
+        repo_id: str = REPO,
+        *,
+        total_bytes: int = MODEL_BYTES,
+        shards: int = 3,
+        seed: int = 7,
+        root: str = "hub",
+        **options: Any,
+    ) -> Origin:
+        files = write_model(tmp_path / root, repo_id, total_bytes=total_bytes, shards=shards, seed=seed)
+        return Origin.of(make_hub(tmp_path / root, **options), repo_id, files)
+
+    return make
+
+
+@pytest.fixture
+def origin(make_origin: Callable[..., Origin]) -> Origin:
+    """REPO, MODEL_BYTES in 3 shards, on a test hub of its own."""
+    return make_origin()
 
 
 class TrackerProcess:
@@ -231,16 +299,17 @@ def make_agent(tmp_path: Path) -> Iterator:
 
     def make(
         name: str,
-        origin: Origin,
+        origin: Origin | HubServer,
         tracker: TrackerProcess | None,
         daemon: dict[str, Any] | None = None,
         origin_client: dict[str, Any] | None = None,
         fetch: dict[str, Any] | None = None,
         **swarm: object,
     ) -> Daemon:
-        """An in-process agent on the origin (and tracker); `daemon` / `origin_client` / `fetch` / `swarm`:
-        settings overrides."""
-        settings = agent_settings(tmp_path, name, origin.hub.url, tracker, **swarm)
+        """An in-process agent on the origin (an Origin, or the test hub itself) and tracker; `daemon` /
+        `origin_client` / `fetch` / `swarm`: settings overrides."""
+        hub = origin if isinstance(origin, HubServer) else origin.hub
+        settings = agent_settings(tmp_path, name, hub.url, tracker, **swarm)
         if daemon:
             settings = dataclasses.replace(settings, daemon=dataclasses.replace(settings.daemon, **daemon))
         if fetch:
@@ -264,10 +333,21 @@ def admin_request(url: str, method: str, path: str, timeout: float = 30.0, **kw:
         return client.request(method, path, **kw)
 
 
-def fetch_and_wait(daemon: Daemon, repo_id: str, timeout: float = 90.0) -> dict:
-    job = daemon.request_model(repo_id, "main")
+def fetch_until_done(
+    daemon: Daemon, repo_id: str, token: str | None = None, revision: str = "main", timeout: float = 90.0
+) -> dict:
+    """Request a model (with the requester's `token`) and wait for its job to end, Ready or Failed:
+    its status."""
+    job = daemon.request_model(repo_id, revision, token=token)
     assert job.wait(timeout), f"fetch not done after {timeout}s: {job.status()}"
-    status = job.status().to_json()
+    status: dict = job.status().to_json()
+    assert status["phase"] in ("Ready", "Failed"), status
+    return status
+
+
+def fetch_and_wait(daemon: Daemon, repo_id: str, timeout: float = 90.0) -> dict:
+    """Request a model and wait for its job, which must end Ready: its status."""
+    status = fetch_until_done(daemon, repo_id, timeout=timeout)
     assert status["phase"] == "Ready", status
     return status
 
@@ -306,9 +386,41 @@ def assert_snapshot_verifies(snapshot: str, origin: Origin) -> None:
     assert sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir()) == sorted(origin.files)
 
 
+def has_files(snapshot: str | Path, expected: Origin | Mapping[str, bytes]) -> None:
+    """Every expected file (the origin's, or {repo path: bytes}) is in the snapshot with its exact bytes."""
+    snap = Path(snapshot)
+    files = expected.files if isinstance(expected, Origin) else expected
+    for rel, data in files.items():
+        assert hashlib.sha256((snap / rel).read_bytes()).digest() == hashlib.sha256(data).digest(), rel
+
+
+def same_files(snapshot: str | Path, expected: Origin | Mapping[str, bytes]) -> None:
+    """The snapshot holds the expected files (the origin's, or {repo path: bytes}) with their exact bytes,
+    and nothing else."""
+    snap = Path(snapshot)
+    files = expected.files if isinstance(expected, Origin) else expected
+    assert sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if not p.is_dir()) == sorted(files)
+    has_files(snap, files)
+
+
 def file_requests(hub: HubServer) -> list:
     """Requests for file bytes (resolve, resolve-cache or CDN GETs), as opposed to API metadata."""
     return [r for r in hub.requests if r.method == "GET" and r.bucket in ("resolvers", "cdn")]
+
+
+def agent_cli(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`agent ARGS` as a subprocess, its output captured as text; `env`: variables set on top of this
+    process's environment."""
+    return subprocess.run(
+        [str(BIN / "agent"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 class AgentProcess:

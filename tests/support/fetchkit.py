@@ -118,6 +118,14 @@ def serve(root: Path, **kwargs: object) -> Iterator[HubServer]:
         srv.stop()
 
 
+def served_model(tmp: Path) -> Iterator[tuple[HubServer, Path, dict[str, bytes]]]:
+    """`model()` under `tmp/origin` on a test hub, for a module's `origin` fixture to yield from:
+    (server, root, {repo path: bytes})."""
+    root = tmp / "origin"
+    files = model(root)
+    yield from ((srv, root, files) for srv in serve(root))
+
+
 def shards(files: dict[str, bytes]) -> list[str]:
     """The model's safetensors shards, sorted."""
     return sorted(p for p in files if p.endswith(".safetensors"))

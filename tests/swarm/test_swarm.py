@@ -25,7 +25,7 @@ from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from tests.support.procs import loop_until, require
 from tests.support.stock import stock_session
-from tests.tracker.test_tracker_fixtures import SETTINGS, run_server
+from tests.support.trackerkit import SETTINGS, run_server
 from wirekit.bencode import bencode
 
 MiB = 2**20

@@ -1,6 +1,5 @@
 """Auth: tokens and their roles, the announce passkey, `ip=`, secrets kept out of logs, and the
 `tracker serve` command line. Each attack a test names is refused; the legitimate path works."""
-# ruff: noqa: F811  (pytest fixtures imported from test_tracker_fixtures are parameters here)
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import httpx
 import pytest
 
 from tests.support.procs import free_port, kill_process, loop_until
-from tests.tracker.test_tracker_fixtures import (
+from tests.support.trackerkit import (
     AUTH,
     PASSKEY,
     PUBLISHER,
@@ -28,9 +27,7 @@ from tests.tracker.test_tracker_fixtures import (
     infohash,
     make_info,
     peer_id,
-    redis_url,  # noqa: F401
     run_server,
-    store_settings,  # noqa: F401
 )
 from tracker.settings import TrackerSettings
 from wirekit.bencode import bdecode

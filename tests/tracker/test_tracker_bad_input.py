@@ -9,7 +9,7 @@ from urllib.parse import quote_from_bytes
 
 import pytest
 
-from tests.tracker.test_tracker_fixtures import (
+from tests.support.trackerkit import (
     AUTH,
     SETTINGS,
     Tracker,

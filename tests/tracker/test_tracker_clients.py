@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.procs import free_port, kill_process, loop_until, require, require_module
 from tests.support.stock import stock_session
-from tests.tracker.test_tracker_fixtures import AUTH, SETTINGS, Tracker, make_info, run_server
+from tests.support.trackerkit import AUTH, SETTINGS, Tracker, make_info, run_server
 from wirekit.bencode import bdecode, bencode
 
 lt = require_module("libtorrent", "a dependency of weightswarm: pip install -e '.[dev]' (./dev does)")
@@ -208,7 +208,7 @@ def test_agent_tracker_client_roles_and_passkey(tracker: Tracker, caplog: pytest
     from agent.core.settings import DaemonSettings
     from agent.swarm.ltkit import redact_tracker_url
     from agent.tracking.client import TrackerClient
-    from tests.tracker.test_tracker_fixtures import PASSKEY, PUBLISHER_TOKEN, SIGNATURE, TOKEN
+    from tests.support.trackerkit import PASSKEY, PUBLISHER_TOKEN, SIGNATURE, TOKEN
 
     caplog.set_level(logging.DEBUG)
     base = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)

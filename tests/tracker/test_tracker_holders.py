@@ -1,6 +1,5 @@
 """Which nodes hold what: the stores' live seeder addresses per torrent, and `/v1/models?holders=true`
 (agent role only, as `/v1/peers`: where the agents are is theirs to know). Both stores."""
-# ruff: noqa: F811  (pytest fixtures imported from test_tracker_fixtures are parameters here)
 
 from __future__ import annotations
 
@@ -9,16 +8,14 @@ import ipaddress
 from dataclasses import replace
 
 from tests.support.procs import loop_until
-from tests.tracker.test_tracker_fixtures import (
+from tests.support.trackerkit import (
     AUTH,
     PUBLISHER,
     SIGNATURE,
     infohash,
     make_info,
     peer_id,
-    redis_url,  # noqa: F401
     run_server,
-    store_settings,  # noqa: F401
 )
 from tracker.settings import TrackerSettings
 from tracker.store import Store

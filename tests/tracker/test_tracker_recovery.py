@@ -3,7 +3,6 @@ verified one can replace it, and a lease holder whose reported bytes stop moving
 
 Both stores (SQLite and Redis), through the real HTTP app.
 """
-# ruff: noqa: F811  (pytest fixtures imported from test_tracker_fixtures are parameters here)
 
 from __future__ import annotations
 
@@ -12,14 +11,12 @@ import sqlite3
 import time
 from dataclasses import replace
 
-from tests.tracker.test_tracker_fixtures import (
+from tests.support.trackerkit import (
     AUTH,
     PUBLISHER,
     SETTINGS,
     make_info,
-    redis_url,  # noqa: F401
     run_server,
-    store_settings,  # noqa: F401
 )
 from tracker.settings import TrackerSettings
 

@@ -1,5 +1,4 @@
 """The same suite against both stores (SQLite and Redis), through the real HTTP app."""
-# ruff: noqa: F811  (pytest fixtures imported from test_tracker_fixtures are parameters here)
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from tests.support.procs import loop_until
-from tests.tracker.test_tracker_fixtures import (
+from tests.support.trackerkit import (
     AUTH,
     PUBLISHER,
     SETTINGS,
@@ -19,9 +18,7 @@ from tests.tracker.test_tracker_fixtures import (
     infohash,
     make_info,
     peer_id,
-    redis_url,  # noqa: F401
     run_server,
-    store_settings,  # noqa: F401
 )
 from tracker.settings import TrackerSettings
 from wirekit.bencode import bdecode
@@ -487,7 +484,7 @@ def test_metrics_count_announces_by_event(event: str, tmp_path) -> None:
 
 @pytest.mark.redis
 def test_redis_outage_is_a_failure_reason_not_a_crash(tmp_path) -> None:
-    from tests.tracker.test_tracker_fixtures import redis_server
+    from tests.support.trackerkit import redis_server
 
     with redis_server(tmp_path) as url:
         server = run_server(replace(SETTINGS, redis_url=url))

@@ -1,7 +1,10 @@
-"""Fixtures and helpers for the tracker tests (no tests here).
+"""The tracker in-process, for the tracker's own tests and the swarm's: `run_server(settings)` (the real
+app served by uvicorn in a thread on a free loopback port; a module's `tracker` fixture calls it with
+its settings), `SETTINGS` as deployed, the `redis_url` and `store_settings` fixtures (loaded by
+tests/conftest.py: `store_settings` runs a test against both stores), and torrent and peer helpers.
 
-Real servers only: uvicorn serving the real app in a thread on a free loopback port, and
-a real redis-server (started from the Debian binary on a free port, stopped by PID).
+Real servers only: the real app, and a real redis-server (started from the Debian binary on a free
+port, stopped by PID). `tests.support.cluster` has the tracker as a `tracker serve` subprocess.
 """
 
 from __future__ import annotations
