@@ -86,17 +86,8 @@ organization: a cluster's one token is one member's budget."""
 
 
 def bucket_of(record: Any) -> str:
-    """The rate-limit bucket of a hub `RequestRecord`: its own `bucket` where the hub sets one, else from
-    its path as huggingface.co/docs/hub/rate-limits defines them."""
-    bucket = getattr(record, "bucket", "")
-    if bucket:
-        return str(bucket)
-    path = record.path
-    if path.startswith("/_cdn/"):
-        return "cdn"
-    if path.startswith("/api/resolve-cache/") or "/resolve/" in path:
-        return "resolvers"
-    return "api" if path.startswith("/api/") else "pages"
+    """The rate-limit bucket of a hub `RequestRecord` (the hub sets it: agent.hub.records `bucket_for`)."""
+    return str(record.bucket)
 
 
 def bucket_counts(records: Iterable[Any]) -> dict[str, int]:

@@ -203,8 +203,9 @@ class Downloads:
         return st, web_seeded
 
     def _verify_and_record(self, path: Path, blob: FileEntry, info: bytes, ih: str, cache: RepoCache) -> None:
-        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks.
-        BadMetainfo (proven, naming the seeds that sent the bytes) when the content id differs."""
+        """One pass over `path`: the content id the origin promised, and the xxh3 sidecar for cheap checks;
+        then the blob is adopted into the repo's `blobs/`. BadMetainfo (proven, naming the seeds that sent
+        the bytes) when the content id differs."""
         hasher = BlobHasher(blob.size, blob.is_lfs, pieces=False)  # the metainfo holds the piece hashes
         with open(path, "rb", buffering=0) as fh:
             while chunk := fh.read(_READ_BLOCK):

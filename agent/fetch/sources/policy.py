@@ -329,7 +329,7 @@ class SourcePolicy:
             relayed = req.from_origin(self._advance(arrival), run.shares)
             self._installed(cache, blob)
             digest = cache.read_sidecar(blob.blob_id)
-            if digest is None:
+            if digest is None:  # not an IntegrityError: that one means "fetch it whole" here
                 raise CacheError(f"no digest recorded for {blob.path} after its download; retry the fetch")
             # Holders publish (the same dict from each: idempotent) before their part leases go.
             self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=bool(run.held))
@@ -431,10 +431,7 @@ class SourcePolicy:
             arrival.restart()  # the origin engine may start the file over
         req.from_origin(self._advance(arrival))
         self._installed(cache, blob)
-        digest = cache.read_sidecar(blob.blob_id)
-        if digest is None:
-            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
-        info = digest.encoded_info(blob.blob_id)
+        info = self._recorded_info(cache, blob)
         self._trust.trust_again(blob, infohash(info))
         self._seed(cache, blob, info, publish=publish)
         # The origin engine's own counters say how many bytes it really pulled (resume included).
@@ -457,12 +454,9 @@ class SourcePolicy:
         if received is None:
             return None
         self._installed(cache, blob)
-        digest = cache.read_sidecar(blob.blob_id)
-        if digest is None:
-            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
         # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the listed
         # one whose pieces were taken.
-        self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
+        self._seed(cache, blob, self._recorded_info(cache, blob), publish=False)
         return BlobOutcome("peers", bytes_from_peers=received)
 
     def _from_swarm(
@@ -504,6 +498,14 @@ class SourcePolicy:
             self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
         except (SwarmError, ValueError) as exc:
             log.warning("not seeding %s: %s", blob.path, exc)
+
+    @staticmethod
+    def _recorded_info(cache: RepoCache, blob: FileEntry) -> bytes:
+        """The info dict of a blob just installed, from the sidecar its download recorded."""
+        digest = cache.read_sidecar(blob.blob_id)
+        if digest is None:
+            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
+        return digest.encoded_info(blob.blob_id)
 
     def _arrival(self, blob: FileEntry) -> Arrival | None:
         return self.arrivals.get(blob.blob_id)
