@@ -223,6 +223,8 @@ class Swarm:
         with self._lock:
             existing = self._torrents.get(ih)
         if existing is not None:
+            if web_seeds and not existing.web_seeded:
+                self._count_all_as_peers(existing)
             existing.web_seeded = existing.web_seeded or bool(web_seeds)
             for ws in web_seeds:
                 existing.handle.add_url_seed(ws.url)
@@ -248,6 +250,19 @@ class Swarm:
         for host, port in peers:
             rec.handle.connect_peer((host, port))
         return ih
+
+    def _count_all_as_peers(self, rec: TorrentRecord) -> None:
+        """A torrent that gains its first web seed: every payload byte so far came from peers (those of
+        pieces that failed their check included, from peers since banned), and the split by subtraction
+        that starts now (`status`) must not count them as the web seed's."""
+        payload = int(rec.handle.status().total_payload_download)
+        seen = {
+            (str(p.ip[0]), int(p.ip[1])): int(p.total_download)
+            for p in rec.handle.get_peer_info()
+            if p.connection_type == lt.peer_info.standard_bittorrent
+        }
+        with self._lock:
+            rec.peer_bytes, rec.peer_seen = payload, seen
 
     def swap_web_seed(self, infohash: str, old: str, new: WebSeed) -> None:
         """Replace a downloading torrent's web seed `old` by `new` (a renewed URL, agent.swarm.webseed): the
