@@ -187,6 +187,10 @@ class StateDir:
     def entitlement_key(self) -> Path:
         return self.root / "entitlements.key"
 
+    @property
+    def listings(self) -> Path:
+        return self.root / "listings"
+
     def sidecar(self, blob_id: str) -> Path:
         return self.digests / f"{check_blob_id(blob_id)}.json"
 

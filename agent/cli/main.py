@@ -51,6 +51,8 @@ def main(log_level: str, log_format: str) -> None:
 
 @main.command("fetch", cls=SectionedCommand, sections=FETCH_SECTIONS)
 @click.argument("repo_id")
+@env_option("--repo-id", "as_repo_id", section=WANTED, metavar="ORG/NAME",
+            help="With a bucket URL (s3://, gs://, az://) for REPO_ID: the repo id it is cached as.")
 @env_option("--revision", section=WANTED,
             default="main", show_default=True, help="Branch, tag or commit to fetch.")
 @env_option("--include", section=WANTED,
@@ -75,13 +77,24 @@ def main(log_level: str, log_format: str) -> None:
             help="Hand the fetch to the agent daemon at URL ('off' = standalone) [default: the local "
                  "daemon at 127.0.0.1:7470 if it answers and no --cache-dir/--origin is given].")
 @handle_errors
-def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude: tuple[str, ...],
-                  cache_dir: Path | None, state_dir: Path | None, origin: str | None, token: str | None,
-                  connections_per_file: int | None, files_at_once: int | None, quiet: bool,
-                  agent_url: str | None) -> None:
-    """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last."""
-    from agent.core.progress import Progress, human_bytes
+def fetch_command(repo_id: str, as_repo_id: str | None, revision: str, include: tuple[str, ...],
+                  exclude: tuple[str, ...], cache_dir: Path | None, state_dir: Path | None,
+                  origin: str | None, token: str | None, connections_per_file: int | None,
+                  files_at_once: int | None, quiet: bool, agent_url: str | None) -> None:
+    """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last.
 
+    REPO_ID may be a bucket URL (s3://bucket/prefix, gs://, az://) with --repo-id ORG/NAME: the model
+    stored there in the Hugging Face layout, read with this machine's cloud credentials."""
+    from agent.core.progress import Progress, human_bytes
+    from agent.origin.bucket import is_bucket_url
+
+    source = ""
+    if is_bucket_url(repo_id):
+        if not as_repo_id:
+            raise click.UsageError("a bucket URL needs --repo-id ORG/NAME: the id the model is cached as")
+        source, repo_id = repo_id, as_repo_id
+    elif as_repo_id:
+        raise click.UsageError("--repo-id goes with a bucket URL (s3://, gs://, az://) in place of REPO_ID")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin))
     if daemon_url is not None:
@@ -89,13 +102,13 @@ def fetch_command(repo_id: str, revision: str, include: tuple[str, ...], exclude
 
         # The user's token (--token, else $HF_TOKEN) goes with the request: the daemon fetches with it.
         status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet),
-                                 token=token or settings.origin.token)
+                                 token=token or settings.origin.token, source=source)
         click.echo(status["snapshot"])
         return
 
     from agent.fetch.engine import fetch_snapshot  # not on the daemon's path: it starts faster without
 
-    settings = with_origin(settings, origin, token)
+    settings = with_origin(settings, source or origin, None if source else token)
     settings = replace(
         settings,
         fetch=replace(settings.fetch,
@@ -210,6 +223,9 @@ def make_test_model_command(
             metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
 @env_option("--token", section=ORIGIN,
             metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--bucket", "buckets", section=ORIGIN, multiple=True, metavar="URL",
+            help="A bucket prefix (s3://, gs://, az://) requests may read models from, with this node's "
+                 "cloud credentials (repeatable; none by default).")
 @env_option("--bt-listen", section=BITTORRENT, default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
             help="BitTorrent listen address (port 0 = any free port).")
 @env_option("--api-listen", section=CHANNELS,
@@ -323,7 +339,7 @@ def serve_command(kube: str, cache_max_bytes: str | None, cache_max_disk_percent
 
 
 @main.command("wait")
-@click.argument("model", metavar="REPO_ID[@REV]")
+@click.argument("model", metavar="REPO_ID[@REV] | REPO_ID=BUCKET_URL")
 @env_option("--timeout", default=3600.0, show_default=True, type=click.FloatRange(min=0), metavar="SECONDS",
             help="Give up (exit 7) when the model is not complete by then.")
 @env_option("--agent", "agent_url", metavar="URL",

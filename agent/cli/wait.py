@@ -133,7 +133,7 @@ def _through_agent(
     client = AgentClient(url, timeout=_REQUEST_TIMEOUT)
     try:
         try:
-            status = client.start_fetch(ref.repo_id, ref.revision, (), (), token)
+            status = client.start_fetch(ref.repo_id, ref.revision, (), (), token, ref.source)
         except DaemonError as exc:
             if not local_agent_answers(client.url):
                 raise _Unreachable("no answer on /healthz") from exc

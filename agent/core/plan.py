@@ -20,8 +20,12 @@ class FileEntry:
     path: str
     size: int
     blob_id: str
-    """sha256 (LFS oid) or git blob sha1: the content address, verified after download."""
+    """sha256 (LFS oid) or git blob sha1: the content address, verified after download. For an object
+    whose content id nobody computed yet (object storage), a listing id instead: see `content_known`."""
     is_lfs: bool
+    content_known: bool = True
+    """False: `blob_id` only names this listing of the object (agent.origin.bucket `listing_id`); the
+    download learns the sha256 and the blob is installed under it (`FetchResult.files` has it)."""
 
     @property
     def small(self) -> bool:
@@ -38,6 +42,14 @@ class FetchPlan:
     """Every path at the commit, including ones --include/--exclude left out (for index checks)."""
     from_tracker: bool = False
     """Planned from the tracker's manifest (the origin could not): the tracker has it already."""
+
+    def identified(self, content_ids: dict[str, str]) -> FetchPlan:
+        """This plan with the content ids a download learnt (listing id -> sha256) in place."""
+        files = tuple(
+            FileEntry(e.path, e.size, content_ids[e.blob_id], e.is_lfs) if not e.content_known else e
+            for e in self.files
+        )
+        return FetchPlan(self.repo_id, self.revision, self.commit, files, self.all_paths, self.from_tracker)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,11 @@ class DaemonSettings:
     publish_roots: tuple[Path, ...] = ()
     """Directories `agent publish` may read from (--publish-root, repeatable); empty = publishing off."""
 
+    buckets: tuple[str, ...] = ()
+    """Bucket prefixes (s3://, gs://, az://) this node reads models from for a request (--bucket), with its
+    own cloud credentials; a request naming any other bucket URL is refused. None by default: a pod that
+    may ask the agent for a model must not reach whatever the node's identity can read."""
+
     publish_unchecked_ids: bool = False
     """Publish even when the origin cannot say whether it knows the repo id (an air-gapped cluster;
     --publish-unchecked-ids). Off: a repo id the origin knows, or one it cannot be asked about, is refused."""

@@ -40,6 +40,7 @@ from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
+from agent.origin.bucket import allowed_bucket
 from agent.origin.chunks import Turn
 from agent.relay.directory import RelayDirectory, relay_credential
 from agent.relay.receiver import RelayReceiver
@@ -337,6 +338,7 @@ class Daemon:
         lend: bool = False,
         client: str | None = None,
         background: bool = False,
+        source: str = "",
     ) -> Job:
         """Fetch a model into the cache through the swarm; a request equal to a running one joins it.
 
@@ -347,13 +349,15 @@ class Daemon:
         `background`: preheat work, run one at a time and yielding to the rest; a foreground request
         that joins such a job makes it foreground."""
         check_repo_id(repo_id)
+        if source:
+            source = allowed_bucket(source, self.settings.daemon.buckets)
         if self._stop.is_set():
             raise ConfigError("the agent is shutting down")
         if token:
             requester = hmac.new(self._token_key, token.encode(), "sha256").hexdigest()[:32]
         else:
             requester = "node" if lend and self.settings.origin.token else ""
-        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester, client, background)
+        key = JobKey(repo_id, revision, tuple(include), tuple(exclude), requester, source, client, background)
         d = self.settings.daemon
         job, new = self.jobs.get_or_create(key, d.max_jobs, d.max_jobs_per_client)
         if new:

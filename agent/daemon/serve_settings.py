@@ -19,6 +19,7 @@ from agent.core.errors import ConfigError
 from agent.core.settings import Settings
 from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.listeners import split_hostport
+from agent.origin.bucket import split_bucket_url
 
 FIELDS: Mapping[str, str] = {
     "interop_public": "swarm.interop_public",
@@ -38,6 +39,7 @@ FIELDS: Mapping[str, str] = {
     "pods_socket": "daemon.pods_socket",
     "metrics_on_network": "daemon.metrics_on_network",
     "publish_unchecked_ids": "daemon.publish_unchecked_ids",
+    "buckets": "daemon.buckets",
     "lease_ttl": "daemon.lease_ttl",
     "fd_reserve": "daemon.fd_reserve",
     "api_max_connections": "daemon.api_limits.max_connections",
@@ -118,6 +120,8 @@ def build_serve_settings(
         raise TypeError(f"build_serve_settings() got unknown options {unknown}")
     split_hostport(bt_listen, "--bt-listen")
     split_hostport(api_listen, "--api-listen")
+    for bucket in fields.get("buckets") or ():
+        split_bucket_url(bucket)  # a wrong --bucket fails at start, not at the first request
     if tracker and not tracker.startswith(("http://", "https://")):
         raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)

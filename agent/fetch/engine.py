@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
+from agent.cache.listings import ListingIds
 from agent.core.errors import (
     AuthError,
     CacheError,
@@ -87,7 +88,7 @@ def plan_from_origin(
                 f"{repo_id}@{revision}: no file matches --include {list(include)} / --exclude {list(exclude)}"
             )
         raise NotFoundError(f"{repo_id}@{revision}: the repository has no files")
-    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs) for f in chosen)
+    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known) for f in chosen)
     return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
 
 
@@ -145,6 +146,8 @@ class FetchEngine:
     def run(self, plan: FetchPlan) -> FetchResult:
         cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, plan.repo_id)
         cache.prepare()
+        listings = ListingIds(self.settings.state_dir)
+        plan = listings.resolve(plan)
         unique: dict[str, FileEntry] = {}
         for entry in plan.files:
             unique.setdefault(entry.blob_id, entry)
@@ -160,7 +163,8 @@ class FetchEngine:
                 cache.link_snapshot(plan.commit, entry.path, entry.blob_id)
 
         errors: list[tuple[FileEntry, BaseException]] = []
-        installed: set[str] = set()
+        installed: dict[str, str] = {}
+        """The plan's blob id -> the content id installed (the same, unless the plan had a listing id)."""
         if missing:
             self.progress.set_total(sum(e.size for e in missing))
             # Largest first: the long poles start early. Small files have a lane of their own: behind
@@ -180,7 +184,7 @@ class FetchEngine:
                 for entry, fut in futures:
                     exc = fut.exception()
                     if exc is None:
-                        installed.add(entry.blob_id)
+                        installed[entry.blob_id] = fut.result()
                     elif not isinstance(exc, _Skipped):
                         # One summary line reaches the user (stderr); the per-file detail is for logs.
                         log.info("%s failed: %s", entry.path, exc)
@@ -188,9 +192,11 @@ class FetchEngine:
             self.progress.close()
         for entry in plan.files:
             if entry.blob_id in installed:
-                cache.link_snapshot(plan.commit, entry.path, entry.blob_id)
+                cache.link_snapshot(plan.commit, entry.path, installed[entry.blob_id])
         if errors:
             raise _summarise(errors, len(missing))
+        listings.record({e.blob_id: installed[e.blob_id] for e in plan.files if not e.content_known})
+        plan = plan.identified(installed)
 
         self._check_indexes(plan, cache)
         cache.write_ref(plan.revision, plan.commit)
@@ -203,7 +209,8 @@ class FetchEngine:
             downloaded=tuple(e.path for e in missing),
         )
 
-    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
+        """The blob of `entry` installed; returns its content id."""
         if self._abort:
             raise _Skipped()
         fp = self.progress.start_file(entry.path, entry.size)
@@ -215,6 +222,7 @@ class FetchEngine:
             fp.fail()
             raise
         fp.finish()
+        return hashes.content_id
 
     def _check_indexes(self, plan: FetchPlan, cache: RepoCache) -> None:
         if not self.settings.fetch.verify_safetensors:
@@ -236,9 +244,10 @@ def install_downloaded(cache: RepoCache, entry: FileEntry, hashes: BlobHashes, c
             # them: nothing is installed, so no snapshot ever points at a broken shard.
             cache.discard_partial(entry.blob_id)
             raise
-    # mtime is filled in by install_blob once the blob has its final name.
+    # mtime is filled in by install_blob once the blob has its final name. Under its content id, which
+    # is the plan's unless the plan only had a listing id (`FileEntry.content_known`).
     digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)
-    cache.install_blob(entry.blob_id, incomplete, digest)
+    cache.install_blob(hashes.content_id, incomplete, digest)
     cache.partial_record_path(entry.blob_id).unlink(missing_ok=True)
 
 

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.cache.layout import RepoCache, StateDir
+from agent.cache.listings import ListingIds
 from agent.core.errors import AuthError, NotFoundError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
+from agent.fetch.bucket import BucketIndex, unknown
 from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import STAGES, Job, JobFile
@@ -90,7 +92,7 @@ class SwarmFetchEngine(FetchEngine):
         super().__init__(settings, source, progress)
         self.turn = turn
 
-    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> None:
+    def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
         self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
@@ -99,6 +101,7 @@ class SwarmFetchEngine(FetchEngine):
             fp.fail()
             raise
         fp.finish()
+        return entry.blob_id
 
 
 def origin_for_request(settings: Settings, token: str | None, lend: bool) -> tuple[OriginSettings, str]:
@@ -120,6 +123,10 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
     settings = ctx.settings
     f = settings.fetch
     origin, which = origin_for_request(settings, token, lend)
+    if job.key.source:
+        # A bucket model: read with this node's cloud credentials (agent.origin.bucket), never a hub token.
+        origin = dataclasses.replace(origin, endpoint=job.key.source, token=None)
+        which = f"this node's credentials for {job.key.source}"
     client = open_origin(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
     try:
         _run(ctx, job, client)
@@ -149,9 +156,15 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
     ))
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
+    read_here: set[str] = set()
+    listed = plan
+    if unknown(plan):
+        plan, read_here = _identify(ctx, job, client, plan)
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
-        if cache.adopt_blob(fp.blob_id, fp.size):
+        if fp.blob_id in read_here:
+            fp.done, fp.source, fp.stage = fp.size, "origin", "ready"
+        elif cache.adopt_blob(fp.blob_id, fp.size):
             fp.done, fp.source, fp.stage = fp.size, "cache", "ready"
     job.set_plan(plan.commit, files)
     job.add_bytes(cache=sum(fp.size for fp in files if fp.source == "cache"))
@@ -167,8 +180,25 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
     origin = OriginSource(client, f, turn=turn)
     source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_blob, ctx.relay)
     result = SwarmFetchEngine(settings, source, JobProgress(job), turn).run(plan)
+    if listed is not plan:
+        # Every blob is verified against the ids the commit was planned by: the next listing of the same
+        # objects (a new commit that changed others) is planned by content here, whoever reads the rest.
+        ListingIds(settings.state_dir).learnt(listed, plan)
     _publish_manifest(ctx, plan)
     job.finish(str(result.snapshot_path))
+
+
+def _identify(ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan) -> tuple[FetchPlan, set[str]]:
+    """A bucket plan with its content ids (agent.fetch.bucket), and the blobs this node read to learn them;
+    the job shows the read's progress file by file."""
+    job.set_plan(plan.commit, [JobFile(e.path, e.size, e.blob_id) for e in plan.files])
+    index = BucketIndex(
+        ctx.settings, ctx.fetcher, client, JobProgress(job), lambda p: _publish_manifest(ctx, p), ctx.stopping
+    )
+    try:
+        return index.identify(plan), index.read_here
+    finally:
+        job.add_bytes(origin=index.bytes_from_origin)
 
 
 def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:

@@ -63,6 +63,8 @@ class JobKey:
     """A keyed hash of the requester's HF token, "node" when the node's token is lent, "" = anonymous:
     requests with different tokens never join each other's job (one token's refusal or grant is not
     another's). Never the token itself."""
+    source: str = ""
+    """The bucket URL of a model stored in object storage (agent.origin.bucket); "" for the hub's."""
     client: str | None = field(default=None, compare=False)
     """Who asked first (the per-client job limit); not part of the identity: others may join."""
     background: bool = field(default=False, compare=False)
@@ -111,7 +113,8 @@ class RequestModel(Protocol):
     `token`: the requester's HF token; `lend`: without one, fetch with the node's token (only the
     channels docs/security.md allows); `client`: who asks, for the per-client job limit (None: the
     node itself, not limited); `background`: preheat work, which yields to every other job. Raises
-    `BusyError` when the node or the client has too many jobs."""
+    `BusyError` when the node or the client has too many jobs. `source`: the bucket URL a model in
+    object storage is read from ("" for the hub's), one of the node's `daemon.buckets`."""
 
     def __call__(
         self,
@@ -124,6 +127,7 @@ class RequestModel(Protocol):
         lend: bool = False,
         client: str | None = None,
         background: bool = False,
+        source: str = "",
     ) -> Job: ...
 
 

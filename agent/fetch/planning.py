@@ -28,6 +28,7 @@ from agent.fetch.engine import filter_files, plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
+from agent.origin.bucket import is_bucket_url
 from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,13 @@ def plan_fetch(
         entitlements.forget(repo_id, token)
         raise
     except NotFoundError as exc:
-        if tracker is None:
+        if tracker is None or is_bucket_url(client.endpoint):
             raise
         return _published_plan(tracker, repo_id, revision, include, exclude, publisher_key, exc)
     except _UNREACHABLE as exc:
-        if tracker is None:
+        # A bucket has no entitlement record of its own (those are per repo id and hub token): a node
+        # plans a bucket model only after its credentials listed the prefix.
+        if tracker is None or is_bucket_url(client.endpoint):
             raise
         return _plan_without_origin(
             tracker, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc

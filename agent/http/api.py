@@ -52,6 +52,8 @@ class FetchRequest(BaseModel):
     revision: str = Field(default="main", min_length=1, max_length=255)
     include: list[Glob] = Field(default_factory=list, max_length=256)
     exclude: list[Glob] = Field(default_factory=list, max_length=256)
+    source: str = Field(default="", max_length=1024)
+    """A bucket URL (s3://, gs://, az://) for a model in object storage; the node must allow it."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def fetch_router(node: NodeApi, channel: Channel) -> APIRouter:
                 token=hf_token,
                 lend=channel.lend_node_token,
                 client=channel.client,
+                source=body.source,
             )
         except WeightswarmError as exc:
             raise http_error(exc) from None

@@ -139,9 +139,13 @@ class AgentClient:
         include: Sequence[str],
         exclude: Sequence[str],
         token: str | None = None,
+        source: str = "",
     ) -> dict[str, Any]:
-        """Ask the daemon for a model; `token` (the requester's HF token) is used for its origin calls."""
+        """Ask the daemon for a model; `token` (the requester's HF token) is used for its origin calls;
+        `source`: the bucket URL of a model in object storage."""
         body = {"repo_id": repo_id, "revision": revision, "include": list(include), "exclude": list(exclude)}
+        if source:
+            body["source"] = source
         headers = {HF_TOKEN_HEADER: token} if token else {}
         result: dict[str, Any] = self._call("POST", "/v1/fetch", json=body, headers=headers)
         return result
@@ -179,11 +183,12 @@ def fetch_via_agent(
     exclude: Sequence[str],
     progress: Progress,
     token: str | None = None,
+    source: str = "",
 ) -> dict[str, Any]:
     """Hand the fetch to the daemon, mirror its progress, return the final job status (Ready)."""
     client = AgentClient(url)
     try:
-        status = client.start_fetch(repo_id, revision, include, exclude, token)
+        status = client.start_fetch(repo_id, revision, include, exclude, token, source)
         bars: dict[str, FileProgress] = {}
         finished: set[str] = set()
         total_set = False

@@ -279,6 +279,8 @@ class HfEndpoint:
         commit = meta.commit or (rev if is_commit(rev) else None)
         if commit is None:
             return hub_error(502, f"{what}: the origin's resolve answer has no X-Repo-Commit")
+        if meta.blob_id is None:
+            return hub_error(502, f"{what}: the origin's resolve answer names no content id (no ETag)")
         size = meta.size if meta.size is not None else self._cached_size(meta.blob_id)
         if size is None:
             return hub_error(

@@ -237,7 +237,11 @@ class Fleet:
                     # The operator's object is the request (creating ModelPreheats is the credential,
                     # docs/security.md), so the node's token is lent, as for a pod annotation.
                     self._jobs[uid] = self._request_model(
-                        preheat.model.repo_id, preheat.model.revision, lend=True, background=True
+                        preheat.model.repo_id,
+                        preheat.model.revision,
+                        lend=True,
+                        background=True,
+                        source=preheat.model.source,
                     )
                     self._errors.pop(uid, None)
                     log.info("ModelPreheat %s selects this node: keeping %s", preheat.name, preheat.model)

@@ -142,7 +142,9 @@ class PodSync:
         try:
             # An annotation is the operator's request (creating pods where the agent watches is the
             # credential, docs/security.md), so the node's token is lent.
-            self._jobs[model] = self._request_model(model.repo_id, model.revision, lend=True)
+            self._jobs[model] = self._request_model(
+                model.repo_id, model.revision, lend=True, source=model.source
+            )
             self._errors.pop(model, None)
         except WeightswarmError as exc:
             self._jobs.pop(model, None)

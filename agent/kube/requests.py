@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.core.errors import AnnotationError
+from agent.core.errors import AnnotationError, ConfigError
 from agent.fetch.jobs import JobStatus
+from agent.origin.bucket import split_bucket_url
 
 MODELS_ANNOTATION = "weightswarm.io/models"
 STATUS_ANNOTATION = "weightswarm.io/status"
@@ -47,10 +48,12 @@ _PHASE_STAGES = {"Pending": "queued", "Ready": "ready", "Failed": "failed"}
 
 @dataclass(frozen=True, order=True)
 class ModelRef:
-    """One requested model: a Hub repo id and a revision (branch, tag or 40-hex commit)."""
+    """One requested model: a Hub repo id and a revision (branch, tag or 40-hex commit); or a repo id the
+    model is cached as and the bucket URL it is read from ("org/name=s3://bucket/prefix")."""
 
     repo_id: str
     revision: str = DEFAULT_REVISION
+    source: str = ""
 
     @property
     def key(self) -> str:
@@ -169,9 +172,18 @@ def _check_revision(entry: str, revision: str) -> str:
 
 
 def parse_model_ref(entry: str) -> ModelRef:
-    """One "org/name[@rev]" (already stripped) to a `ModelRef`; raises `AnnotationError`."""
+    """One "org/name[@rev]" or "org/name=s3://bucket/prefix" (already stripped) to a `ModelRef`; raises
+    `AnnotationError`."""
     if any(c.isspace() for c in entry):
         raise AnnotationError(entry, "whitespace inside an entry (separate models with ',')")
+    model, eq, source = entry.partition("=")
+    if eq:
+        try:
+            scheme, bucket, prefix = split_bucket_url(source)
+        except ConfigError as exc:
+            raise AnnotationError(entry, str(exc)) from None
+        _check_repo_id(entry, model)
+        return ModelRef(model, source=f"{scheme}://{bucket}/{prefix}".rstrip("/"))
     repo_id, at, revision = entry.partition("@")
     _check_repo_id(entry, repo_id)
     if not at:

@@ -73,8 +73,10 @@ class RemoteFile:
     path: str
     size: int
     blob_id: str
-    """sha256 (the LFS oid) for LFS files, else the git blob sha1."""
+    """sha256 (the LFS oid) for LFS files, else the git blob sha1; a listing id when not `content_known`."""
     is_lfs: bool
+    content_known: bool = True
+    """False for an object store's object: its sha256 is computed by the first node to read it."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class FileMetadata:
     """What the origin's `resolve` HEAD says about one file, across its same-host redirects."""
 
     commit: str | None
-    blob_id: str
+    blob_id: str | None
+    """None from an origin that names no content id (object storage: the listing's ETag is checked)."""
     size: int | None
     """None when no hop said (a proxy's HEAD without Content-Length): the listing's size stands."""
     url: str

@@ -9,11 +9,15 @@ from urllib.parse import urlsplit
 from agent.core.errors import ConfigError
 from agent.core.settings import OriginSettings
 from agent.origin.base import Origin, OriginFactory
+from agent.origin.bucket import BucketOrigin
 from agent.origin.client import OriginClient
 
 ORIGIN_KINDS: dict[str, OriginFactory] = {
     "http": OriginClient,  # an HF-compatible hub: huggingface.co, a mirror, `agent serve-hub`
     "https": OriginClient,
+    "s3": BucketOrigin,  # object storage: S3 and S3-compatible stores, GCS, Azure Blob (agent.origin.bucket)
+    "gs": BucketOrigin,
+    "az": BucketOrigin,
 }
 
 

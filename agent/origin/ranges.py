@@ -229,7 +229,7 @@ class OriginSource:
             os.close(fd)
             if hopeless:  # its reservation and resume record go with it
                 cache.discard_partial(entry.blob_id)
-        if hashes.content_id != entry.blob_id or hashes.size != entry.size:
+        if (entry.content_known and hashes.content_id != entry.blob_id) or hashes.size != entry.size:
             cache.discard_partial(entry.blob_id)
             kind = "sha256" if entry.is_lfs else "git sha1"
             raise IntegrityError(
@@ -249,9 +249,10 @@ class OriginSource:
             raise OriginError(
                 f"{entry.path}: origin served commit {meta.commit[:12]}, expected {plan.commit[:12]}"
             )
-        if meta.blob_id != entry.blob_id or meta.size not in (None, entry.size):
+        if meta.blob_id not in (None, entry.blob_id) or meta.size not in (None, entry.size):
+            said = (meta.blob_id or "-")[:12]
             raise IntegrityError(
-                f"{entry.path}: origin metadata (id {meta.blob_id[:12]}, {meta.size} B) disagrees with "
+                f"{entry.path}: origin metadata (id {said}, {meta.size} B) disagrees with "
                 f"its listing (id {entry.blob_id[:12]}, {entry.size} B)"
             )
         return meta.url

@@ -1,0 +1,303 @@
+"""Object storage as an origin (agent.origin.base `Origin`): a model stored as a directory in the Hugging
+Face layout under a bucket prefix, `s3://bucket/prefix` (S3 and S3-compatible stores: MinIO, Ceph RGW,
+R2), `gs://bucket/prefix` or `az://container/prefix`.
+
+One library speaks all three: obstore (Rust's `object_store`, as used by DataFusion and Delta Lake).
+It lists, reads object metadata and signs URLs with each cloud's own credential chain: environment
+variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), web identity tokens (IRSA, Azure workload identity) and the
+instance metadata servers (GKE workload identity, EC2/EKS roles). One SDK per cloud would be three
+credential chains to keep and three dependency trees in the image. The bytes come through the same
+HTTP engine as a hub's (agent.origin.ranges: parallel ranges, resume, hedging, relay) on a URL signed
+for that object (`obstore.sign`), renewed when it expires as a Hub's CDN URL is (agent.origin.location).
+Credentials never leave the node: a signed URL goes only to this node's engine and its libtorrent web
+seed, and no credential is logged (a signed URL's query string is never printed).
+
+A prefix has no commits, so one is derived (`listing_commit`): the sha1 of every object's key, size,
+ETag and version, so a changed object is a new commit. Content ids (sha256) are not in a listing: the
+first node to read an object computes it (`FileEntry.content_known`, agent.fetch.bucket), and each
+listing entry has a `listing_id` until then. Every ranged read carries `If-Match` with the listed ETag:
+an object replaced after the listing fails with a clear error instead of mixing old and new bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import obstore
+import obstore.exceptions as obx
+import urllib3
+from obstore.store import AzureStore, GCSStore, S3Store, from_url
+
+from agent.cache.layout import safe_relpath
+from agent.core.errors import (
+    AuthError,
+    ConfigError,
+    IntegrityError,
+    NotFoundError,
+    OriginError,
+    OriginUnavailableError,
+)
+from agent.core.settings import OriginSettings
+from agent.origin.answers import FileMetadata, RemoteFile, Retryable
+from agent.origin.client import OriginClient
+
+log = logging.getLogger(__name__)
+
+BUCKET_SCHEMES = ("s3", "gs", "az")
+SIGNED_URL_TTL = timedelta(hours=1)
+"""How long a signed URL lives; an engine that outlives it signs again (agent.origin.location)."""
+_ACCESS = re.compile(
+    r"\b(AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|403 Forbidden|401 Unauthorized)\b"
+)
+_ENV_PREFIX = {"s3": "AWS", "gs": "GOOGLE", "az": "AZURE"}
+"""Each cloud's environment variables (obstore reads `AWS_*`, `GOOGLE_*`, `AZURE_*` as its SDKs do)."""
+MAX_OBJECTS = 100_000
+"""Most objects under one prefix: a model has tens; more is a wrong prefix (a whole bucket)."""
+
+
+@dataclass(frozen=True)
+class BucketObject:
+    path: str
+    """Relative to the prefix, checked as a snapshot path (no `..`, no absolute path)."""
+    size: int
+    etag: str
+    version: str | None
+
+
+@dataclass(frozen=True)
+class Listing:
+    commit: str
+    objects: dict[str, BucketObject]
+
+
+def is_bucket_url(text: str) -> bool:
+    return urlsplit(text).scheme.lower() in BUCKET_SCHEMES and "://" in text
+
+
+def split_bucket_url(url: str) -> tuple[str, str, str]:
+    """`s3://bucket/prefix` -> (scheme, bucket, prefix without slashes at its ends); ConfigError else."""
+    parts = urlsplit(url)
+    scheme, bucket, prefix = parts.scheme.lower(), parts.netloc, parts.path.strip("/")
+    if scheme not in BUCKET_SCHEMES or not bucket or parts.query or parts.fragment:
+        raise ConfigError(f"{url!r} is not a bucket URL: use s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
+    if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
+        raise ConfigError(f"{url!r}: the prefix has an empty, '.' or '..' segment")
+    return scheme, bucket, prefix
+
+
+def allowed_bucket(source: str, allowed: tuple[str, ...]) -> str:
+    """`source` normalised, when it lies under one of the `allowed` prefixes (whole path segments: `s3://b/m`
+    allows `s3://b/m/x`, not `s3://b/mx`); ConfigError otherwise, saying what to set."""
+    scheme, bucket, prefix = split_bucket_url(source)
+    wanted = f"{scheme}://{bucket}/{prefix}".rstrip("/")
+    for entry in allowed:
+        s, b, p = split_bucket_url(entry)
+        base = f"{s}://{b}/{p}".rstrip("/")
+        if wanted == base or wanted.startswith(base + "/"):
+            return wanted
+    raise ConfigError(
+        f"{wanted}: this agent reads no such bucket prefix for requests; its operator allows one with "
+        "`agent serve --bucket URL` (the chart's buckets.allow)"
+    )
+
+
+def listing_commit(url: str, objects: dict[str, BucketObject]) -> str:
+    """A 40-hex commit for this state of the prefix: any changed, added or removed object changes it."""
+    h = hashlib.sha1(f"weightswarm bucket listing\n{url}\n".encode())
+    for path in sorted(objects):
+        o = objects[path]
+        h.update(f"{path}\0{o.size}\0{o.etag}\0{o.version or ''}\n".encode())
+    return h.hexdigest()
+
+
+def listing_id(url: str, obj: BucketObject) -> str:
+    """A 64-hex id for one object as listed (`FileEntry.content_known` False): the same object listed
+    again gets the same id, so its partial download resumes; never a content id."""
+    key = f"weightswarm bucket object\n{url}\n{obj.path}\n{obj.size}\n{obj.etag}\n{obj.version or ''}"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class BucketOrigin(OriginClient):
+    """One bucket prefix. Listing, metadata and signing through obstore; ranges through the HTTP engine.
+    `settings.endpoint` is the bucket URL; the hub token is never sent to a store."""
+
+    def __init__(
+        self, settings: OriginSettings, max_connections: int = 16, interrupt: threading.Event | None = None
+    ) -> None:
+        super().__init__(dataclasses.replace(settings, token=None), max_connections, interrupt)
+        self.url = self.endpoint
+        self.scheme, self.bucket, self.prefix = split_bucket_url(self.url)
+        store = from_url(
+            self.url,
+            client_options={
+                "connect_timeout": timedelta(seconds=settings.connect_timeout),
+                "timeout": timedelta(seconds=max(settings.read_timeout, 30.0)),
+                # Client options replace what the environment says of them, so this one is read here.
+                "allow_http": os.environ.get(f"{_ENV_PREFIX[self.scheme]}_ALLOW_HTTP", "").lower()
+                in ("1", "true"),
+            },
+        )
+        if not isinstance(store, S3Store | GCSStore | AzureStore):
+            raise ConfigError(f"{self.url!r}: not an object store obstore can sign URLs for")
+        self._store = store
+        self._listings: dict[str, Listing] = {}
+        self._etag_of: dict[str, str] = {}
+        """signed URL -> the ETag its ranges must match (If-Match)."""
+
+    def __repr__(self) -> str:
+        return f"BucketOrigin({self.url!r})"
+
+    # --- listing -------------------------------------------------------------------------------------
+
+    def listing(self, what: str) -> Listing:
+        """Every object under the prefix now (with this node's credentials: the entitlement check)."""
+
+        def attempt() -> Listing:
+            objects: dict[str, BucketObject] = {}
+            try:
+                for batch in obstore.list(self._store, chunk_size=1000):
+                    for meta in batch:
+                        obj = listed_object(meta, what)
+                        if obj is not None:
+                            objects[obj.path] = obj
+                        if len(objects) > MAX_OBJECTS:
+                            raise OriginError(f"{what}: more than {MAX_OBJECTS} objects under the prefix")
+            except Exception as exc:  # noqa: BLE001 - obstore raises its own classes; mapped in one place
+                raise _mapped(exc, what) from None
+            if not objects:
+                raise NotFoundError(f"{what}: no object under {self.url} (check the bucket and prefix)")
+            return Listing(listing_commit(self.url, objects), objects)
+
+        found = self.retrying(what, attempt)
+        with self._lock:
+            self._listings[found.commit] = found
+        return found
+
+    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
+        """The prefix as it is now: `main` (or the commit it derives to) is the only revision."""
+        found = self.listing(f"{repo_id} ({self.url})")
+        if revision not in ("main", found.commit):
+            raise NotFoundError(
+                f"{repo_id}@{revision}: a bucket prefix has one revision, main "
+                f"(now commit {found.commit[:12]})"
+            )
+        files = [
+            RemoteFile(o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False)
+            for o in found.objects.values()
+        ]
+        return found.commit, files
+
+    def reported_public(self, repo_id: str) -> bool:
+        return False  # a bucket's readers are whoever its credentials allow: each node lists it itself
+
+    def has_repo(self, repo_id: str) -> None:
+        self.listing(f"{repo_id} ({self.url})")
+
+    # --- one object ------------------------------------------------------------------------------------
+
+    def _listed(self, commit: str, path: str, what: str) -> BucketObject:
+        with self._lock:
+            found = self._listings.get(commit)
+        if found is None:
+            found = self.listing(what)
+            if found.commit != commit:
+                raise IntegrityError(
+                    f"{what}: the prefix changed since it was planned (commit {commit[:12]} is gone)"
+                )
+        obj = found.objects.get(path)
+        if obj is None:
+            raise NotFoundError(f"{what}: not in the listing of {self.url}")
+        return obj
+
+    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
+        """The object's current metadata (HEAD with this node's credentials), checked against the
+        listing the plan came from, and a signed URL for its bytes."""
+        what = f"{repo_id}/{path}"
+        obj = self._listed(commit, path, what)
+        key = _key(self.prefix, path)
+
+        def attempt() -> dict[str, Any]:
+            try:
+                return dict(obstore.head(self._store, path))
+            except Exception as exc:  # noqa: BLE001
+                raise _mapped(exc, what) from None
+
+        head = self.retrying(what, attempt)
+        if head.get("size") != obj.size or (head.get("e_tag") or "") != obj.etag:
+            raise IntegrityError(
+                f"{what}: {self.scheme}://{self.bucket}/{key} changed since it was listed (ETag or size); "
+                "fetch again to plan the new state"
+            )
+        return FileMetadata(commit=None, blob_id=None, size=obj.size, url=self._sign(path, obj, what))
+
+    def _sign(self, path: str, obj: BucketObject, what: str) -> str:
+        try:
+            url = obstore.sign(self._store, "GET", path, SIGNED_URL_TTL)
+        except Exception as exc:  # noqa: BLE001
+            raise _mapped(exc, what) from None
+        with self._lock:
+            self._etag_of[url] = obj.etag
+        return url
+
+    def download_url(self, repo_id: str, commit: str, path: str) -> str:
+        what = f"{repo_id}/{path}"
+        return self._sign(path, self._listed(commit, path, what), what)
+
+    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
+        return self.patiently(lambda: self.file_metadata(repo_id, commit, path)).url
+
+    def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
+        with self._lock:
+            etag = self._etag_of.get(url)
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if etag:
+            headers["If-Match"] = etag
+        try:
+            return self.request("GET", url, what, headers)
+        except OriginError as exc:
+            if "answered 412" in str(exc):
+                raise IntegrityError(
+                    f"{what}: the object changed since it was listed (its ETag no longer matches); "
+                    "nothing of it was kept; fetch again to plan the new state"
+                ) from None
+            raise
+
+
+def _key(prefix: str, path: str) -> str:
+    return f"{prefix}/{path}" if prefix else path
+
+
+def listed_object(meta: Any, what: str) -> BucketObject | None:
+    """One listed object, or None for a directory marker; a key that is no safe path refuses the listing."""
+    path = str(meta["path"])
+    if path.endswith("/") and int(meta["size"]) == 0:
+        return None
+    try:
+        safe_relpath(path)
+    except Exception:  # noqa: BLE001 - CacheError or ValueError: the same refusal
+        raise IntegrityError(f"{what}: the prefix holds an unsafe key {path[:200]!r}; refused") from None
+    return BucketObject(path, int(meta["size"]), str(meta.get("e_tag") or ""), meta.get("version"))
+
+
+def _mapped(exc: Exception, what: str) -> Exception:
+    """obstore's errors as ours: refused credentials, a missing bucket, a passing failure (retried)."""
+    text = str(exc)
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    if isinstance(exc, obx.PermissionDeniedError | obx.UnauthenticatedError) or _ACCESS.search(text):
+        return AuthError(f"{what}: the store refused this node's credentials ({first})")
+    if isinstance(exc, obx.NotFoundError) or "NoSuchBucket" in text:
+        return NotFoundError(f"{what}: {first}")
+    if isinstance(exc, obx.InvalidPathError):
+        return IntegrityError(f"{what}: the prefix holds a key that is no safe path ({first}); refused")
+    if isinstance(exc, obx.GenericError | OSError | TimeoutError):
+        return Retryable(OriginUnavailableError(f"{what}: {first}"))
+    return OriginError(f"{what}: {first}")

@@ -1,0 +1,229 @@
+"""Models from object storage, one machine: `agent fetch s3://bucket/prefix --repo-id ORG/NAME` against a
+real S3 API server (moto's, tests.support.s3kit) behind a proxy that counts what the store serves and
+breaks answers on request; the real huggingface_hub reads the result offline."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from agent.cache.layout import repo_folder_name
+from agent.core.errors import AuthError, ConfigError, IntegrityError
+from agent.core.progress import Progress
+from agent.core.settings import OriginSettings, Settings
+from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
+from agent.kube.requests import ModelRef, parse_model_ref
+from agent.origin.bucket import BucketOrigin, allowed_bucket, listing_commit, split_bucket_url
+from agent.origin.ranges import OriginSource
+from tests.support.cluster import agent_cli, same_files
+from tests.support.s3kit import FaultProxy, S3Server, put_object, write_bucket_model
+
+REPO = "acme/bucket-model"
+PREFIX = "models/m1"
+
+
+@pytest.fixture
+def bucket_env(s3_server: S3Server, s3_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process's cloud credentials: the server's user, through the proxy."""
+    env = s3_server.env(endpoint=s3_proxy.endpoint)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+def settings_for(tmp_path: Path, url: str) -> Settings:
+    return Settings.from_env_defaults(
+        cache_dir=tmp_path / "hub", state_dir=tmp_path / "state", origin=OriginSettings(endpoint=url)
+    )
+
+
+def blobs_of(tmp_path: Path) -> list[Path]:
+    blobs = tmp_path / "hub" / repo_folder_name(REPO) / "blobs"
+    return sorted(blobs.iterdir()) if blobs.exists() else []
+
+
+def test_the_cli_fetches_a_bucket_model_that_huggingface_hub_reads_offline(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=3 << 20, shards=3)
+    total = sum(len(d) for d in files.values())
+    url = f"s3://{s3_bucket}/{PREFIX}"
+    args = ("fetch", url, "--repo-id", REPO, "--cache-dir", str(tmp_path / "hub"),
+            "--state-dir", str(tmp_path / "state"), "--agent", "off")
+    done = agent_cli(*args, env=bucket_env)
+    assert done.returncode == 0, done.stderr
+    snapshot = Path(done.stdout.strip().splitlines()[-1])
+    same_files(snapshot, files)
+    assert s3_proxy.bytes_served == total  # each object once, no more
+    # Blobs are named by their sha256, as a hub's LFS files are: the same shard elsewhere is one blob.
+    assert all(len(p.name) == 64 for p in blobs_of(tmp_path) if not p.name.endswith(".incomplete"))
+
+    import huggingface_hub
+
+    offline = huggingface_hub.snapshot_download(REPO, cache_dir=tmp_path / "hub", local_files_only=True)
+    same_files(offline, files)
+
+    # Again: the listing is the only request; the content ids learnt on the first read link the files.
+    s3_proxy.reset_counters()
+    again = agent_cli(*args, env=bucket_env)
+    assert again.returncode == 0, again.stderr
+    assert s3_proxy.bytes_served == 0
+    assert "already in the cache" in again.stderr
+
+
+def test_a_changed_object_is_a_new_commit_and_only_it_moves(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
+    settings = settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}")
+    first = fetch_snapshot(settings, REPO)
+    changed = dict(files)
+    changed["config.json"] = b'{"model_type": "llama", "changed": true}\n'
+    put_object(s3_server, s3_bucket, f"{PREFIX}/config.json", changed["config.json"])
+    s3_proxy.reset_counters()
+    second = fetch_snapshot(settings, REPO)
+    assert second.commit != first.commit
+    assert s3_proxy.bytes_served == len(changed["config.json"])
+    same_files(second.snapshot_path, changed)
+    same_files(first.snapshot_path, files)  # the old commit's snapshot stays as it was
+    ref = tmp_path / "hub" / repo_folder_name(REPO) / "refs" / "main"
+    assert ref.read_text().strip() == second.commit
+
+
+def test_slowdown_and_a_dropped_stream_are_retried_and_lose_nothing(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
+    s3_proxy.slowdown(2)
+    s3_proxy.drop_mid_body(2)
+    result = fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}"), REPO)
+    same_files(result.snapshot_path, files)
+    # A dropped range resumes from the byte it reached: at most those halves come twice.
+    assert s3_proxy.bytes_served <= sum(len(d) for d in files.values()) * 1.5
+
+
+def test_an_object_changed_after_the_listing_fails_clearly_and_leaves_nothing(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    settings = settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}")
+    client = BucketOrigin(settings.origin)
+    try:
+        plan = plan_from_origin(client, REPO, "main")
+        shard = next(p for p in files if p.endswith(".safetensors"))
+        put_object(s3_server, s3_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
+        with pytest.raises(IntegrityError, match="changed since it was listed"):
+            FetchEngine(settings, OriginSource(client, settings.fetch), Progress(quiet=True)).run(plan)
+    finally:
+        client.close()
+    snapshot = tmp_path / "hub" / repo_folder_name(REPO) / "snapshots" / plan.commit
+    assert not (snapshot / shard).exists()
+
+
+def test_a_range_of_an_object_replaced_mid_download_is_refused(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    """The signed URL's ranges carry If-Match with the listed ETag: a replaced object answers 412, not bytes
+    of its new content spliced into the old."""
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    client = BucketOrigin(OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"))
+    try:
+        commit, _ = client.revision(REPO, "main")
+        shard = next(p for p in files if p.endswith(".safetensors"))
+        url = client.file_metadata(REPO, commit, shard).url
+        first = client.open_range(url, 0, 1024, shard)
+        assert first.read() == files[shard][:1024]
+        first.release_conn()
+        put_object(s3_server, s3_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
+        with pytest.raises(IntegrityError, match="changed since it was listed"):
+            client.open_range(url, 1024, 2048, shard)
+    finally:
+        client.close()
+
+
+def test_wrong_credentials_get_a_clear_error_and_no_bytes(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env, monkeypatch
+):
+    write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(AuthError, match="refused this node's credentials"):
+        fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}"), REPO)
+    assert s3_proxy.bytes_served == 0
+    assert blobs_of(tmp_path) == []
+
+
+def test_a_key_that_climbs_out_of_the_prefix_refuses_the_listing(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    put_object(s3_server, s3_bucket, f"{PREFIX}/../../../etc/evil", b"x")
+    put_object(s3_server, s3_bucket, f"{PREFIX}/sub/../../evil", b"x")
+    with pytest.raises(IntegrityError, match="key"):
+        fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}"), REPO)
+    assert s3_proxy.bytes_served == 0
+    assert not (tmp_path / "etc").exists() and blobs_of(tmp_path) == []
+
+
+def test_the_commit_follows_every_key_size_and_etag():
+    from agent.origin.bucket import BucketObject
+
+    a = {"config.json": BucketObject("config.json", 10, '"e1"', None)}
+    assert listing_commit("s3://b/p", a) == listing_commit("s3://b/p", dict(a))
+    assert len(listing_commit("s3://b/p", a)) == 40
+    for other in (
+        {"config.json": BucketObject("config.json", 11, '"e1"', None)},
+        {"config.json": BucketObject("config.json", 10, '"e2"', None)},
+        {"config.json": BucketObject("config.json", 10, '"e1"', "v2")},
+        {**a, "x.json": BucketObject("x.json", 1, '"e3"', None)},
+    ):
+        assert listing_commit("s3://b/p", other) != listing_commit("s3://b/p", a)
+    assert listing_commit("s3://b/q", a) != listing_commit("s3://b/p", a)
+
+
+def test_bucket_urls_and_the_agents_allow_list():
+    assert split_bucket_url("s3://b/models/m1/") == ("s3", "b", "models/m1")
+    for bad in ("s3://", "http://b/p", "s3://b/p/../q", "s3://b/p?x=1", "s3://b/a//p"):
+        with pytest.raises(ConfigError):
+            split_bucket_url(bad)
+    allowed = ("s3://b/models", "gs://g")
+    assert allowed_bucket("s3://b/models/m1", allowed) == "s3://b/models/m1"
+    assert allowed_bucket("gs://g/any/thing", allowed) == "gs://g/any/thing"
+    for refused in ("s3://b/modelsX/m1", "s3://b/other", "s3://c/models", "az://b/models"):
+        with pytest.raises(ConfigError, match="agent serve --bucket"):
+            allowed_bucket(refused, allowed)
+
+
+def test_the_annotation_names_a_bucket_model_by_repo_id_and_url():
+    assert parse_model_ref("acme/m=s3://b/models/m1/") == ModelRef("acme/m", source="s3://b/models/m1")
+    assert parse_model_ref("acme/m@v1") == ModelRef("acme/m", "v1")
+    from agent.core.errors import AnnotationError
+
+    for bad in ("acme/m=https://b/p", "acme/m=s3://b/../p", "../x=s3://b/p"):
+        with pytest.raises(AnnotationError):
+            parse_model_ref(bad)
+
+
+def test_the_hub_token_never_goes_to_a_store(tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env):
+    write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    origin = dataclasses.replace(
+        OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"), token="hf_secret_token_value"
+    )
+    client = BucketOrigin(origin)
+    assert client.settings.token is None
+    commit, _ = client.revision(REPO, "main")
+    url = client.file_metadata(REPO, commit, "config.json").url
+    assert "Authorization" not in client.headers_for(url)
+    client.close()
+
+
+def test_a_listed_key_must_be_a_safe_snapshot_path():
+    """Whatever the store's client lets through (obstore refuses `..` itself), the listing's own check."""
+    from agent.origin.bucket import listed_object
+
+    assert listed_object({"path": "a/b.json", "size": 2, "e_tag": '"e"'}, "w").path == "a/b.json"
+    assert listed_object({"path": "dir/", "size": 0, "e_tag": '"e"'}, "w") is None  # a directory marker
+    for bad in ("../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a\\..\\b", "a/\x00b"):
+        with pytest.raises(IntegrityError, match="unsafe key"):
+            listed_object({"path": bad, "size": 1, "e_tag": '"e"'}, "w")
