@@ -14,12 +14,27 @@ What it does (no root, no network beyond 127.0.0.1):
 Exits 0 only if every step verified. Every process it starts is stopped by PID at the end,
 also on Ctrl-C. `--standalone` runs the same three fetches without daemons (origin only),
 for comparison. Work files: a temp dir (printed), removed unless --keep.
+
+`--origin s3`: the same from object storage instead of a hub (helpers in scripts/demo_s3.py):
+ 1. the same test model is written, then uploaded to a bucket (s3://demo-models/models/tiny-llama)
+    on a local S3 server (moto's `moto_server`, authentication off, on a free loopback port);
+ 2. the tracker and three daemons start as above, each with `--bucket s3://demo-models/models/tiny-llama`
+    and `AWS_*` variables pointing at the store through a relay that counts the store's egress;
+ 3. all three run `agent fetch s3://demo-models/models/tiny-llama --repo-id demo/tiny-llama --agent URL`
+    at once: one node reads the objects (and learns their sha256), the others take the bytes from the
+    swarm; the report shows per agent the time and the bytes from the store vs from peers, the store
+    egress ÷ model size, and checks that one agent read the store (`store_check`: the agents kept
+    <= 1.1 x model size of it; its egress, higher when moto's slow ranged reads were hedged, < 2.0 x);
+ 4. the same consumer checks: offline snapshot_download of demo/tiny-llama, safetensors loads, bytes
+    equal to the files written.
+With `--standalone`: three `agent fetch s3://… --repo-id demo/tiny-llama --agent off`, each from the store.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import os
 import secrets
@@ -34,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import demo_s3
 import httpx
 
 from agent.http.agent_httpx import http_client
@@ -208,8 +224,28 @@ def start_tracker(procs: Processes, work: Path) -> tuple[str, Path, Path]:
     return url, token, passkey
 
 
+def start_store(procs: Processes, model_dir: Path) -> demo_s3.CountingRelay:
+    """moto's S3 server (authentication off), the model uploaded to the demo bucket, and the relay that
+    counts the store's egress; every process started after this gets `AWS_*` pointing at the relay."""
+    port = free_port()
+    p = procs.start("moto", demo_s3.moto_argv(port))
+    wait_until(lambda: procs.check_alive("moto", p) and demo_s3.listening(port), 30, "the S3 server (moto)")
+    t = time.monotonic()
+    try:
+        files = demo_s3.upload_model(f"http://127.0.0.1:{port}", model_dir)
+    except Exception as exc:  # noqa: BLE001 - boto3's errors are many; the demo reports any of them
+        raise DemoError(f"uploading the model to the S3 server failed: {exc}") from exc
+    relay = demo_s3.CountingRelay(port)
+    procs.env = demo_s3.store_env(procs.env, relay.endpoint)
+    print(
+        f"demo: store http://127.0.0.1:{port} (moto_server, no auth): {files} files uploaded to "
+        f"{demo_s3.bucket_url()} in {time.monotonic() - t:.1f}s; agents reach it through {relay.endpoint}"
+    )
+    return relay
+
+
 def start_agents(
-    procs: Processes, work: Path, origin: str, tracker: str, token: Path, passkey: Path
+    procs: Processes, work: Path, source_args: list[str], tracker: str, token: Path, passkey: Path
 ) -> list[Agent]:
     agents = []
     for i in range(1, AGENTS + 1):
@@ -231,8 +267,7 @@ def start_agents(
                 str(token),
                 "--tracker-passkey-file",
                 str(passkey),
-                "--origin",
-                origin,
+                *source_args,
                 "--bt-listen",
                 f"127.0.0.1:{bt_port}",
                 "--api-listen",
@@ -271,7 +306,7 @@ def by_source(job: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def progress_line(agents: list[Agent], elapsed: float) -> str:
+def progress_line(agents: list[Agent], elapsed: float, src: str) -> str:
     parts = []
     for a in agents:
         j = a.job or {}
@@ -281,7 +316,7 @@ def progress_line(agents: list[Agent], elapsed: float) -> str:
         mark = " done" if a.seconds is not None else ""
         parts.append(
             f"{a.name} {pct} (peers {fmt_mib(by_source(j)['peers'])}, "
-            f"origin {fmt_mib(by_source(j)['origin'])}){mark}"
+            f"{src} {fmt_mib(by_source(j)['origin'])}){mark}"
         )
     return f"[{elapsed:5.1f}s] " + " | ".join(parts)
 
@@ -292,6 +327,7 @@ def fetch_all(
     argv_for: Callable[[Agent], list[str]],
     timeout: float,
     show_jobs: bool,
+    src: str = "origin",
 ) -> None:
     t0 = time.monotonic()
     for a in agents:
@@ -316,7 +352,7 @@ def fetch_all(
         if show_jobs and (tty or now - last_print >= 2.0):
             last_print = now
             print(
-                ("\r" if tty else "") + progress_line(agents, now - t0),
+                ("\r" if tty else "") + progress_line(agents, now - t0, src),
                 end="" if tty else "\n",
                 file=sys.stderr,
                 flush=True,
@@ -325,9 +361,28 @@ def fetch_all(
     if show_jobs:
         for a in agents:
             a.job = latest_job(a) or a.job
-        print(
-            ("\r" if tty else "") + progress_line(agents, time.monotonic() - t0), file=sys.stderr, flush=True
-        )
+        line = progress_line(agents, time.monotonic() - t0, src)
+        print(("\r" if tty else "") + line, file=sys.stderr, flush=True)
+
+
+def store_check(agents: list[Agent], size: int, ratio: float) -> tuple[str, str]:
+    """The swarm's claim for a bucket: one node reads the store, about one model's worth. (A note for
+    the report, what failed or "".)
+
+    Checked on two counts: the agents' own (`bytes_from_origin`, the store's bytes each kept) and the
+    store's egress, which can be higher: the origin engine asks a second connection for the rest of a
+    slow range (agent.origin.hedging), and moto's ranged reads are slow and uneven (each GET reads the
+    whole object, one at a time per object). A second reader would add a whole model: under 2.0 x."""
+    readers = [a.name for a in agents if by_source(a.job or {})["origin"]]
+    kept = sum(int((a.job or {}).get("bytes_from_origin") or 0) for a in agents) / size
+    note = f"store read by {', '.join(readers) or 'no agent'}; the agents kept {kept:.2f} x model size of it"
+    if ratio > kept + 0.05:
+        note += ", the rest of its egress were ranges asked twice (hedged: moto answered them slowly)"
+    if len(readers) != 1:
+        return note, f"{len(readers)} agents read the store; the swarm should leave that to one"
+    if kept > 1.1 or ratio >= 2.0:
+        return note, f"store egress {ratio:.2f} x (one read: < 2), kept {kept:.2f} x (<= 1.1) model size"
+    return note, ""
 
 
 def snapshot_of(procs: Processes, a: Agent) -> Path:
@@ -398,9 +453,20 @@ def run(args: argparse.Namespace, work: Path) -> int:
     print(f"demo: model {REPO}: {fmt_mib(size)} in {time.monotonic() - t:.1f}s -> {model_dir}")
 
     procs = Processes(logs)
+    s3 = args.origin == "s3"
+    src = "store" if s3 else "origin"
+    relay: demo_s3.CountingRelay | None = None
     try:
-        origin = start_origin(procs, hub, args.origin_rate)
-        print(f"demo: origin {origin} (agent serve-hub, capped at {args.origin_rate}/s in total)")
+        if s3:
+            relay = start_store(procs, model_dir)
+            url = demo_s3.bucket_url()
+            source_args, wanted = ["--bucket", url], [url, "--repo-id", REPO]
+            egress_now: Callable[[], int] = relay.egress
+        else:
+            origin = start_origin(procs, hub, args.origin_rate)
+            print(f"demo: origin {origin} (agent serve-hub, capped at {args.origin_rate}/s in total)")
+            source_args, wanted = ["--origin", origin], [REPO]
+            egress_now = functools.partial(egress, origin)
         if args.standalone:
             agents = [
                 Agent(f"node-{i}", "", work / f"node-{i}" / "hub", work / f"node-{i}" / "state")
@@ -411,9 +477,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
                 return [
                     str(BIN / "agent"),
                     "fetch",
-                    REPO,
-                    "--origin",
-                    origin,
+                    *wanted,
+                    *(["--agent", "off"] if s3 else source_args),
                     "--cache-dir",
                     str(a.cache),
                     "--state-dir",
@@ -421,23 +486,23 @@ def run(args: argparse.Namespace, work: Path) -> int:
                     "--quiet",
                 ]
 
-            print(f"demo: {AGENTS} standalone `agent fetch` from the origin at once (no swarm)…")
+            print(f"demo: {AGENTS} standalone `agent fetch` from the {src} at once (no swarm)…")
         else:
             tracker, token, passkey = start_tracker(procs, work)
             print(f"demo: tracker {tracker} (tracker serve; token, passkey in {token.name}, {passkey.name})")
-            agents = start_agents(procs, work, origin, tracker, token, passkey)
+            agents = start_agents(procs, work, source_args, tracker, token, passkey)
             print("demo: agents " + ", ".join(f"{a.name} {a.api}" for a in agents))
 
             def argv_for(a: Agent) -> list[str]:
-                return [str(BIN / "agent"), "fetch", REPO, "--agent", a.admin]
+                return [str(BIN / "agent"), "fetch", *wanted, "--agent", a.admin]
 
-            print(f"demo: `agent fetch {REPO} --agent URL` on all {AGENTS} agents at once…")
-        e0 = egress(origin)
-        fetch_all(procs, agents, argv_for, args.timeout, show_jobs=not args.standalone)
-        origin_bytes = egress(origin) - e0
+            print(f"demo: `agent fetch {' '.join(wanted)} --agent URL` on all {AGENTS} agents at once…")
+        e0 = egress_now()
+        fetch_all(procs, agents, argv_for, args.timeout, show_jobs=not args.standalone, src=src)
+        origin_bytes = egress_now() - e0
 
         print()
-        print(f"{'agent':<10}{'time s':>8}{'from origin':>14}{'from peers':>13}")
+        print(f"{'agent':<10}{'time s':>8}{'from ' + src:>14}{'from peers':>13}")
         for a in agents:
             j = a.job or {}
             src_o = fmt_mib(by_source(j)["origin"]) if j else "-"
@@ -445,19 +510,27 @@ def run(args: argparse.Namespace, work: Path) -> int:
             print(f"{a.name:<10}{a.seconds or 0:>8.1f}{src_o:>14}{src_p:>13}")
         ratio = origin_bytes / size
         print(
-            f"origin egress: {fmt_mib(origin_bytes)} = {ratio:.2f} x model size "
+            f"{src} egress: {fmt_mib(origin_bytes)} = {ratio:.2f} x model size "
             f"({AGENTS} nodes; without a swarm: {AGENTS:.2f} x)"
         )
+        store_failed = ""
+        if s3 and not args.standalone:
+            store_note, store_failed = store_check(agents, size, ratio)
+            print(store_note)
         print()
         for note in verify_consumer(snapshot_of(procs, agents[0]), agents[0].cache, model_dir):
             print(f"verified ({agents[0].name}): {note}")
         for a in agents[1:]:
             if verify_consumer(snapshot_of(procs, a), a.cache, model_dir):
                 print(f"verified ({a.name}): files byte-identical, tensors load")
-        if not args.standalone and ratio > 1.1:
-            raise DemoError(f"origin egress {ratio:.2f} x model size; the swarm should keep it <= 1.1 x")
+        if store_failed:
+            raise DemoError(store_failed)
+        if not args.standalone and not s3 and ratio > 1.1:
+            raise DemoError(f"{src} egress {ratio:.2f} x model size; the swarm should keep it <= 1.1 x")
     finally:
         procs.stop_all()
+        if relay is not None:
+            relay.close()
     print("demo: OK")
     return 0
 
@@ -466,7 +539,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="256MiB", help="model size (default 256MiB)")
     p.add_argument(
-        "--origin-rate", default="50MB", help="origin cap, all connections together (default 50MB)"
+        "--origin",
+        choices=("hub", "s3"),
+        default="hub",
+        help="where the model is: a hub (agent serve-hub), or a bucket on a local S3 server (default hub)",
+    )
+    p.add_argument(
+        "--origin-rate", default="50MB", help="hub origin cap, all connections together (default 50MB)"
     )
     p.add_argument("--timeout", type=float, default=90, help="seconds for the fetch before giving up")
     p.add_argument("--standalone", action="store_true", help="origin only: 3 standalone fetches, no daemons")

@@ -97,6 +97,7 @@ class BucketIndex:
         self.bytes_from_origin = 0
         self.read_here: set[str] = set()
         """Content ids of the blobs this node read from the store."""
+        self._source: OriginSource | None = None
 
     def identify(self, plan: FetchPlan) -> FetchPlan:
         plan = ListingIds(self.settings.state_dir).resolve(plan)
@@ -105,6 +106,9 @@ class BucketIndex:
         tracker, leases = self.policy.tracker, self.policy.leases
         if tracker is None or leases is None:
             return self._read(plan)
+        if {e.path for e in plan.files} != plan.all_paths:
+            # No manifest is written for part of a commit, so no node would wait for one.
+            return self._read_and_share(plan)
         key = index_key(plan)
         deadline = time.monotonic() + self.settings.daemon.max_wait_seconds
         said = False
@@ -122,7 +126,8 @@ class BucketIndex:
                 log.warning("%s@%s: the tracker's manifest does not fit the listing; reading the bucket",
                             plan.repo_id, plan.commit[:12])
                 return self._read_and_share(plan)
-            if leases.try_lease(key):
+            # Taken over from a holder whose read stopped moving (its heartbeats report the bytes read).
+            if leases.try_lease(key, stale=True):
                 return self._read_as_holder(plan, key)
             if time.monotonic() > deadline:
                 log.warning("%s: waited too long for another node's read of the bucket", plan.repo_id)
@@ -135,16 +140,26 @@ class BucketIndex:
                 raise WaitTimeoutError(f"{plan.repo_id}: the agent is stopping")
 
     def _read_as_holder(self, plan: FetchPlan, key: str) -> FetchPlan:
-        assert self.policy.leases is not None
+        leases = self.policy.leases
+        assert leases is not None
         stop = threading.Event()
-        beat = self.policy.leases.beat(key, stop)
+        leases.report(key, self._present)
+        beat = leases.beat(key, stop)
         beat.start()
         try:
             return self._read_and_share(plan)
         finally:
             stop.set()
             beat.join(timeout=5)
-            self.policy.leases.release(key)
+            leases.report(key, None)
+            leases.release(key)
+
+    def _present(self) -> int | None:
+        """The bytes read so far (heartbeats report them), None while the store said "later"."""
+        source = self._source
+        if self.client.told_to_wait:
+            return None
+        return self.bytes_from_origin + (source.bytes_received if source is not None else 0)
 
     def _read_and_share(self, plan: FetchPlan) -> FetchPlan:
         """`_read`, then seed every blob, publish its metainfo and the commit's manifest."""
@@ -157,10 +172,11 @@ class BucketIndex:
 
     def _read(self, plan: FetchPlan) -> FetchPlan:
         """Every object of the plan from the store, hashed as it arrives and installed under its sha256."""
-        source = OriginSource(self.client, self.settings.fetch)
+        source = self._source = OriginSource(self.client, self.settings.fetch)
         try:
             result = FetchEngine(self.settings, source, self.progress).run(plan)
         finally:
+            self._source = None
             self.bytes_from_origin += source.bytes_received
         read = set(result.downloaded)
         self.read_here |= {f.blob_id for f in result.files if f.path in read}

@@ -244,6 +244,11 @@ def install_downloaded(cache: RepoCache, entry: FileEntry, hashes: BlobHashes, c
             # them: nothing is installed, so no snapshot ever points at a broken shard.
             cache.discard_partial(entry.blob_id)
             raise
+    if not entry.content_known and cache.adopt_blob(hashes.content_id, hashes.size):
+        # Bytes whose id the download just learnt, which another repo of this cache holds (a Hub repo's
+        # shard): linked from there, one copy on disk.
+        cache.discard_partial(entry.blob_id)
+        return
     # mtime is filled in by install_blob once the blob has its final name. Under its content id, which
     # is the plan's unless the plan only had a listing id (`FileEntry.content_known`).
     digest = BlobDigest(hashes.size, 0, hashes.xxh3, hashes.piece_length, hashes.pieces)

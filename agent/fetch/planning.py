@@ -73,7 +73,9 @@ def plan_fetch(
         return _plan_without_origin(
             tracker, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc
         )
-    entitlements.record(repo_id, revision, plan.commit, public, token)
+    if not is_bucket_url(client.endpoint):
+        # Records are per repo id and hub token: a bucket model's yes must not stand for a Hub repo's.
+        entitlements.record(repo_id, revision, plan.commit, public, token)
     return plan
 
 

@@ -76,7 +76,9 @@ class OriginClient:
         self.endpoint = settings.endpoint.rstrip("/")
         self._pool = urllib3.PoolManager(
             num_pools=8,
-            maxsize=max(1, max_connections),
+            # Room for the hedges (agent.origin.hedging) beside the workers' connections: a full pool
+            # discards a connection coming back, and says so in a warning each time.
+            maxsize=2 * max(1, max_connections),
             block=False,
             retries=False,
             timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),

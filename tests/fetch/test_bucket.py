@@ -227,3 +227,34 @@ def test_a_listed_key_must_be_a_safe_snapshot_path():
     for bad in ("../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a\\..\\b", "a/\x00b"):
         with pytest.raises(IntegrityError, match="unsafe key"):
             listed_object({"path": bad, "size": 1, "e_tag": '"e"'}, "w")
+
+
+def test_the_same_shard_in_two_buckets_is_stored_once(tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env):
+    files = write_bucket_model(s3_server, s3_bucket, "a", REPO, total_bytes=1 << 20, shards=1)
+    write_bucket_model(s3_server, s3_bucket, "b", REPO, total_bytes=1 << 20, shards=1)
+    first = fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/a"), REPO)
+    second = fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/b"), "acme/same-shard")
+    shard = next(p for p in files if p.endswith(".safetensors"))
+    a, b = (Path(r.snapshot_path) / shard for r in (first, second))
+    assert a.resolve() != b.resolve() and a.stat().st_ino == b.stat().st_ino
+    same_files(second.snapshot_path, files)
+
+
+def test_a_bucket_models_plan_records_no_entitlement_a_hub_repo_could_use(
+    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    """Entitlement records are per repo id and hub token: a bucket read under `acme/x` must not let a node
+    plan the Hub's `acme/x` from the tracker while the Hub is down."""
+    from agent.cache.layout import StateDir
+    from agent.fetch.entitlement import Entitlements
+    from agent.fetch.planning import plan_fetch
+
+    write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    entitlements = Entitlements(StateDir(tmp_path / "state"))
+    client = BucketOrigin(OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"))
+    try:
+        plan = plan_fetch(client, None, REPO, "main", entitlements=entitlements, publisher_key=None)
+    finally:
+        client.close()
+    assert not all(e.content_known for e in plan.files)
+    assert entitlements.allows(REPO, None) is None and entitlements.commit_for(REPO, "main") is None

@@ -232,6 +232,8 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- define "weightswarm.agent.adminSocket" -}}{{ include "weightswarm.agent.stateDir" . }}/admin.sock{{- end }}
 {{- define "weightswarm.agent.podsSocket" -}}{{ include "weightswarm.agent.runDir" . }}/pods.sock{{- end }}
 {{- define "weightswarm.secretDir" -}}/etc/weightswarm/credentials{{- end }}
+{{- /* Where buckets.credentials.filesSecret is mounted in the agent container (its keys as files). */}}
+{{- define "weightswarm.bucketsDir" -}}/etc/weightswarm/buckets{{- end }}
 
 {{/* Host path of one agent hostPath volume: call with (list $ "hub"). */}}
 {{- define "weightswarm.agent.hostPath" -}}
@@ -274,6 +276,9 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- end }}
 {{- if and .Values.agent.publishRoots (not (include "weightswarm.publisherKeys.public" .)) }}
 {{- fail "agent.publishRoots needs publisherKeys.publicKey (existingConfigMap or existingSecret): without it no agent fetches what is published" }}
+{{- end }}
+{{- if hasKey .Values.agent.config "WEIGHTSWARM_BUCKET" }}
+{{- fail "agent.config.WEIGHTSWARM_BUCKET: list bucket prefixes in buckets.allow instead (the agent's --bucket arguments, which take precedence over the variable)" }}
 {{- end }}
 {{- if and .Values.serviceMonitor.enabled (not .Values.agent.metricsOnNetwork) }}
 {{- fail "serviceMonitor.enabled=true needs agent.metricsOnNetwork=true: with it off the agents serve /metrics on their admin socket only" }}
