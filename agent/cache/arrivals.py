@@ -137,6 +137,20 @@ class Arrival:
 
         The bytes are returned only if no `restart` happened while they were read: producers restart
         before they touch the file, so what was read then is what was servable."""
+        opened = self.open_at(pos, n, checked)
+        if opened is None:
+            return b""
+        fd, n, generation = opened
+        try:
+            data = os.pread(fd, n, pos)
+        finally:
+            os.close(fd)
+        return data if self.unchanged(generation) else b""
+
+    def open_at(self, pos: int, n: int, checked: bool = False) -> tuple[int, int, int] | None:
+        """The file open for reading, how many of its bytes from `pos` (at most `n`) are servable now, and
+        the generation to check with `unchanged` once they are read; None when none are servable now.
+        The caller closes the descriptor."""
         with self._lock:
             generation = self._generation
         end = self.available(pos, checked)
@@ -144,21 +158,19 @@ class Arrival:
             n = min(n, end - pos)
             paths = [self.final_path] if self.final_path is not None else [self.path]
         if n <= 0:
-            return b""
+            return None
         for path in paths:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                return os.open(path, os.O_RDONLY), n, generation
             except OSError as exc:
-                if exc.errno == errno.ENOENT:  # renamed as it finished, or discarded: ask again
-                    continue
-                raise
-            try:
-                data = os.pread(fd, n, pos)
-            finally:
-                os.close(fd)
-            with self._lock:
-                return data if generation == self._generation else b""
-        return b""
+                if exc.errno != errno.ENOENT:  # renamed as it finished, or discarded: ask again
+                    raise
+        return None
+
+    def unchanged(self, generation: int) -> bool:
+        """No `restart` since `open_at` said `generation`: what was read meanwhile was servable."""
+        with self._lock:
+            return generation == self._generation
 
 
 class Arrivals:

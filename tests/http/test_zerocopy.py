@@ -1,0 +1,89 @@
+"""The ASGI zero-copy send extension of servekit's protocol (`os.sendfile` from the file to the socket), on
+a real uvicorn server on loopback under uvloop, as the agent's network listener runs it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from servekit.limits import ConnectionLimits, Gate
+from servekit.protocol import ZEROCOPY, uvicorn_options
+from tests.support.procs import free_port, loop_until
+
+DATA = os.urandom(3 * 2**20 + 12345)
+
+
+def app_for(path: Path, seen: list[bool]):
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        offset = int(scope["query_string"].decode() or 0)
+        zerocopy = ZEROCOPY in scope.get("extensions", {})
+        seen.append(zerocopy)
+        body = DATA[offset:]
+        head = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        if not zerocopy:
+            await send({"type": "http.response.body", "body": body})
+            return
+        with open(path, "rb") as f:
+            # In three sends, the last ending the body: as a relay sends spans of a growing file.
+            third = len(body) // 3
+            spans = [(offset, third), (offset + third, third), (offset + 2 * third, len(body) - 2 * third)]
+            for i, (start, count) in enumerate(spans):
+                more = i < len(spans) - 1
+                await send({"type": ZEROCOPY, "file": f, "offset": start, "count": count, "more_body": more})
+
+    return app
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, list[bool]]]:
+    path = tmp_path / "blob"
+    path.write_bytes(DATA)
+    seen: list[bool] = []
+    port = free_port()
+    gate = Gate(ConnectionLimits(), "test")
+    config = uvicorn.Config(
+        app_for(path, seen), host="127.0.0.1", port=port, log_level="warning", loop="uvloop",
+        lifespan="off", **uvicorn_options(gate),
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
+    yield f"http://127.0.0.1:{port}", seen
+    srv.should_exit = True
+    thread.join(10)
+
+
+def test_a_file_goes_out_whole_in_spans_and_the_connection_stays_usable(server):
+    url, seen = server
+    with httpx.Client(timeout=10) as client:
+        for offset in (0, 1, 2**20 + 7):
+            resp = client.get(f"{url}/?{offset}")
+            assert resp.status_code == 200 and resp.content == DATA[offset:]
+    assert seen == [True, True, True]  # the extension was offered, and one keep-alive connection served all
+
+
+def test_a_client_that_goes_away_mid_body_frees_the_server(server):
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /?0 HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.recv(1024)
+    # The server is not stuck on the abandoned sends: a new client gets the whole file at once.
+    started = time.monotonic()
+    assert httpx.get(f"{url}/?5", timeout=10).content == DATA[5:]
+    assert time.monotonic() - started < 5
