@@ -97,7 +97,6 @@ class BucketIndex:
         self.bytes_from_origin = 0
         self.read_here: set[str] = set()
         """Content ids of the blobs this node read from the store."""
-        self._source: OriginSource | None = None
 
     def identify(self, plan: FetchPlan) -> FetchPlan:
         plan = ListingIds(self.settings.state_dir).resolve(plan)
@@ -155,11 +154,10 @@ class BucketIndex:
             leases.release(key)
 
     def _present(self) -> int | None:
-        """The bytes read so far (heartbeats report them), None while the store said "later"."""
-        source = self._source
-        if self.client.told_to_wait:
-            return None
-        return self.bytes_from_origin + (source.bytes_received if source is not None else 0)
+        """The bytes read so far, as they land (heartbeats report them: a count that moved only as files
+        ended stood still for longer than a holder may stall, and waiting nodes took the lease over and
+        read the bucket too); None while the store said "later"."""
+        return None if self.client.told_to_wait else self.progress.done
 
     def _read_and_share(self, plan: FetchPlan) -> FetchPlan:
         """`_read`, then seed every blob, publish its metainfo and the commit's manifest."""
@@ -172,11 +170,10 @@ class BucketIndex:
 
     def _read(self, plan: FetchPlan) -> FetchPlan:
         """Every object of the plan from the store, hashed as it arrives and installed under its sha256."""
-        source = self._source = OriginSource(self.client, self.settings.fetch)
+        source = OriginSource(self.client, self.settings.fetch)
         try:
             result = FetchEngine(self.settings, source, self.progress).run(plan)
         finally:
-            self._source = None
             self.bytes_from_origin += source.bytes_received
         read = set(result.downloaded)
         self.read_here |= {f.blob_id for f in result.files if f.path in read}

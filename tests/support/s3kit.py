@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -183,6 +184,8 @@ class FaultProxy:
         self._bytes_served = 0
         self._requests: list[tuple[str, str]] = []
         self._faults = {"slowdown": 0, "drop": 0}
+        self.rate: float | None = None
+        """Bytes a second each answer's body is held to (None: as fast as moto sends): a slow store."""
         self._httpd = _ProxyHTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.proxy = self
         self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
@@ -303,6 +306,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.proxy._served(len(block))
             self.wfile.write(block)
             left -= len(block) if left > 0 else 0
+            if self.server.proxy.rate:
+                time.sleep(len(block) / self.server.proxy.rate)
         if drop:
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)

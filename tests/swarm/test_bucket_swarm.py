@@ -103,3 +103,22 @@ def test_a_bucket_the_agent_does_not_allow_is_refused_on_every_channel(
         assert resp.status_code in (400, 403), resp.text
         assert "agent serve --bucket" in resp.text
     assert s3_proxy.bytes_served == 0
+
+
+def test_a_slow_read_of_the_bucket_keeps_its_lease(
+    origin, tracker, make_agent, s3_server, s3_bucket, s3_proxy, bucket_env
+):
+    """The reader's heartbeats report bytes as they land: a file that takes longer than a holder may stall
+    does not hand the lease to a waiting node, which would read the whole bucket too."""
+    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=8 << 20, shards=2)
+    total = sum(len(d) for d in files.values())
+    s3_proxy.rate = 1 << 20  # a 4-MiB range takes 4 s, a stall is 1 s
+    url = f"s3://{s3_bucket}/{PREFIX}"
+    quick = {"buckets": (url,), "lease_ttl": 1.5, "lease_stall_min": 1.0}
+    daemons = [make_agent(f"n{i}", origin, tracker, daemon=quick) for i in range(3)]
+    statuses = fetch_all(daemons, url)
+    for st in statuses:
+        assert st["phase"] == "Ready", st
+        same_files(st["snapshot"], files)
+    assert [st["bytes_from_origin"] > 0 for st in statuses].count(True) == 1, statuses
+    assert s3_proxy.bytes_served <= total * 1.1, (s3_proxy.bytes_served, total)
