@@ -128,6 +128,8 @@ GOOD = {
     "commit": preheat(f"org/name_1.x@{COMMIT}", nodeSelector={"gpu": "h100", "zone": "a"}),
     "pr-ref": preheat("org/name@refs/pr/1"),
     "longest-repo-id": preheat("o/" + "n" * 94 + "@" + "r" * 255),
+    "bucket": preheat("acme/llama-ft=s3://models/llama-ft"),
+    "bucket-root": preheat("acme/llama-ft=gs://models"),
 }
 BAD = {
     "no-slash": preheat("not-a-model"),
@@ -136,6 +138,9 @@ BAD = {
     "empty-revision": preheat("Qwen/Qwen2.5-7B-Instruct@"),
     "part-ends-with-dot": preheat("Qwen./name"),
     "revision-too-long": preheat("org/name@" + "r" * 256),
+    "bucket-not-a-bucket-url": preheat("acme/llama-ft=https://models/llama-ft"),
+    "bucket-with-a-query": preheat("acme/llama-ft=s3://models/m?x=1"),
+    "bucket-and-revision": preheat("acme/llama-ft@main=s3://models/m"),
     "missing-model": preheat(None, nodeSelector={"gpu": "h100"}),
     "model-not-a-string": preheat(42),
     "selector-value-not-a-string": preheat(nodeSelector={"gpu": 1}),
@@ -171,6 +176,8 @@ def model_rule() -> str:
         ("o/" + "n" * 94 + "@" + "r" * 255, True),
         ("o/" + "n" * 95, False),
         ("o/" + "n" * 95 + "@main", False),
+        ("o/" + "n" * 94 + "=s3://" + "b" * 200, True),
+        ("o/" + "n" * 95 + "=s3://b/p", False),
     ],
 )
 def test_crd_rule_limits_the_repo_id_to_96_characters(model: str, ok: bool) -> None:

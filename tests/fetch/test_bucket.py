@@ -120,6 +120,8 @@ def test_an_object_changed_after_the_listing_fails_clearly_and_leaves_nothing(
         client.close()
     snapshot = tmp_path / "hub" / repo_folder_name(REPO) / "snapshots" / plan.commit
     assert not (snapshot / shard).exists()
+    # The object's HEAD told: no byte of it was asked for (the ranges' If-Match is the next line of defence).
+    assert not [r for r in s3_proxy.requests if r[0] == "GET" and r[1].endswith(shard)], s3_proxy.requests
 
 
 def test_a_range_of_an_object_replaced_mid_download_is_refused(
