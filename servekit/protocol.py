@@ -39,9 +39,10 @@ BUSY = (
 """What a connection over a cap is told before it is closed (no request of it is read)."""
 
 
-def guarded_protocol(gate: Gate) -> type[asyncio.Protocol]:
+def guarded_protocol(gate: Gate, zerocopy: bool = False) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol under `gate` and its header timeout (servekit.limits): pass it as
-    `uvicorn.Config(http=...)`."""
+    `uvicorn.Config(http=...)`. `zerocopy`: offer `ZEROCOPY` to the app (a closure per request: only
+    for listeners whose app sends files)."""
     header_timeout = gate.limits.header_timeout
 
     class GuardedProtocol(HttpToolsProtocol):
@@ -70,6 +71,9 @@ def guarded_protocol(gate: Gate) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            if not zerocopy:
+                super().on_headers_complete()
+                return
             self.scope.setdefault("extensions", {})[ZEROCOPY] = {}
             super().on_headers_complete()
             cycle = self.cycle
@@ -167,6 +171,6 @@ def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> None:
         done += sent
 
 
-def uvicorn_options(gate: Gate) -> dict[str, Any]:
-    """The `uvicorn.Config` options that put a listener under `gate`."""
-    return {"http": guarded_protocol(gate), "timeout_keep_alive": gate.limits.keepalive_timeout}
+def uvicorn_options(gate: Gate, zerocopy: bool = False) -> dict[str, Any]:
+    """The `uvicorn.Config` options that put a listener under `gate` (`zerocopy`: see `guarded_protocol`)."""
+    return {"http": guarded_protocol(gate, zerocopy), "timeout_keep_alive": gate.limits.keepalive_timeout}

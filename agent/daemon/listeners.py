@@ -142,7 +142,8 @@ class ApiServer:
     def __init__(self, app: Any, sock: socket.socket, where: str, limits: ConnectionLimits) -> None:
         self.gate = Gate(limits, where)
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", **uvicorn_options(self.gate)
+            app, log_level="warning", access_log=False, lifespan="off",
+            **uvicorn_options(self.gate, zerocopy=True),  # the relay sends blobs from their files
         )
         self.server = uvicorn.Server(config)
         self.where = where
