@@ -90,7 +90,7 @@ class Arrival:
             if self.state == "arriving":
                 self.written = 0
                 self.extent = None
-                self.chain = False  # the next producer says again (agent.fetch.sources.policy `_from_relay`)
+                self.chain = False  # the next producer says again (agent.fetch.sources.transports `Relay`)
                 self._generation += 1
 
     def finish(self, final_path: Path) -> None:

@@ -52,14 +52,15 @@ from agent.core.errors import (
     TrackerUnavailableError,
     WaitTimeoutError,
 )
-from agent.core.metainfo import infohash, listed_pieces
+from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
 from agent.core.settings import Settings
 from agent.fetch.sources.leases import Leases, holder_stall
 from agent.fetch.sources.parts import InParts, Published
 from agent.fetch.sources.request import BlobRequest
+from agent.fetch.sources.transports import BitTorrent, How, Relay, Transport, recorded_info
 from agent.relay.directory import RelayDirectory, blob_parts
-from agent.swarm.download import Downloads, Stalled
+from agent.swarm.download import Downloads
 from agent.swarm.session import Swarm
 from agent.swarm.trust import MAX_BAD_METAINFO, BadMetainfo, MetainfoTrust
 from agent.tracking.client import TrackerClient
@@ -105,6 +106,9 @@ class SourcePolicy:
         self.arrivals = Arrivals()
         """Blobs being obtained, readable while they arrive (agent.cache.arrivals; the HF endpoint
         streams them). One producer per blob: `obtain` holds the blob's lock."""
+        self.bittorrent: Transport = BitTorrent(self.torrents, self.arrivals)
+        self.relayed: Transport = Relay(self.torrents, self.arrivals)
+        """The ways between agents (agent.fetch.sources.transports); the relay only with a directory."""
 
     @property
     def holder_stall(self) -> float:
@@ -201,7 +205,7 @@ class SourcePolicy:
                     # A warm start: the seeds offer the blob over the relay, as a chain at link speed
                     # (agent.relay.directory "Warm starts"); BitTorrent if none does, or the chain breaks.
                     relay_tried = True
-                    outcome = self._from_relay(req, info, chain=True)
+                    outcome = self._by(self.relayed, req, info, How(chain=True))
                     if outcome is not None:
                         return outcome
                 outcome = self._swarm_or_none(req, info)
@@ -242,7 +246,7 @@ class SourcePolicy:
             if relayed and not relay_tried:
                 # The holder is pulling the blob from the origin and relaying it: take it as it arrives.
                 relay_tried = True
-                outcome = self._from_relay(req, info)
+                outcome = self._by(self.relayed, req, info, How())
                 if outcome is not None:
                     return outcome
                 continue  # ask again at once: the holder may have finished, or died
@@ -283,12 +287,13 @@ class SourcePolicy:
         """The blob from its swarm; None when the peers stalled or the metainfo proved wrong or suspect
         (then the caller does what `then` says: by default, the lease path)."""
         try:
-            return self._from_swarm(req, info, web_seed=False, stall=stall)
-        except Stalled:
-            log.warning("peers stalled on %s; %s", req.blob.path, then)
+            outcome = self._by(self.bittorrent, req, info, How(stall=stall))
         except BadMetainfo as exc:
             self._trust.distrust(req.blob, exc)
-        return None
+            return None
+        if outcome is None:
+            log.warning("peers stalled on %s; %s", req.blob.path, then)
+        return outcome
 
     def _by_parts(self, req: BlobRequest, parts: list[tuple[int, int]]) -> BlobOutcome | None:
         """The blob in parts (agent.fetch.sources.parts). None when it must come another way (then what
@@ -362,19 +367,22 @@ class SourcePolicy:
             if info is None or not req.web_seed():  # no metainfo, or an origin that offers no web seed
                 return self._from_origin(req, publish=True, info=info)
             try:
-                outcome = self._from_swarm(req, info, web_seed=True)
-                # Released as the download ended, the lease went to a node that asked before the tracker
-                # knew of this seeder, and that node pulled the blob from the origin too (a 267-byte file
-                # web-seeded by both nodes).
-                if not self.torrents.announced(infohash(info), seeders=1):
-                    log.info("no tracker reply counts %s's seeder yet; releasing its lease anyway", blob.path)
-                return outcome
+                outcome = self._by(self.bittorrent, req, info, How(web_seed=True))
             except BadMetainfo as exc:
                 self._trust.distrust(blob, exc)
                 return self._from_origin(req, publish=True, info=info)
-            except SwarmError as exc:  # Stalled among them
+            except SwarmError as exc:
                 log.warning("web seed download of %s failed (%s); using the origin engine", blob.path, exc)
                 return self._from_origin(req, publish=True, info=info)
+            if outcome is None:
+                log.warning("web seed download of %s stalled; using the origin engine", blob.path)
+                return self._from_origin(req, publish=True, info=info)
+            # Released as the download ended, the lease went to a node that asked before the tracker knew
+            # of this seeder, and that node pulled the blob from the origin too (a 267-byte file web-seeded
+            # by both nodes).
+            if not self.torrents.announced(infohash(info), seeders=1):
+                log.info("no tracker reply counts %s's seeder yet; releasing its lease anyway", blob.path)
+            return outcome
         finally:
             if self.relay is not None:
                 self.relay.leave(blob.blob_id)
@@ -431,52 +439,26 @@ class SourcePolicy:
             arrival.restart()  # the origin engine may start the file over
         req.from_origin(self._advance(arrival))
         self._installed(cache, blob)
-        info = self._recorded_info(cache, blob)
+        info = recorded_info(cache, blob)
         self._trust.trust_again(blob, infohash(info))
         self._seed(cache, blob, info, publish=publish)
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
 
-    def _from_relay(self, req: BlobRequest, info: bytes | None, chain: bool = False) -> BlobOutcome | None:
-        """The blob from the nodes relaying it (agent.relay.receiver); None when they could not finish it.
-        `info`: the metainfo the tracker lists, if any (its piece hashes are taken, not computed).
-        `chain`: from seeds (a warm start): relayed on to one node at a time, and no wait for a source
-        to be listed (a seed that offers the blob is listed already)."""
+    def _by(self, transport: Transport, req: BlobRequest, info: bytes | None, how: How) -> BlobOutcome | None:
+        """The blob by one of the ways between agents (agent.fetch.sources.transports); None when it could
+        not finish it. Once it is in: its readers get the last bytes, and it is seeded."""
         cache, blob = req.cache, req.blob
-        req.stage("peers")
-        self.torrents.drop(blob.blob_id, self.torrents.known_info(blob.blob_id))
-        arrival = self._arrival(blob)
-        if arrival is not None:
-            arrival.restart()
-            arrival.chain = chain
-        pieces = None if info is None else listed_pieces(info, blob.blob_id, blob.size)
-        received = req.from_relay(self._advance(arrival), not chain, pieces)
-        if received is None:
+        delivery = transport.bring(req, info, how)
+        if delivery is None:
             return None
         self._installed(cache, blob)
-        # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the listed
-        # one whose pieces were taken.
-        self._seed(cache, blob, self._recorded_info(cache, blob), publish=False)
-        return BlobOutcome("peers", bytes_from_peers=received)
-
-    def _from_swarm(
-        self, req: BlobRequest, info: bytes, web_seed: bool, stall: float | None = None
-    ) -> BlobOutcome:
-        """The blob by BitTorrent (agent.swarm.download), with the origin as a web seed for a lease holder."""
-        cache, blob = req.cache, req.blob
-        seed = req.web_seed if web_seed else None
-        st, web_seeded = self.torrents.receive(
-            cache, blob, info, seed, req.report, self._arrival(blob), req.stage, stall=stall
-        )
-        self._installed(cache, blob)
-        peers, web = st.bytes_from_peers, st.bytes_from_web_seeds
-        log.info("%s: %d bytes from peers, %d from web seeds", blob.path, peers, web)
-        self._on_seeding(blob.blob_id, infohash(info), info)
-        if not web_seeded:
-            # No web seed on this torrent: every payload byte came from a peer, whatever the
-            # swarm's sampled split says (it attributes unsampled bytes to web seeds).
-            return BlobOutcome("peers", bytes_from_peers=peers + web)
-        return BlobOutcome("peers" if web == 0 else "origin", bytes_from_peers=peers, bytes_from_origin=web)
+        if delivery.seeding:
+            self._on_seeding(blob.blob_id, infohash(delivery.info), delivery.info)
+        else:
+            self._seed(cache, blob, delivery.info, publish=False)
+        source: BlobOrigin = "origin" if delivery.from_origin else "peers"
+        return BlobOutcome(source, delivery.from_peers, delivery.from_origin)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -493,7 +475,7 @@ class SourcePolicy:
     def seed_installed(self, cache: RepoCache, blob: FileEntry) -> None:
         """Seed a blob this node installed outside the swarm (a bucket's first read, agent.fetch.bucket)
         and publish its metainfo, so that other nodes take it from here."""
-        self._seed(cache, blob, self._recorded_info(cache, blob), publish=True)
+        self._seed(cache, blob, recorded_info(cache, blob), publish=True)
 
     def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
         digest = seedable_digest(cache, blob.blob_id)
@@ -503,14 +485,6 @@ class SourcePolicy:
             self._seed(cache, blob, digest.encoded_info(blob.blob_id), publish=False)
         except (SwarmError, ValueError) as exc:
             log.warning("not seeding %s: %s", blob.path, exc)
-
-    @staticmethod
-    def _recorded_info(cache: RepoCache, blob: FileEntry) -> bytes:
-        """The info dict of a blob just installed, from the sidecar its download recorded."""
-        digest = cache.read_sidecar(blob.blob_id)
-        if digest is None:
-            raise IntegrityError(f"no digest recorded for {blob.path} after its download; retry the fetch")
-        return digest.encoded_info(blob.blob_id)
 
     def _arrival(self, blob: FileEntry) -> Arrival | None:
         return self.arrivals.get(blob.blob_id)
