@@ -1,4 +1,4 @@
-"""Blobs on their way into the cache, readable while they arrive (issues 13 and 17).
+"""Blobs on their way into the cache, readable while they arrive.
 
 A blob being fetched is written into `blobs/<id>.incomplete` by one producer at a time: the origin
 engine (parallel ranges, in-order hashing) or libtorrent (rarest-first pieces). Readers (the HF
