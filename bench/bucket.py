@@ -130,7 +130,8 @@ class BucketBench:
     # -- the store -------------------------------------------------------------------------
     @property
     def endpoint(self) -> str:
-        return f"http://{self.c.ip('origin')}:{ORIGIN_PORT}"
+        """The store: it listens where the stack's origin would."""
+        return self.s.origin_url
 
     @property
     def url(self) -> str:

@@ -53,6 +53,11 @@ def plan_fetch(
     `publisher_key`: the publisher's Ed25519 public key (PEM) that hub-less manifests must verify
     with; None refuses them."""
     token = client.settings.token
+    # A bucket model is planned from its listing alone, with this node's credentials: no fallback to the
+    # tracker, and no entitlement record (those are per repo id and hub token: a bucket's yes must not
+    # stand for a Hub repo's).
+    hub = not is_bucket_url(client.endpoint)
+    fallback = tracker if hub else None
     try:
         plan = plan_from_origin(client, repo_id, revision, include, exclude)
         public = client.reported_public(repo_id)
@@ -62,19 +67,16 @@ def plan_fetch(
         entitlements.forget(repo_id, token)
         raise
     except NotFoundError as exc:
-        if tracker is None or is_bucket_url(client.endpoint):
+        if fallback is None:
             raise
-        return _published_plan(tracker, repo_id, revision, include, exclude, publisher_key, exc)
+        return _published_plan(fallback, repo_id, revision, include, exclude, publisher_key, exc)
     except _UNREACHABLE as exc:
-        # A bucket has no entitlement record of its own (those are per repo id and hub token): a node
-        # plans a bucket model only after its credentials listed the prefix.
-        if tracker is None or is_bucket_url(client.endpoint):
+        if fallback is None:
             raise
         return _plan_without_origin(
-            tracker, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc
+            fallback, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc
         )
-    if not is_bucket_url(client.endpoint):
-        # Records are per repo id and hub token: a bucket model's yes must not stand for a Hub repo's.
+    if hub:
         entitlements.record(repo_id, revision, plan.commit, public, token)
     return plan
 
