@@ -28,6 +28,12 @@ Metadata: the origin's `resolve` HEAD, followed across redirects on the origin's
 client's Authorization (a small file's 307 to `/api/resolve-cache/...`) and never to another (an LFS
 file's 302 to the CDN, whose headers are the metadata), read by `agent.origin.answers.file_metadata`.
 
+The origin is reached only through its client API (agent.origin.hub_api `ClientApi`, which
+agent.origin.kinds builds for the `--origin` kind): the proxied `/api/models/...` requests, the
+`resolve` hops and the access checks, each with the client's own credential or none. An origin kind
+without one (object storage has no Hub API to proxy) gets 501 with the reason on every route: its node
+still fetches for its pods, but this endpoint has nothing to serve.
+
 Fetches for HF clients use the client's own token, never the node's, and count against the
 per-client job limit (`daemon.max_jobs_per_client`, a client being one IP): over it, 429 with
 `Retry-After`.
@@ -44,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.background import BackgroundTask
@@ -58,25 +63,17 @@ from agent.core.errors import BusyError, OriginError, WeightswarmError
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, RequestModel
 from agent.http.hf_access import AccessCache, OriginAccess, client_credential
-from agent.http.hf_answers import (
-    XET_ROUTES,
-    Unreachable,
-    for_client,
-    hub_error,
-    passed,
-    without_xet_hashes,
-)
+from agent.http.hf_answers import XET_ROUTES, for_client, hub_error, passed, without_xet_hashes
 from agent.http.hf_paths import ApiRequest, BadPath, ResolveRequest, api_request, resolve_request
 from agent.http.metrics import AgentMetrics
-from agent.origin.answers import Hop, file_metadata, next_hop
+from agent.origin.answers import file_metadata
+from agent.origin.hub_api import ClientApi, Unreachable
+from agent.origin.kinds import NoClientApi, open_client_api
 
 log = logging.getLogger(__name__)
 
 BUSY_RETRY_AFTER = 10
 """Seconds a client over its fetch-job limit is told to wait (`Retry-After`; huggingface_hub honours it)."""
-
-MAX_HOPS = 5
-"""Same-host redirects a metadata HEAD follows at most (the Hub uses one)."""
 
 
 @dataclass(frozen=True)
@@ -119,23 +116,23 @@ class HfEndpoint:
         self.request_model = request_model
         self.arrivals = arrivals
         s = settings
-        self.origin = s.origin.endpoint.rstrip("/")
-        self._timeout = httpx.Timeout(s.origin.read_timeout, connect=s.origin.connect_timeout)
         self.access = AccessCache(s.ops.access_ttl, s.ops.public_ttl)
-        self.checker = OriginAccess(self.origin, self.access, self._client, self._origin_headers)
-
-    def _client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=self._timeout, follow_redirects=False, trust_env=False)
-
-    def _origin_headers(self, auth: str | None) -> dict[str, str]:
-        h = {"User-Agent": self.settings.origin.user_agent, "Accept-Encoding": "identity"}
-        if auth:
-            h["Authorization"] = auth
-        return h
+        self.api: ClientApi | None = None
+        self.not_served = ""
+        """Why every request is refused when the origin has no client API (object storage), else ""."""
+        try:
+            self.api = open_client_api(s.origin)
+        except NoClientApi as exc:
+            # Not a start failure: the node still fetches for its pods; only this endpoint has nothing
+            # to proxy. Asking such an origin's URL over HTTP would only look like an outage to a client.
+            self.not_served = str(exc)
+        self.checker = OriginAccess(self.api, self.access) if self.api is not None else None
 
     # -- metadata ---------------------------------------------------------------------------
 
     async def api_models(self, request: Request, rest: str) -> Response:
+        if self.api is None:
+            return hub_error(501, self.not_served)
         auth = request.headers.get("authorization")
         parts = [p for p in rest.split("/") if p]
         if len(parts) >= 3 and parts[2] in XET_ROUTES:
@@ -151,29 +148,26 @@ class HfEndpoint:
         except BadPath as exc:
             return hub_error(exc.status, str(exc))
         try:
-            async with self._client() as client:
-                resp = await client.get(
-                    asked.origin_url(self.origin),
-                    params=asked.params(request.query_params.multi_items()),
-                    headers=self._origin_headers(auth),
-                )
-            if resp.status_code >= 500:
-                raise Unreachable(f"HTTP {resp.status_code}")
-        except (httpx.TransportError, Unreachable) as exc:
+            answer = await self.api.get(
+                asked.origin_path(), asked.params(request.query_params.multi_items()), auth
+            )
+        except Unreachable as exc:
             log.warning("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
             return self._local_api(asked, auth)
         # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
         # fields out) and its token; access decisions come from the agent's own requests only.
-        headers = passed(resp.headers)
-        link = resp.headers.get("link")
+        headers = passed(answer.headers)
+        link = answer.headers.get("link")
         if link:
-            headers["Link"] = link.replace(self.origin, str(request.base_url).rstrip("/"))
-        return Response(without_xet_hashes(resp.content), status_code=resp.status_code, headers=headers)
+            headers["Link"] = link.replace(self.api.endpoint, str(request.base_url).rstrip("/"))
+        return Response(without_xet_hashes(answer.body), status_code=answer.status, headers=headers)
 
     # -- access -----------------------------------------------------------------------------
 
     async def check_access(self, repo_id: str, authorization: str | None) -> Response | None:
         """None when the client may read the repo's files, else the answer to send it."""
+        if self.checker is None:
+            return hub_error(501, self.not_served)
         return await self.checker.check(repo_id, authorization)
 
     def _local_api(self, asked: ApiRequest, auth: str | None) -> Response:
@@ -248,6 +242,8 @@ class HfEndpoint:
         return FileMeta(commit, blob_id, size)
 
     async def file_meta(self, repo_id: str, rev: str, path: str, auth: str | None) -> FileMeta | Response:
+        if self.api is None:
+            return hub_error(501, self.not_served)
         refused = await self.check_access(repo_id, auth)
         if refused is not None:
             return refused
@@ -256,10 +252,9 @@ class HfEndpoint:
             return local
         # Metadata only (which commit `rev` is, the blob id and size), asked with the client's own
         # token; access was decided above.
-        url = ResolveRequest(repo_id, rev, path).origin_url(self.origin)
         try:
-            hops = await self._resolve_hops(url, auth)
-        except (httpx.TransportError, Unreachable) as exc:
+            hops = await self.api.resolve_hops(ResolveRequest(repo_id, rev, path).origin_path(), auth)
+        except Unreachable as exc:
             if local is not None:
                 return local
             log.warning("origin unreachable for %s/%s (%s) and the file is not cached", repo_id, path, exc)
@@ -291,24 +286,6 @@ class HfEndpoint:
             )
         return FileMeta(commit, meta.blob_id, size)
 
-    async def _resolve_hops(self, url: str, auth: str | None) -> list[Hop]:
-        """The origin's answers to a `resolve` HEAD: redirects on its own host are followed with the
-        client's Authorization (a small file's 307 to `/api/resolve-cache/...`), one to another host is
-        not (an LFS file's 302 to the CDN: its headers are the metadata). Ends at the first answer that
-        is not followed, a refusal included; a 5xx is `Unreachable`."""
-        hops: list[Hop] = []
-        async with self._client() as client:
-            next_url: str | None = url
-            while next_url is not None:
-                if len(hops) > MAX_HOPS:
-                    raise OriginError(f"the origin redirected {url} more than {MAX_HOPS} times")
-                resp = await client.head(next_url, headers=self._origin_headers(auth))
-                if resp.status_code >= 500:
-                    raise Unreachable(f"HTTP {resp.status_code}")
-                hops.append(Hop(resp.status_code, resp.headers, next_url))
-                next_url = next_hop(hops[-1]) if resp.status_code < 400 else None
-        return hops
-
     def _cached_size(self, blob_id: str) -> int | None:
         """The length of a blob this node holds in any repo of its cache: `blobs/<id>` appears only
         once complete and checked, so its size is the file's."""
@@ -320,6 +297,8 @@ class HfEndpoint:
         return None
 
     async def resolve(self, request: Request) -> Response:
+        if self.not_served:
+            return hub_error(501, self.not_served)
         try:
             asked = resolve_request(request.scope["raw_path"])
         except BadPath as exc:

@@ -11,6 +11,7 @@ no client query string, redirects never followed: a 3xx is no decision):
   client's token with a per-process key, repo): never the token itself, never on disk or in logs,
   never for another token, and never for a client without one (an anonymous client gets only what
   is public).
+Both are asked through the origin's client API (agent.origin.hub_api: `model_info`, `auth_check`).
 Responses to the client's own `/api/models/...` requests are passed through and never decide
 anything. A refusal is passed on with the origin's status and `X-Error-Code`, even when the blobs
 are cached; a private repo is never revealed (the origin's 401/404 `RepoNotFound`); a 429 is passed on
@@ -28,14 +29,13 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from fastapi import Response
 
-from agent.http.hf_answers import Unreachable, hub_error, origin_refusal
+from agent.http.hf_answers import hub_error, origin_refusal
+from agent.origin.hub_api import Answer, ClientApi, Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +136,14 @@ def redirected(what: str, repo_id: str, status: int) -> tuple[int, str]:
     return 502, f"the origin answered the {what} of {repo_id} with a redirect (HTTP {status}); not followed"
 
 
-def visibility_of(repo_id: str, resp: httpx.Response) -> Visibility:
+def visibility_of(repo_id: str, answer: Answer) -> Visibility:
     """The origin's answer to the agent's anonymous model-info request, read strictly: public only
     with `"private": false` and `"gated": false` both present in a 200 JSON object."""
-    status = resp.status_code
+    status = answer.status
     info: Any = None
     if status == 200:
         try:
-            info = json.loads(resp.content)
+            info = json.loads(answer.body)
         except ValueError:
             info = None
     if isinstance(info, dict):
@@ -159,8 +159,8 @@ def visibility_of(repo_id: str, resp: httpx.Response) -> Visibility:
     if 300 <= status < 400:
         return Visibility(False, True, False, (*redirected("model info", repo_id, status), None))
     if status >= 400:  # private or missing: the origin's own refusal, which does not say which
-        message = resp.headers.get("x-error-message") or "Repository not found"
-        return Visibility(False, True, False, (status, message, resp.headers.get("x-error-code")))
+        message = answer.headers.get("x-error-message") or "Repository not found"
+        return Visibility(False, True, False, (status, message, answer.headers.get("x-error-code")))
     msg = f"the origin sent no usable model info for {repo_id} (HTTP {status})"
     return Visibility(False, True, False, (502, msg, None))
 
@@ -168,27 +168,18 @@ def visibility_of(repo_id: str, resp: httpx.Response) -> Visibility:
 class _Throttled(Exception):
     """The origin answered an access request with 429: passed on, so the client backs off."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(f"HTTP {answer.status}")
+        self.answer = answer
 
 
 class OriginAccess:
     """Asks the origin whether a client may read a repo's files, and keeps its answers (`cache`)."""
 
-    def __init__(
-        self,
-        origin: str,
-        cache: AccessCache,
-        client: Callable[[], httpx.AsyncClient],
-        headers: Callable[[str | None], dict[str, str]],
-    ) -> None:
-        """`client` makes an HTTP client that follows no redirect; `headers(authorization)` are a request's
-        headers to the origin with that Authorization (None: anonymous)."""
-        self.origin = origin
+    def __init__(self, api: ClientApi, cache: AccessCache) -> None:
+        """`api` asks the origin (agent.origin.hub_api: it follows no redirect of these requests)."""
+        self.api = api
         self.cache = cache
-        self._client = client
-        self._headers = headers
 
     async def check(self, repo_id: str, authorization: str | None) -> Response | None:
         """None when the client may read the repo's files, else the answer to send it (the origin's
@@ -197,46 +188,38 @@ class OriginAccess:
         if self.cache.allowed(repo_id, credential):
             return None
         try:
-            async with self._client() as client:
-                visibility = self.cache.visibility(repo_id) or await self._ask_visibility(client, repo_id)
-                if visibility.public:
-                    return None
-                if credential is None:
-                    status, message, code = visibility.refusal
-                    return hub_error(status, message, code)
-                return await self._ask_grant(client, repo_id, authorization, credential)
+            visibility = self.cache.visibility(repo_id) or await self._ask_visibility(repo_id)
+            if visibility.public:
+                return None
+            if credential is None or authorization is None:
+                status, message, code = visibility.refusal
+                return hub_error(status, message, code)
+            return await self._ask_grant(repo_id, authorization, credential)
         except _Throttled as exc:
-            return origin_refusal(exc.response, "the origin is rate limiting this node; retry later")
-        except (httpx.TransportError, Unreachable) as exc:
+            return origin_refusal(exc.answer, "the origin is rate limiting this node; retry later")
+        except Unreachable as exc:
             log.warning("origin unreachable for the access check of %s (%s)", repo_id, exc)
             return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
 
-    async def _ask_visibility(self, client: httpx.AsyncClient, repo_id: str) -> Visibility:
+    async def _ask_visibility(self, repo_id: str) -> Visibility:
         """The agent's own anonymous model-info request (fixed URL, no query, no client header)."""
-        resp = await client.get(f"{self.origin}/api/models/{repo_id}", headers=self._headers(None))
-        if resp.status_code == 429:
-            raise _Throttled(resp)
-        if resp.status_code >= 500:
-            raise Unreachable(f"HTTP {resp.status_code}")
-        visibility = visibility_of(repo_id, resp)
+        answer = await self.api.model_info(repo_id)
+        if answer.status == 429:
+            raise _Throttled(answer)
+        visibility = visibility_of(repo_id, answer)
         self.cache.set_visibility(repo_id, visibility)
         return visibility
 
-    async def _ask_grant(
-        self, client: httpx.AsyncClient, repo_id: str, authorization: str | None, credential: str
-    ) -> Response | None:
+    async def _ask_grant(self, repo_id: str, authorization: str, credential: str) -> Response | None:
         """The origin's `auth-check` with the client's own Authorization: 200 grants, nothing else does."""
-        url = f"{self.origin}/api/models/{repo_id}/auth-check"
-        resp = await client.get(url, headers=self._headers(authorization))
-        status = resp.status_code
+        answer = await self.api.auth_check(repo_id, authorization)
+        status = answer.status
         if status == 429:
-            raise _Throttled(resp)
-        if status >= 500:
-            raise Unreachable(f"HTTP {status}")
+            raise _Throttled(answer)
         if status == 200:
             self.cache.grant(repo_id, credential)
             return None
         self.cache.revoke(repo_id, credential)
         if 300 <= status < 400:
             return hub_error(*redirected("auth check", repo_id, status))
-        return origin_refusal(resp, f"the origin refused access to {repo_id}")
+        return origin_refusal(answer, f"the origin refused access to {repo_id}")

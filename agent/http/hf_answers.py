@@ -18,9 +18,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
 from fastapi import Response
 from fastapi.responses import JSONResponse
+
+from agent.origin.hub_api import Answer
 
 PASSED_HEADERS = frozenset(
     {
@@ -46,10 +47,6 @@ _XET_REL = re.compile(r"""\brel\s*=\s*"?[^";,]*\bxet-""", re.IGNORECASE)
 _XET_HASH = "xetHash"
 
 
-class Unreachable(Exception):
-    """The origin could not be asked (a transport error, or a 5xx answer)."""
-
-
 def hub_error(
     status: int,
     message: str,
@@ -71,13 +68,13 @@ def passed(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() in PASSED_HEADERS}
 
 
-def origin_refusal(resp: httpx.Response, fallback: str) -> JSONResponse:
+def origin_refusal(answer: Answer, fallback: str) -> JSONResponse:
     """The origin's refusal of a request, in the Hub's format (its status, code, message, and the
     rate-limit headers of a 429)."""
-    h = resp.headers
+    h = answer.headers
     kept = {k: v for k, v in h.items() if k.lower() in REFUSAL_HEADERS}
     message = h.get("x-error-message") or fallback
-    return hub_error(resp.status_code, message, h.get("x-error-code"), headers=kept)
+    return hub_error(answer.status, message, h.get("x-error-code"), headers=kept)
 
 
 def without_xet_links(link: str) -> str:

@@ -6,9 +6,9 @@ as the Hub reads it (huggingface_hub quotes a revision whole, `refs%2Fpr%2F1`, a
 slashes kept). A segment that decodes to nothing, `.`, `..`, a control character or a `/` (in a repo id
 or a file name) is refused with 400, and so is anything `agent.cache.layout` refuses: a repo id the Hub
 would not take, a revision git would not (or longer than a ref file name), a path longer than a snapshot
-may hold. The origin's URL is then built from the checked parts, each quoted: no dot segment, no
-client-chosen host path, and of the client's query string only the parameters the Hub documents for
-that route (`API_ROUTES`).
+may hold. The path asked of the origin is then built from the checked parts, each quoted (`origin_path`,
+which the origin's client API puts after the origin's URL): no dot segment, no client-chosen host path,
+and of the client's query string only the parameters the Hub documents for that route (`API_ROUTES`).
 """
 
 from __future__ import annotations
@@ -58,16 +58,17 @@ class ApiRequest:
     path: str = ""
     """A tree listing's folder ("" for the root)."""
 
-    def origin_url(self, origin: str) -> str:
-        url = f"{origin}/api/models/{_quoted_repo(self.repo_id)}"
+    def origin_path(self) -> str:
+        """The request's path on the origin, built from the checked parts, each quoted."""
+        repo = f"/api/models/{_quoted_repo(self.repo_id)}"
         if self.route == "info":
-            return url
+            return repo
         if self.revision is None:
-            return f"{url}/{self.route}"
-        url = f"{url}/{self.route}/{quote(self.revision, safe='')}"
-        return f"{url}/{quote(self.path)}" if self.path else url
+            return f"{repo}/{self.route}"
+        at = f"{repo}/{self.route}/{quote(self.revision, safe='')}"
+        return f"{at}/{quote(self.path)}" if self.path else at
 
-    def params(self, query: Iterable[tuple[str, str]]) -> list[tuple[str, str | int | float | bool | None]]:
+    def params(self, query: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """The client's query parameters that the Hub documents for this route."""
         allowed = API_ROUTES[self.route]
         return [(k, v) for k, v in query if k in allowed]
@@ -81,9 +82,10 @@ class ResolveRequest:
     revision: str
     path: str
 
-    def origin_url(self, origin: str) -> str:
+    def origin_path(self) -> str:
+        """The request's path on the origin, built from the checked parts, each quoted."""
         revision = quote(self.revision, safe="")
-        return f"{origin}/{_quoted_repo(self.repo_id)}/resolve/{revision}/{quote(self.path)}"
+        return f"/{_quoted_repo(self.repo_id)}/resolve/{revision}/{quote(self.path)}"
 
 
 def _segments(raw_path: bytes) -> list[str]:

@@ -1,7 +1,7 @@
 """The origin interface: where a model comes from when no peer has it.
 
-Every kind of origin (an HF-compatible hub; object storage later) is one module implementing `Origin`
-and one line in `agent.origin.kinds.ORIGIN_KINDS`, which picks it by the URL scheme of `--origin`:
+Every kind of origin (an HF-compatible hub, object storage) is one module implementing `Origin` and one
+entry in `agent.origin.kinds.ORIGIN_KINDS`, which picks it by the URL scheme of `--origin`:
 - resolve a revision to a commit, with its files' sizes and content ids (`revision`: one call);
 - say whether a repo is public (`reported_public`) and whether it exists (`has_repo`);
 - a file's metadata: commit, content id, size and the URL its bytes come from (`file_metadata`);
@@ -10,8 +10,12 @@ and one line in `agent.origin.kinds.ORIGIN_KINDS`, which picks it by the URL sch
 - its retry policy: bounded retries (`retrying`) and patience with an origin that says "later"
   (`patiently`, `told_to_wait`), which the engine applies to its ranges.
 
-The HF-compatible endpoint of the agent (agent.http.hf) proxies the Hub's own API to its clients, so it
-speaks that API itself; it reads the Hub's answers through agent.origin.answers, the same rules.
+`Origin` is the fetch engine's, sync and with the node's token. The agent's HF-compatible endpoint
+(agent.http.hf) asks the origin for its clients instead, async and with each client's own credential:
+through the kind's client API (agent.origin.hub_api `ClientApi`: the Hub's `/api/models/...` proxied,
+the `resolve` hops, the access checks), which a kind registers beside its `Origin`, or not at all when
+it has no Hub API to proxy (object storage: that endpoint then refuses every request). Both read a hub's
+answers through agent.origin.answers, the same rules.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from agent.daemon.node import Daemon
 from agent.http.hf_access import Visibility, visibility_of
 from agent.hub.server import HubServer
+from agent.origin.hub_api import Answer
 from tests.support.cluster import Origin, same_files, write_models
 from tests.support.procs import loop_until
 
@@ -93,8 +94,9 @@ def assert_refused(
 # -- what the origin must say for "public" ---------------------------------------------------------
 
 
-def _info(status: int, body: object = None, **headers: str) -> httpx.Response:
-    return httpx.Response(status, json=body, headers=headers)
+def _info(status: int, body: object = None, **headers: str) -> Answer:
+    resp = httpx.Response(status, json=body, headers=headers)
+    return Answer(resp.status_code, resp.headers, resp.content)
 
 
 @pytest.mark.parametrize(
@@ -113,7 +115,7 @@ def _info(status: int, body: object = None, **headers: str) -> httpx.Response:
         (_info(401, {"error": "Repository not found"}, **{"X-Error-Code": "RepoNotFound"}), False),
     ],
 )
-def test_public_only_when_the_origin_says_private_false_and_gated_false(resp: httpx.Response, public: bool):
+def test_public_only_when_the_origin_says_private_false_and_gated_false(resp: Answer, public: bool):
     seen = visibility_of(OPEN, resp)
     assert isinstance(seen, Visibility) and seen.public is public
     if not public:

@@ -8,7 +8,7 @@ import hashlib
 import httpx
 import pytest
 from huggingface_hub import snapshot_download
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.daemon.node import Daemon
@@ -138,5 +138,37 @@ def test_gated_repo_is_refused_to_a_wrong_token_although_its_blobs_are_cached(ga
         assert file_requests(gated.hub) == []  # the right token was served from the node's cache
         # The decision is cached per token: the wrong token is still refused right after.
         assert httpx.get(url, headers={"Authorization": f"Bearer {WRONG}"}, timeout=30).status_code == 401
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("bucket", ["s3://models/llama-ft", "gs://models/llama-ft", "az://models/llama-ft"])
+def test_a_node_whose_origin_is_a_bucket_says_so_on_every_hf_route(tmp_path, bucket):
+    """Object storage has no Hub API to proxy: the endpoint names the reason, never "origin unreachable",
+    and never asks the bucket (no store runs here: any attempt would fail as an outage)."""
+    daemon = Daemon(agent_settings(tmp_path, "node", bucket, None))
+    daemon.start()
+    try:
+        scheme = bucket.split(":")[0]
+        asked = [
+            ("GET", "/api/models/acme/llama-ft"),
+            ("GET", "/api/models/acme/llama-ft/revision/main"),
+            ("GET", "/api/models/acme/llama-ft/tree/main"),
+            ("GET", "/api/models/acme/llama-ft/xet-read-token/main"),
+            ("HEAD", "/acme/llama-ft/resolve/main/config.json"),
+            ("GET", "/acme/llama-ft/resolve/main/config.json"),
+            ("GET", "/acme/llama-ft/resolve/main/%2e%2e/secret"),
+        ]
+        for method, path in asked:
+            for headers in ({}, {"Authorization": f"Bearer {GOOD}"}):
+                resp = httpx.request(method, daemon.api_url + path, headers=headers, timeout=30)
+                message = resp.headers.get("X-Error-Message", "")
+                assert resp.status_code == 501, (method, path, resp.status_code, message)
+                assert f"origin is object storage ({scheme}://)" in message, message
+                assert "hub origins only" in message and "unreachable" not in message, message
+                assert "models/llama-ft" not in message  # the bucket's URL stays on the node
+        # huggingface_hub reads the 501 as "no answer from the Hub", with the endpoint's message.
+        with pytest.raises((HfHubHTTPError, LocalEntryNotFoundError), match="object storage"):
+            snapshot_download("acme/llama-ft", endpoint=daemon.api_url, cache_dir=tmp_path / "c", token=False)
     finally:
         daemon.stop()

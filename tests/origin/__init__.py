@@ -1,0 +1,1 @@
+"""Tests of agent.origin (see tests/support for what they share)."""
