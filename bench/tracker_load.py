@@ -1,13 +1,16 @@
 """Announce load: `tracker serve` (default SQLite store) vs opentracker, same wrk load, same run.
 
-    .venv/bin/python bench/tracker_load.py [--duration 10] [--blobs 2000] [--peers 1000]
+    .venv/bin/python bench/tracker_load.py [--duration 10] [--blobs 2000] [--peers 4000]
+        [--threads 1] [--connections 32] [--checkout DIR]
 
 Starts both trackers on loopback ports, drives each with
-`wrk -t2 -c64 -d<duration>s --latency -s bench/announce.lua`, where the script spreads
-announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes; ours at
-/announce/<passkey>, as agents announce, opentracker at /announce), and
+`wrk -t<threads> -c<connections> -d<duration>s --latency -s bench/announce.lua`, where the script
+spreads compact announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes;
+ours at /announce/<passkey>, as agents announce, opentracker at /announce), and
 prints announces/s, p50/p99 latency, the ratio, and how many nodes x blobs one replica
 carries at the announce interval (every node re-announces every blob once per interval).
+`--checkout DIR`: also run the tracker of another tree (a before/after in one run), with this
+tree's Python environment.
 """
 
 from __future__ import annotations
@@ -60,14 +63,15 @@ def check_announce(port: int, path: str, hashes: Path) -> None:
         raise SystemExit(f"the tracker refused the benchmark's announce: {body[:200]!r}")
 
 
-def run_wrk(port: int, duration: int, hashes: Path, peers: int, path: str = "/announce") -> dict[str, int]:
+def run_wrk(port: int, load: argparse.Namespace, hashes: Path, path: str = "/announce") -> dict[str, int]:
     check_announce(port, path, hashes)
     # The path (with the passkey) goes to announce.lua by environment, not on wrk's command line.
-    env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(peers), "WS_ANNOUNCE_PATH": path}
+    env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(load.peers), "WS_ANNOUNCE_PATH": path}
+    duration = load.duration
     cmd = [
         "wrk",
-        "-t2",
-        "-c64",
+        f"-t{load.threads}",
+        f"-c{load.connections}",
         f"-d{duration}s",
         "--latency",
         "-s",
@@ -93,11 +97,46 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def run_ours(tree: Path, work: Path, passkey: str, args: argparse.Namespace, hashes: Path) -> dict[str, int]:
+    """`tracker serve` of `tree` (SQLite, the passkey, warnings only) under the wrk load."""
+    port = free_port()
+    ours = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tracker",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            str(work / f"{port}.db"),
+            "--token-file",
+            str(work / "token"),
+            "--announce-passkey-file",
+            str(work / "passkey"),
+            "--log-level",
+            "WARNING",
+            "--interval",
+            str(args.interval),
+        ],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+    )
+    try:
+        wait_port(port, ours)
+        return run_wrk(port, args, hashes, f"/announce/{passkey}")
+    finally:
+        stop(ours)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=int, default=10, help="seconds of load per tracker")
     ap.add_argument("--blobs", type=int, default=2000, help="distinct infohashes")
-    ap.add_argument("--peers", type=int, default=1000, help="distinct peer ids")
+    ap.add_argument("--peers", type=int, default=4000, help="distinct peer ids")
+    ap.add_argument("--threads", type=int, default=1, help="wrk threads")
+    ap.add_argument("--connections", type=int, default=32, help="wrk connections")
+    ap.add_argument("--checkout", type=Path, help="another tree whose tracker runs too (before/after)")
     ap.add_argument("--interval", type=int, default=30, help="announce interval for the capacity line")
     args = ap.parse_args()
     for tool in ("wrk", "opentracker"):
@@ -116,35 +155,11 @@ def main() -> None:
         hashes.chmod(0o644)
         results = {}
 
-        port = free_port()
-        ours = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tracker",
-                "serve",
-                "--port",
-                str(port),
-                "--db",
-                str(work / "t.db"),
-                "--token-file",
-                str(token),
-                "--announce-passkey-file",
-                str(work / "passkey"),
-                "--log-level",
-                "WARNING",
-                "--interval",
-                str(args.interval),
-            ],
-            cwd=ROOT,
-        )
-        try:
-            wait_port(port, ours)
-            results["tracker serve (sqlite)"] = run_wrk(
-                port, args.duration, hashes, args.peers, f"/announce/{passkey}"
-            )
-        finally:
-            stop(ours)
+        trees = {"tracker serve (sqlite)": ROOT}
+        if args.checkout:
+            trees[f"tracker serve ({args.checkout.name})"] = args.checkout.resolve()
+        for name, tree in trees.items():
+            results[name] = run_ours(tree, work, passkey, args, hashes)
 
         port = free_port()
         ot = subprocess.Popen(
@@ -166,20 +181,21 @@ def main() -> None:
         )
         try:
             wait_port(port, ot)
-            results["opentracker"] = run_wrk(port, args.duration, hashes, args.peers)
+            results["opentracker"] = run_wrk(port, args, hashes)
         finally:
             stop(ot)
 
     print(
-        f"\nwrk -t2 -c64 -d{args.duration}s, {args.blobs} infohashes x {args.peers} peer ids, loopback, "
+        f"\nwrk -t{args.threads} -c{args.connections} -d{args.duration}s, {args.blobs} infohashes x "
+        f"{args.peers} peer ids, loopback, "
         f"{os.cpu_count()} CPUs (wrk shares them)\n"
     )
-    print(f"{'tracker':<24} {'announces/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'timeouts':>8}")
+    print(f"{'tracker':<30} {'announces/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'timeouts':>8}")
     rps = {}
     for name, r in results.items():
         rps[name] = r["requests"] / (r["duration_us"] / 1e6)
         print(
-            f"{name:<24} {rps[name]:>12,.0f} {r['p50_us'] / 1000:>8.2f} {r['p99_us'] / 1000:>8.2f} "
+            f"{name:<30} {rps[name]:>12,.0f} {r['p50_us'] / 1000:>8.2f} {r['p99_us'] / 1000:>8.2f} "
             f"{r['status_errors']:>8} {r['timeouts']:>8}"
         )
     if results["opentracker"]["socket_errors"]:
@@ -188,7 +204,9 @@ def main() -> None:
             "and reconnects)"
         )
     ours_rps = rps["tracker serve (sqlite)"]
-    print(f"\nratio tracker serve / opentracker: {ours_rps / rps['opentracker']:.2f}")
+    print()
+    for name in trees:
+        print(f"ratio {name} / opentracker: {rps[name] / rps['opentracker']:.2f}")
     print(
         f"one replica at interval {args.interval}s carries ~{ours_rps * args.interval:,.0f} node x blob "
         f"announce slots (e.g. {ours_rps * args.interval / 100:,.0f} nodes x 100 blobs)"

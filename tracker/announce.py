@@ -15,12 +15,14 @@ address; then it takes an IP literal only (a hostname is ignored, never resolved
 
 from __future__ import annotations
 
+import functools
 import ipaddress
-from dataclasses import dataclass
+import struct
+from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from tracker.settings import TrackerSettings
-from tracker.store import AnnounceResult, PeerAddr, PeerStore, SwarmCounts
+from tracker.store import AnnounceResult, LocalPeers, PeerAddr, PeerStore, SwarmCounts
 from wirekit.bencode import bencode
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
@@ -33,15 +35,17 @@ _EVENT_ALIASES = {
     b"paused": "",
 }  # BEP 21 "paused" peers stay in the swarm.
 
+_PORTS = struct.Struct(">H")
 Params = dict[bytes, list[bytes]]
+Firsts = dict[bytes, bytes]
+"""Each key's first value, still percent-encoded: an announce reads a few of them once."""
 
 
 class AnnounceError(Exception):
     """A bad announce/scrape request; the message becomes the bencoded `failure reason`."""
 
 
-@dataclass(frozen=True, slots=True)
-class AnnounceRequest:
+class AnnounceRequest(NamedTuple):  # a tuple: made once per announce, cheaper than a frozen dataclass
     infohash: bytes
     peer: PeerAddr
     left: int | None
@@ -49,6 +53,10 @@ class AnnounceRequest:
     numwant: int
     compact: bool
     no_peer_id: bool
+
+    @property
+    def seeder(self) -> bool:
+        return self.left == 0 or (self.left is None and self.event == "completed")
 
 
 def parse_query(raw: bytes) -> Params:
@@ -60,18 +68,48 @@ def parse_query(raw: bytes) -> Params:
         if not part:
             continue
         key, _, value = part.partition(b"=")
-        params.setdefault(unquote_to_bytes(key), []).append(unquote_to_bytes(value))
+        params.setdefault(_unquote(key), []).append(_unquote(value))
     return params
 
 
-def _one(params: Params, name: bytes) -> bytes | None:
-    values = params.get(name)
-    return values[0] if values else None
+def first_values(raw: bytes) -> Firsts:
+    """Split a raw query string: decoded keys, each with its first value (still encoded)."""
+    if len(raw) > MAX_QUERY_BYTES:
+        raise AnnounceError(f"query string longer than {MAX_QUERY_BYTES} bytes")
+    params: Firsts = {}
+    for part in raw.split(b"&"):
+        key, _, value = part.partition(b"=")
+        if b"%" in key:
+            key = _unquote(key)
+        if key not in params:
+            params[key] = value
+    return params
 
 
-def _int(params: Params, name: bytes, low: int, high: int | None = None) -> int | None:
+def _unquote(raw: bytes) -> bytes:
+    """Percent-decoding; an info_hash or peer_id (every byte escaped) in one C call, not a loop."""
+    if b"%" not in raw:
+        return raw
+    n = len(raw) // 3
+    if len(raw) == 3 * n and raw[::3] == b"%" * n:
+        try:
+            decoded = bytes.fromhex(raw.replace(b"%", b"").decode("ascii"))
+        except ValueError:
+            pass
+        else:
+            if len(decoded) == n:  # fromhex skips spaces, which are no escapes
+                return decoded
+    return unquote_to_bytes(raw)
+
+
+def _one(params: Firsts, name: bytes) -> bytes | None:
+    value = params.get(name)
+    return None if value is None else _unquote(value)
+
+
+def _int(params: Firsts, name: bytes, low: int, high: int | None = None) -> int | None:
     raw = _one(params, name)
-    if raw is None or raw == b"":
+    if not raw:
         return None
     if not raw.isdigit() and not (raw[:1] == b"-" and raw[1:].isdigit()):
         raise AnnounceError(f"{name.decode()} must be an integer")
@@ -83,6 +121,7 @@ def _int(params: Params, name: bytes, low: int, high: int | None = None) -> int 
     return value
 
 
+@functools.lru_cache(maxsize=4096)  # a client announces every blob from one address
 def packed_ip(text: str | bytes) -> bytes | None:
     """4 bytes for IPv4 (IPv4-mapped IPv6 included), 16 for IPv6, None if not an IP literal."""
     try:
@@ -94,7 +133,7 @@ def packed_ip(text: str | bytes) -> bytes | None:
     return addr.packed
 
 
-def parse_announce(params: Params, client_host: str | None, settings: TrackerSettings) -> AnnounceRequest:
+def parse_announce(params: Firsts, client_host: str | None, settings: TrackerSettings) -> AnnounceRequest:
     infohash = _one(params, b"info_hash")
     if infohash is None:
         raise AnnounceError("missing info_hash")
@@ -152,27 +191,46 @@ def failure(reason: str) -> bytes:
 
 
 def announce_response(req: AnnounceRequest, result: AnnounceResult, settings: TrackerSettings) -> bytes:
+    if req.compact:
+        # The bencoding of the dict below, written out: its keys in sorted order.
+        if result.compact is None:
+            compact = [ip + _PORTS.pack(port) for _, ip, port in result.peers]
+        else:
+            compact = result.compact
+        v4 = b"".join(compact)
+        v6 = b""
+        if len(v4) != 6 * len(compact):  # some IPv6 peers (18 bytes each)
+            v4 = b"".join(addr for addr in compact if len(addr) == 6)
+            v6 = b"".join(addr for addr in compact if len(addr) == 18)
+        head = b"d8:completei%de10:incompletei%de8:intervali%de12:min intervali%de5:peers%d:" % (
+            result.complete,
+            result.incomplete,
+            settings.interval,
+            settings.min_interval,
+            len(v4),
+        )
+        return head + v4 + (b"6:peers6%d:%se" % (len(v6), v6) if v6 else b"e")
     body: dict[bytes, object] = {
         b"interval": settings.interval,
         b"min interval": settings.min_interval,
         b"complete": result.complete,
         b"incomplete": result.incomplete,
     }
-    if req.compact:
-        v4 = [ip + port.to_bytes(2, "big") for _, ip, port in result.peers if len(ip) == 4]
-        v6 = [ip + port.to_bytes(2, "big") for _, ip, port in result.peers if len(ip) == 16]
-        body[b"peers"] = b"".join(v4)
-        if v6:
-            body[b"peers6"] = b"".join(v6)
-    else:
-        peers = []
-        for pid, ip, port in result.peers:
-            entry: dict[bytes, object] = {b"ip": str(ipaddress.ip_address(ip)), b"port": port}
-            if not req.no_peer_id:
-                entry[b"peer id"] = pid
-            peers.append(entry)
-        body[b"peers"] = peers
+    peers = []
+    for pid, ip, port in result.peers:
+        entry: dict[bytes, object] = {b"ip": str(ipaddress.ip_address(ip)), b"port": port}
+        if not req.no_peer_id:
+            entry[b"peer id"] = pid
+        peers.append(entry)
+    body[b"peers"] = peers
     return bencode(body)
+
+
+def _request(raw_query: bytes, client_host: str | None, settings: TrackerSettings) -> AnnounceRequest | bytes:
+    try:
+        return parse_announce(first_values(raw_query), client_host, settings)
+    except AnnounceError as exc:
+        return failure(str(exc))
 
 
 async def announce(
@@ -180,17 +238,30 @@ async def announce(
 ) -> tuple[bytes, str]:
     """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request).
     `agent`: it carried the agents' passkey (not the interop one), so its address is an agent's."""
-    try:
-        req = parse_announce(parse_query(raw_query), client_host, settings)
-    except AnnounceError as exc:
-        return failure(str(exc)), "error"
-    seeder = req.left == 0 or (req.left is None and req.event == "completed")
-    result = await store.announce(req.infohash, req.peer, seeder, req.event, req.numwant, agent)
+    req = _request(raw_query, client_host, settings)
+    if isinstance(req, bytes):
+        return req, "error"
+    result = await store.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
     return announce_response(req, result, settings), req.event or "update"
 
 
-async def scrape(raw_query: bytes, store: PeerStore, settings: TrackerSettings) -> bytes:
-    """BEP 48 scrape for the given info_hash values (at least one; unknown ones report zeros)."""
+def announce_now(
+    raw_query: bytes,
+    client_host: str | None,
+    peers: LocalPeers,
+    settings: TrackerSettings,
+    agent: bool = True,
+) -> tuple[bytes, str]:
+    """`announce` on peers held in this process: the same answer, without an await."""
+    req = _request(raw_query, client_host, settings)
+    if isinstance(req, bytes):
+        return req, "error"
+    result = peers.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
+    return announce_response(req, result, settings), req.event or "update"
+
+
+def _scrape_hashes(raw_query: bytes, settings: TrackerSettings) -> list[bytes] | bytes:
+    """The distinct info_hash values of a scrape, or its failure body."""
     try:
         hashes = parse_query(raw_query).get(b"info_hash", [])
         if not hashes:
@@ -202,9 +273,28 @@ async def scrape(raw_query: bytes, store: PeerStore, settings: TrackerSettings) 
                 raise AnnounceError(f"info_hash must be 20 bytes, got {len(ih)}")
     except AnnounceError as exc:
         return failure(str(exc))
-    counts: dict[bytes, SwarmCounts] = await store.scrape(list(dict.fromkeys(hashes)))
+    return list(dict.fromkeys(hashes))
+
+
+def _scrape_response(counts: dict[bytes, SwarmCounts], settings: TrackerSettings) -> bytes:
     files = {
         ih: {b"complete": c.complete, b"downloaded": c.downloaded, b"incomplete": c.incomplete}
         for ih, c in counts.items()
     }
     return bencode({b"files": files, b"flags": {b"min_request_interval": settings.min_interval}})
+
+
+async def scrape(raw_query: bytes, store: PeerStore, settings: TrackerSettings) -> bytes:
+    """BEP 48 scrape for the given info_hash values (at least one; unknown ones report zeros)."""
+    hashes = _scrape_hashes(raw_query, settings)
+    if isinstance(hashes, bytes):
+        return hashes
+    return _scrape_response(await store.scrape(hashes), settings)
+
+
+def scrape_now(raw_query: bytes, peers: LocalPeers, settings: TrackerSettings) -> bytes:
+    """`scrape` on peers held in this process."""
+    hashes = _scrape_hashes(raw_query, settings)
+    if isinstance(hashes, bytes):
+        return hashes
+    return _scrape_response({ih: peers.counts(ih) for ih in hashes}, settings)

@@ -4,7 +4,9 @@
 /scrape itself (a FastAPI route per announce costs several times more CPU than the
 announce) and hands everything else (the JSON API, health, metrics, OpenAPI) to FastAPI,
 built in `tracker.api`. The front also enforces the request-body limit (413) for every
-route before any framework code buffers a byte.
+route before any framework code buffers a byte. With the peers in this process (the SQLite
+store), `quick_routes` goes one step further: announces and scrapes are answered inside the
+listener's protocol (servekit.protocol.QuickRoutes), with no ASGI cycle at all.
 
 Announce and scrape need the passkey (/announce/<passkey>); nothing logs it: BitTorrent
 requests are not access-logged, and every logged path has it redacted (`redact_path`).
@@ -17,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from servekit.protocol import QuickRoutes
 from tracker import announce as bt
 from tracker.api import create_api
 from tracker.auth import interop_passkey_ok, passkey_ok
@@ -33,6 +36,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _BT_HEADERS = [(b"content-type", b"text/plain"), (b"cache-control", b"no-store")]
+_BT_HEAD = b"".join(b"%s: %s\r\n" % header for header in _BT_HEADERS)
+
+
+def _bittorrent_path(raw_path: bytes) -> bool:
+    """Whether `TrackerApp` answers this (still percent-encoded) path as announce or scrape itself."""
+    route, _, passkey = raw_path.lstrip(b"/").partition(b"/")
+    return route in (b"announce", b"scrape") and b"/" not in passkey and b"%" not in passkey
 
 
 class TrackerApp:
@@ -55,40 +65,80 @@ class TrackerApp:
 
     async def _bittorrent(self, scope: Scope, send: Send, route: str, path_passkey: str) -> None:
         start = time.perf_counter()
-        settings = self.settings
         raw_query: bytes = scope.get("query_string", b"")
-        if scope["method"] not in ("GET", "HEAD"):
-            await _respond(send, 405, b"method not allowed\n", _BT_HEADERS)
+        client = scope.get("client")
+        host = client[0] if client else None
+        checked = self._bt_check(scope["method"], route, path_passkey, raw_query, host)
+        if isinstance(checked, tuple):
+            await _respond(send, checked[0], checked[1], _BT_HEADERS)
             return
+        try:
+            if route == "announce":
+                body, label = await bt.announce(raw_query, host, self.store, self.settings, agent=checked)
+                self.metrics.announces[label].inc()
+            else:
+                body = await bt.scrape(raw_query, self.store, self.settings)
+                self.metrics.scrapes.inc()
+        except Exception as exc:
+            body = self._unavailable(route, exc)
+        await _respond(send, 200, body, _BT_HEADERS)
+        self.metrics.latency[route].observe(time.perf_counter() - start)
+
+    def _bt_check(
+        self, method: str, route: str, path_passkey: str, raw_query: bytes, host: str | None
+    ) -> tuple[int, bytes] | bool:
+        """A refusal to answer with (status, body), or whether the request carries the agents' passkey
+        (False: the interop one)."""
+        if method not in ("GET", "HEAD"):
+            return 405, b"method not allowed\n"
+        settings = self.settings
         agent = settings.announce_passkey is None or passkey_ok(settings, path_passkey, raw_query)
         if not agent and not interop_passkey_ok(settings, path_passkey, raw_query):
-            await _respond(send, 200, bt.failure(bt.PASSKEY_REFUSED), _BT_HEADERS)
             self.metrics.refusals["passkey"].inc()
             if route == "announce":
                 self.metrics.announces["error"].inc()
-            client = scope.get("client")
             # DEBUG only (a misconfigured node retries every interval); never the path's passkey.
-            host = client[0] if client else "-"
-            log.debug("%s %s refused (passkey) from %s", scope["method"], redact_path(scope["path"]), host)
-            return
-        client = scope.get("client")
-        host = client[0] if client else None
-        try:
-            if route == "announce":
-                body, label = await bt.announce(raw_query, host, self.store, settings, agent=agent)
-                self.metrics.announces[label].inc()
-            else:
-                body = await bt.scrape(raw_query, self.store, settings)
-                self.metrics.scrapes.inc()
-        except Exception as exc:
-            # A store outage (Redis down) must not turn into 500s with tracebacks per announce:
-            # clients understand a failure reason and retry at their own pace. The query is not
-            # logged (it may carry a passkey).
-            logging.getLogger("tracker").warning("%s failed: %s: %s", route, type(exc).__name__, exc)
-            body = bt.failure("tracker temporarily unavailable, retry later")
-            self.metrics.announces["error"].inc()
-        await _respond(send, 200, body, _BT_HEADERS)
-        self.metrics.latency[route].observe(time.perf_counter() - start)
+            log.debug("%s /%s/*** refused (passkey) from %s", method, route, host or "-")
+            return 200, bt.failure(bt.PASSKEY_REFUSED)
+        return agent
+
+    def _unavailable(self, route: str, exc: Exception) -> bytes:
+        # A store outage (Redis down) must not turn into 500s with tracebacks per announce:
+        # clients understand a failure reason and retry at their own pace. The query is not
+        # logged (it may carry a passkey).
+        logging.getLogger("tracker").warning("%s failed: %s: %s", route, type(exc).__name__, exc)
+        self.metrics.announces["error"].inc()
+        return bt.failure("tracker temporarily unavailable, retry later")
+
+    def quick_routes(self) -> QuickRoutes | None:
+        """/announce and /scrape for the listener's protocol to answer itself, when the store's peers
+        live in this process (nothing to await); None otherwise (Redis)."""
+        peers = self.store.local_peers
+        if peers is None:
+            return None
+        settings, metrics = self.settings, self.metrics
+
+        def answer(
+            method: bytes, raw_path: bytes, raw_query: bytes, host: str | None
+        ) -> tuple[int, bytes, bytes]:
+            start = time.perf_counter()
+            route, _, passkey = raw_path.decode("latin-1").lstrip("/").partition("/")
+            checked = self._bt_check(method.decode("latin-1"), route, passkey, raw_query, host)
+            if isinstance(checked, tuple):
+                return checked[0], _BT_HEAD, checked[1]
+            try:
+                if route == "announce":
+                    body, label = bt.announce_now(raw_query, host, peers, settings, agent=checked)
+                    metrics.announces[label].inc()
+                else:
+                    body = bt.scrape_now(raw_query, peers, settings)
+                    metrics.scrapes.inc()
+            except Exception as exc:
+                body = self._unavailable(route, exc)
+            metrics.latency[route].observe(time.perf_counter() - start)
+            return 200, _BT_HEAD, body
+
+        return QuickRoutes(claims=_bittorrent_path, answer=answer)
 
     async def _api(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()

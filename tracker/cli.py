@@ -215,7 +215,10 @@ def serve(
     if room < limits.max_connections:
         logging.getLogger("tracker").warning(
             "the listener holds at most %d connections, not %d: the open-file limit less %d for the "
-            "tracker's own work", room, limits.max_connections, settings.fd_reserve,
+            "tracker's own work",
+            room,
+            limits.max_connections,
+            settings.fd_reserve,
         )
         limits = dataclasses.replace(limits, max_connections=max(16, room))
     config = uvicorn.Config(
@@ -227,6 +230,6 @@ def serve(
         loop="auto",
         lifespan="on",
         server_header=False,
-        **uvicorn_options(Gate(limits, f"tracker {host}:{port}")),
+        **uvicorn_options(Gate(limits, f"tracker {host}:{port}"), quick=app.quick_routes()),
     )
     uvicorn.Server(config).run()

@@ -12,8 +12,8 @@ import time
 
 from tracker.store import AnnounceResult, PeerAddr, StoreStats, SwarmCounts
 
-# peer_id -> (packed ip, port, expires at (monotonic))
-_Entries = dict[bytes, tuple[bytes, int, float]]
+# peer_id -> (packed ip, port, expires at (monotonic), compact form: ip + port, as BEP 23 lists it)
+_Entries = dict[bytes, tuple[bytes, int, float, bytes]]
 
 
 class _Swarm:
@@ -66,18 +66,19 @@ class PeerTable:
         other.pop(peer_id, None)
         if event == "completed":
             swarm.downloaded += 1
-        mine[peer_id] = (ip, port, now + self.ttl)
+        mine[peer_id] = (ip, port, now + self.ttl, ip + port.to_bytes(2, "big"))
         if agent:
             self._addresses[ip] = now + self.ttl
         peers: list[PeerAddr] = []
+        compact: list[bytes] = []
         if numwant > 0:
             # Seeders need only leechers; leechers get seeders first, then other leechers.
             sources = (swarm.leechers,) if seeder else (swarm.seeders, swarm.leechers)
             for table in sources:
-                _pick(table, peer_id, numwant - len(peers), now, peers)
+                _pick(table, peer_id, numwant - len(peers), now, peers, compact)
                 if len(peers) >= numwant:
                     break
-        return AnnounceResult(len(swarm.seeders), len(swarm.leechers), peers)
+        return AnnounceResult(len(swarm.seeders), len(swarm.leechers), peers, compact)
 
     def counts(self, infohash: bytes) -> SwarmCounts:
         swarm = self._swarms.get(infohash)
@@ -94,7 +95,7 @@ class PeerTable:
         if swarm is None:
             return []
         now = time.monotonic()
-        return sorted({(ip, port) for ip, port, expires in swarm.seeders.values() if expires > now})
+        return sorted({(ip, port) for ip, port, expires, _ in swarm.seeders.values() if expires > now})
 
     def stats(self) -> StoreStats:
         self.sweep(time.monotonic())
@@ -117,17 +118,20 @@ class PeerTable:
         self._next_global_sweep = now + self.ttl
 
 
-def _pick(table: _Entries, me: bytes, want: int, now: float, out: list[PeerAddr]) -> None:
+def _pick(
+    table: _Entries, me: bytes, want: int, now: float, out: list[PeerAddr], compact: list[bytes]
+) -> None:
     if want <= 0 or not table:
         return
-    ids = list(table)
-    if len(ids) > want + 1:
-        ids = random.sample(ids, want + 1)
+    if len(table) > want + 1:
+        entries = [(pid, table[pid]) for pid in random.sample(list(table), want + 1)]
+    else:
+        entries = list(table.items())
     added = 0
-    for pid in ids:
-        ip, port, expires = table[pid]
+    for pid, (ip, port, expires, addr) in entries:
         if pid != me and expires > now:
             out.append((pid, ip, port))
+            compact.append(addr)
             added += 1
             if added >= want:
                 return

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 PeerAddr = tuple[bytes, bytes, int]
 """(peer_id, packed IP address (4 or 16 bytes), port)."""
@@ -36,6 +36,8 @@ class AnnounceResult:
     complete: int
     incomplete: int
     peers: list[PeerAddr]
+    compact: list[bytes] | None = None
+    """The same peers, each as BEP 23 lists it (packed ip + port), when the store has them at hand."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,22 @@ class ModelEntry:
 # Every method is async so that the Redis store never blocks the event loop.
 
 
+class LocalPeers(Protocol):
+    """Live peers held in this process's memory: announce and scrape without an await."""
+
+    def announce(
+        self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
+    ) -> AnnounceResult: ...
+
+    def counts(self, infohash: bytes) -> SwarmCounts: ...
+
+
 class PeerStore(abc.ABC):
     """Live peers per torrent: what announce and scrape read and write."""
+
+    local_peers: LocalPeers | None = None
+    """The same peers, when they live in this process (the SQLite store): the tracker answers
+    announces and scrapes from them inside its listener's protocol (tracker.app), in one step."""
 
     @abc.abstractmethod
     async def announce(

@@ -22,6 +22,8 @@ import httpx
 import pytest
 import uvicorn
 
+from servekit.limits import Gate
+from servekit.protocol import uvicorn_options
 from tests.support.procs import RedisProcess, free_port, loop_until
 from tracker.app import TrackerApp, create_app
 from tracker.settings import TrackerSettings
@@ -81,11 +83,19 @@ class Tracker:
 
 @contextlib.contextmanager
 def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
-    """Serve a fresh app from `settings` on a free loopback port until the block ends."""
+    """Serve a fresh app from `settings` on a free loopback port until the block ends, as `tracker serve`
+    does (its connection limits, announces answered in the protocol with the SQLite store)."""
     port = free_port()
     app = create_app(replace(settings, port=port))
+    gate = Gate(settings.limits, f"tracker 127.0.0.1:{port}")
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        **uvicorn_options(gate, quick=app.quick_routes()),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"tracker-{port}", daemon=True)

@@ -1,0 +1,174 @@
+"""servekit's quick routes: requests a listener answers inside its protocol, without an ASGI cycle, on a
+real uvicorn server on loopback under uvloop (as the tracker answers announces). What must hold: a
+quick answer is the same HTTP as any other (keep-alive, HTTP/1.0, HEAD, order behind a pipelined
+request in flight), anything unusual goes to the app, and the listener's timeouts still apply."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from servekit.limits import ConnectionLimits, Gate
+from servekit.protocol import QuickRoutes, uvicorn_options
+from tests.support.procs import free_port, loop_until
+
+HEADER_TIMEOUT = 1.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.app_paths: list[str] = []
+        self.quick: list[tuple[bytes, bytes, bytes, str | None]] = []
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.app_paths.append(scope["path"])
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if scope["path"] == "/slow":
+            await asyncio.sleep(0.3)
+        answer = b"app:" + scope["path"].encode() + b":" + body
+        head = [(b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": answer})
+
+    def answer(
+        self, method: bytes, path: bytes, query: bytes, client: str | None
+    ) -> tuple[int, bytes, bytes]:
+        self.quick.append((method, path, query, client))
+        return 200, b"content-type: text/plain\r\n", b"quick:" + path + b"?" + query
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[int, Recorder]]:
+    rec = Recorder()
+    port = free_port()
+    gate = Gate(ConnectionLimits(header_timeout=HEADER_TIMEOUT, keepalive_timeout=30), "test")
+    quick = QuickRoutes(claims=lambda path: path.startswith(b"/q"), answer=rec.answer)
+    config = uvicorn.Config(
+        rec.app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        loop="uvloop",
+        lifespan="off",
+        interface="asgi3",
+        **uvicorn_options(gate, quick=quick),
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
+    yield port, rec
+    srv.should_exit = True
+    thread.join(10)
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One response off `sock` (extra bytes stay in `buf`): (status line, headers, body)."""
+    deadline = time.monotonic() + 10
+    while b"\r\n\r\n" not in buf:
+        assert time.monotonic() < deadline, "no response head"
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a response: {bytes(buf)!r}"
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines)}
+    del buf[: len(head) + 4]
+    length = int(headers[b"content-length"])
+    return status, headers, rest[:0] + _body(sock, buf, length)
+
+
+def _body(sock: socket.socket, buf: bytearray, length: int) -> bytes:
+    while len(buf) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed mid-body"
+        buf += chunk
+    body = bytes(buf[:length])
+    del buf[:length]
+    return body
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_quick_routes_are_answered_by_the_protocol_and_the_rest_by_the_app(server):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        buf = bytearray()
+        for path in (b"/q/a?x=1", b"/other", b"/q/b"):
+            sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: t\r\n\r\n")
+            status, headers, body = read_response(sock, buf)
+            assert status == b"HTTP/1.1 200 OK"
+            assert int(headers[b"content-length"]) == len(body)
+        assert body == b"quick:/q/b?"
+    assert rec.app_paths == ["/other"]  # one keep-alive connection, the app only for its route
+    assert [(m, p, q) for m, p, q, _ in rec.quick] == [(b"GET", b"/q/a", b"x=1"), (b"GET", b"/q/b", b"")]
+    assert rec.quick[0][3] == "127.0.0.1"
+
+
+def test_pipelined_requests_are_answered_in_order_behind_one_in_flight(server):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"".join(b"GET %s HTTP/1.1\r\nHost: t\r\n\r\n" % p for p in (b"/slow", b"/q/1", b"/q/2"))
+        )
+        buf = bytearray()
+        bodies = [read_response(sock, buf)[2] for _ in range(3)]
+        # Queued behind /slow, they go through the app, in order; once it is done the next is quick.
+        assert bodies == [b"app:/slow:", b"app:/q/1:", b"app:/q/2:"]
+        sock.sendall(b"GET /q/3 HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(sock, buf)[2] == b"quick:/q/3?"
+
+
+def test_a_request_with_a_body_goes_to_the_app(server):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /q/x HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+        assert read_response(sock, bytearray())[2] == b"app:/q/x:hello"
+    assert rec.quick == []
+
+
+def test_http_1_0_is_closed_after_its_answer_and_head_has_no_body(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"HEAD /q/h HTTP/1.1\r\nHost: t\r\n\r\n")
+        sock.settimeout(5)
+        head = sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200 OK") and head.endswith(b"\r\n\r\n")
+        assert b"content-length: 11\r\n" in head  # the GET's length, no body follows
+        sock.sendall(b"GET /q/h HTTP/1.0\r\n\r\n")
+        status, headers, body = read_response(sock, bytearray())
+        assert body == b"quick:/q/h?" and headers[b"connection"] == b"close"
+        assert closed_within(sock, 5)
+
+
+def test_the_header_timeout_still_applies_after_a_quick_answer(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /q/t HTTP/1.1\r\nHost: t\r\n\r\n")
+        read_response(sock, bytearray())
+        sock.sendall(b"GET /q/t HTTP/1.1\r\n")  # the next request's headers never end
+        started = time.monotonic()
+        assert closed_within(sock, HEADER_TIMEOUT + 5)
+        assert time.monotonic() - started < HEADER_TIMEOUT + 2
