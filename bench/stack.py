@@ -107,6 +107,9 @@ class FetchResult:
     cpu_steal: float = 0.0
     """The part of it the hypervisor gave to other guests (steal): on this shared machine up to half of
     both cores at times (`bench.cpu_sample` beside `bench.swarm --nodes 32`), which no run controls."""
+    system_cpu: float = 0.0
+    """CPU-seconds (user + system) the measured processes (`rss_pids`, with their children) used during
+    the run, summed over every node: what the system under test cost, sending and receiving."""
 
 
 class Stack:
@@ -363,6 +366,9 @@ class Stack:
         res = FetchResult()
         for node in nodes:
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
+        # Processes that run before the fetches (agents) count from here; ones started for them from 0.
+        cpu_at_start = _cpu_seconds(rss_pids())
+        cpu_seen: dict[int, float] = {}
         psutil.cpu_times_percent(None)
         t0 = time.monotonic()
         procs = {n: self.c.spawn(n, argv_for(n), self.env, self.log(f"{tag}-{n}")) for n in nodes}
@@ -397,9 +403,12 @@ class Stack:
                 steal.append(use.steal)
                 for rss, anon in _memory(rss_pids()):
                     res.peak_rss, res.peak_anon = max(res.peak_rss, rss), max(res.peak_anon, anon)
+                cpu_seen.update(_cpu_seconds(rss_pids()))
             time.sleep(0.05)
         for n in pending:
             res.failures[n] = f"not complete after {timeout:.0f}s"
+        cpu_seen.update(_cpu_seconds(rss_pids()))  # before the seeding clients stop
+        res.system_cpu = sum(used - cpu_at_start.get(pid, 0.0) for pid, used in cpu_seen.items())
         for p in procs.values():
             self.c.stop(p)
         res.cpu_busy = sum(cpu) / len(cpu) / 100 if cpu else 0.0
@@ -432,6 +441,31 @@ def _memory(pids: Sequence[int]) -> list[tuple[int, int]]:
             anon += _rss_anon(member)
         sizes.append((rss, anon))
     return sizes
+
+
+def _cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU-seconds of each process with its children alive now (gone ones are left out: a
+    process's last sample stands for it)."""
+    kids: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
+    used: dict[int, float] = {}
+    for pid in pids:
+        tree = [pid]
+        for member in tree:
+            tree += kids.get(member, [])
+        total = 0.0
+        for member in tree:
+            try:
+                times = psutil.Process(member).cpu_times()
+            except psutil.Error:
+                if member == pid:
+                    break
+                continue
+            total += times.user + times.system
+        else:
+            used[pid] = total
+    return used
 
 
 def _rss_anon(pid: int) -> int:

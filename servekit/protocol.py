@@ -64,7 +64,10 @@ def guarded_protocol(
 ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol under `gate` and its header timeout (servekit.limits): pass it as
     `uvicorn.Config(http=...)`. `zerocopy`: offer `ZEROCOPY` to the app (a closure per request: only
-    for listeners whose app sends files). `quick`: routes answered without the app."""
+    for listeners whose app sends files). `quick`: routes answered without the app.
+
+    Long because it is one class: its methods are uvicorn's parser callbacks and close over the gate,
+    the timeout and the options."""
     header_timeout = gate.limits.header_timeout
 
     class GuardedProtocol(HttpToolsProtocol):

@@ -10,12 +10,16 @@ import dataclasses
 import gc
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from clikit import CommandDecorator, env_option, error_handler
 from tracker.errors import TrackerError
 from tracker.settings import TrackerSettings, read_secret_file
+
+if TYPE_CHECKING:
+    from tracker.app import TrackerApp
 
 handle_errors: CommandDecorator = error_handler(TrackerError)
 """Expected failures -> one line on stderr and their exit code."""
@@ -155,10 +159,7 @@ def serve(
     log_level: str,
 ) -> None:
     """Run the tracker: announce/scrape, manifest registry, origin leases, /metrics."""
-    import uvicorn
-
-    from servekit.limits import ConnectionLimits, Gate, raise_open_file_limit
-    from servekit.protocol import uvicorn_options
+    from servekit.limits import ConnectionLimits
     from tracker.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -207,6 +208,17 @@ def serve(
     logging.getLogger("tracker").info(
         "serving on http://%s:%d (store: %s, interval %ds%s)", host, port, store, interval, "".join(warnings)
     )
+    _listen(app, settings, log_level)
+
+
+def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
+    """Serve `app` on the settings' address until stopped, its connections within the open-file limit."""
+    import uvicorn
+
+    from servekit.limits import Gate, raise_open_file_limit
+    from servekit.protocol import uvicorn_options
+
+    host, port = settings.host, settings.port
     # One worker on purpose: with the SQLite store live peers are in this process's memory,
     # so a second worker would see half the swarm. For more throughput run replicas on --redis.
     # access_log off: announce URLs carry the passkey; tracker.access logs API paths, passkey redacted.
