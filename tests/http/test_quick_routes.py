@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +173,26 @@ def test_the_header_timeout_still_applies_after_a_quick_answer(server):
         started = time.monotonic()
         assert closed_within(sock, HEADER_TIMEOUT + 5)
         assert time.monotonic() - started < HEADER_TIMEOUT + 2
+
+
+def test_a_client_that_pipelines_thousands_and_reads_late_gets_every_answer_in_order(server):
+    # An attacker's shape: requests sent as fast as the socket takes them, no answer read. Quick answers
+    # stop once the transport's buffer is over its mark (the rest queue through the app, which stops
+    # reading), so the server holds a bounded amount and every answer still comes, in order.
+    port, rec = server
+    # Enough answers (~120 bytes each) to fill the kernel's largest send buffer twice over.
+    send_buffer_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    count = 2 * send_buffer_max // 100
+    requests = b"".join(b"GET /q/%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(count))
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers back up at once
+        sock.connect(("127.0.0.1", port))
+        sock.settimeout(30)
+        sender = threading.Thread(target=sock.sendall, args=(requests,), daemon=True)
+        sender.start()
+        time.sleep(1.0)  # the server meets a full socket before anything is read
+        buf = bytearray()
+        bodies = [read_response(sock, buf)[2] for _ in range(count)]
+        sender.join(10)
+    assert [body.split(b"/q/")[1].rstrip(b"?:") for body in bodies] == [b"%d" % i for i in range(count)]
+    assert rec.quick and rec.app_paths  # the buffer's mark was met: the rest went the app's way
