@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json as _json
 import socket
+import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,9 @@ from agent.core.sockets import SocketPath
 
 _PROBE_TIMEOUT = 0.5
 _POLL_WAIT = 1.0
+_JOB_ATTEMPTS = 4
+"""Times a job's status is asked over a connection that breaks before the answer (a busy node's agent
+may drop one), 0.5 s apart: asking is idempotent, and the job runs on in the daemon meanwhile."""
 UNIX = "unix://"
 
 
@@ -105,6 +109,10 @@ def local_agent_answers(url: str) -> bool:
     return status == 200
 
 
+class AgentUnreachable(DaemonError):
+    """No answer from the agent: it is not running, or the connection broke before its answer."""
+
+
 class AgentClient:
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url = agent_url(url)
@@ -120,7 +128,8 @@ class AgentClient:
         try:
             status, content = self._http.request(method, path, params, json, headers)
         except (OSError, http.client.HTTPException) as exc:
-            raise DaemonError(f"the agent at {self.url} cannot be reached ({type(exc).__name__})") from None
+            what = type(exc).__name__
+            raise AgentUnreachable(f"the agent at {self.url} cannot be reached ({what})") from None
         try:
             answer = _json.loads(content)
         except ValueError:
@@ -151,6 +160,15 @@ class AgentClient:
         return result
 
     def job(self, job_id: str, wait: float = 0.0) -> dict[str, Any]:
+        """The job's status (after up to `wait` seconds, sooner when it ends)."""
+        for _ in range(_JOB_ATTEMPTS - 1):
+            try:
+                return self._job(job_id, wait)
+            except AgentUnreachable:
+                time.sleep(0.5)
+        return self._job(job_id, wait)
+
+    def _job(self, job_id: str, wait: float) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}", params={"wait": wait})
         return result
 

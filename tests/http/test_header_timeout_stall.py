@@ -1,0 +1,77 @@
+"""The header timeout under a stalled event loop: a client whose request arrived while the loop was
+held up (a node's cores busy with other work) is answered, not closed as if it had sent nothing; a
+client that really sends nothing is still closed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from servekit.limits import ConnectionLimits, Gate
+from servekit.protocol import uvicorn_options
+from tests.support.procs import free_port, loop_until
+
+HEADER_TIMEOUT = 0.5
+STALL = 1.5
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/stall":
+        # Holds the event loop (from a timer's callback), as a busy process's loop is held up.
+        asyncio.get_running_loop().call_later(0.05, time.sleep, STALL)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    port = free_port()
+    gate = Gate(ConnectionLimits(header_timeout=HEADER_TIMEOUT), "test")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        loop="uvloop",
+        lifespan="off",
+        interface="asgi3",
+        **uvicorn_options(gate),
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
+    yield port
+    srv.should_exit = True
+    thread.join(10)
+
+
+def test_a_request_that_arrived_while_the_loop_was_held_up_is_answered(port: int):
+    with (
+        socket.create_connection(("127.0.0.1", port)) as waiting,
+        socket.create_connection(("127.0.0.1", port)) as staller,
+    ):
+        time.sleep(0.2)  # both accepted: `waiting`'s header clock runs
+        staller.sendall(b"GET /stall HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(0.5)  # the loop is held up now, past `waiting`'s header timeout
+        waiting.sendall(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+        waiting.settimeout(10)
+        assert waiting.recv(4096).startswith(b"HTTP/1.1 200")
+        assert staller.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_that_sends_nothing_is_still_closed_at_the_timeout(port: int):
+    with socket.create_connection(("127.0.0.1", port)) as idle:
+        idle.settimeout(HEADER_TIMEOUT + 5)
+        started = time.monotonic()
+        assert idle.recv(1) == b""
+        assert time.monotonic() - started < HEADER_TIMEOUT + 2
