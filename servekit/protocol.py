@@ -39,6 +39,8 @@ SEND_STALL = 60.0
 """Seconds a zero-copy send waits for room in a socket that takes nothing (a client that stopped
 reading) before it gives the connection up."""
 _FLUSH_POLL = 0.001
+LOOP_HELD_UP = 0.25
+"""Seconds a header timeout may fire late before it counts as the event loop held up, not the client."""
 
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 27\r\n"
@@ -160,17 +162,23 @@ def guarded_protocol(
             if not self.transport.is_closing() and not self.pipeline:
                 self._arm()
 
-        def _arm(self) -> None:
+        def _arm(self, seconds: float = header_timeout) -> None:
             self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
+            self._header_timer = self.loop.call_later(seconds, self._headers_late, self.loop.time() + seconds)
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
-        def _headers_late(self) -> None:
+        def _headers_late(self, due: float) -> None:
             self._header_timer = None
+            if self.loop.time() - due > LOOP_HELD_UP:
+                # The loop itself was held up (a busy process): the headers may have come meanwhile and
+                # not been read yet, as the loop runs timers before it reads sockets. Look once more
+                # after it has.
+                self._arm(LOOP_HELD_UP)
+                return
             if not self.transport.is_closing():
                 self.transport.close()
 

@@ -4,7 +4,6 @@ client that really sends nothing is still closed."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 import uvicorn
 
 from servekit.limits import ConnectionLimits, Gate
-from servekit.protocol import uvicorn_options
+from servekit.protocol import QuickRoutes, uvicorn_options
 from tests.support.procs import free_port, loop_until
 
 HEADER_TIMEOUT = 0.5
@@ -25,11 +24,15 @@ STALL = 1.5
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    if scope["path"] == "/stall":
-        # Holds the event loop (from a timer's callback), as a busy process's loop is held up.
-        asyncio.get_running_loop().call_later(0.05, time.sleep, STALL)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
+
+
+def stall(method: bytes, path: bytes, query: bytes, client: str | None) -> tuple[int, bytes, bytes]:
+    # Holds the event loop inside a socket's callback, as a busy process's loop is held up: the loop
+    # then runs its timers before it reads the sockets again.
+    time.sleep(STALL)
+    return 200, b"", b"ok"
 
 
 @pytest.fixture
@@ -44,7 +47,7 @@ def port() -> Iterator[int]:
         loop="uvloop",
         lifespan="off",
         interface="asgi3",
-        **uvicorn_options(gate),
+        **uvicorn_options(gate, quick=QuickRoutes(lambda path: path == b"/stall", stall)),
     )
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
