@@ -294,7 +294,12 @@ class AlertLoop:
             rec.current_name = rec.final_name
             rec.complete = True
             self._records.changed.notify_all()
-        rec.handle.set_flags(lt.torrent_flags.upload_mode)  # as `_add` does for a complete blob
+        # Not into upload mode now, as `_add` puts a complete blob: libtorrent's set_upload_mode cancels
+        # every peer's queued requests through the piece picker, which a torrent that just completed no
+        # longer has (2.0 and 2.1 do not check for it in cancel_all_requests), and an agent crashed
+        # there in piece_picker::abort_download when a peer still held requests from the end game. Its
+        # metainfo is the one the blob's sha256 just verified, so a recheck could only write the same
+        # bytes; the next start adds it in upload mode.
         self.request_save(rec, flush=True)
         # Tell the tracker now: libtorrent's own "completed" announce waits out its back-off from the
         # announces that failed during a tracker or Redis restart, and the seed stayed unlisted for
