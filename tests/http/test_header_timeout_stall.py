@@ -5,17 +5,15 @@ client that really sends nothing is still closed."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
-from servekit.limits import ConnectionLimits, Gate
-from servekit.protocol import QuickRoutes, uvicorn_options
-from tests.support.procs import free_port, loop_until
+from servekit.limits import ConnectionLimits
+from servekit.protocol import QuickRoutes
+from tests.support.listeners import listener
 
 HEADER_TIMEOUT = 0.5
 STALL = 1.5
@@ -37,25 +35,9 @@ def stall(method: bytes, path: bytes, query: bytes, client: str | None) -> tuple
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    port = free_port()
-    gate = Gate(ConnectionLimits(header_timeout=HEADER_TIMEOUT), "test")
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        lifespan="off",
-        interface="asgi3",
-        **uvicorn_options(gate, quick=QuickRoutes(lambda path: path == b"/stall", stall)),
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
-    yield port
-    srv.should_exit = True
-    thread.join(10)
+    quick = QuickRoutes(lambda path: path == b"/stall", stall)
+    with listener(app, ConnectionLimits(header_timeout=HEADER_TIMEOUT), quick=quick) as port:
+        yield port
 
 
 def test_a_request_that_arrived_while_the_loop_was_held_up_is_answered(port: int):

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from servekit.limits import ConnectionLimits, Gate
-from servekit.protocol import QuickRoutes, uvicorn_options
-from tests.support.procs import free_port, loop_until
+from servekit.limits import ConnectionLimits
+from servekit.protocol import QuickRoutes
+from tests.support.listeners import listener
 
 HEADER_TIMEOUT = 1.0
 
@@ -55,26 +54,11 @@ class Recorder:
 @pytest.fixture
 def server() -> Iterator[tuple[int, Recorder]]:
     rec = Recorder()
-    port = free_port()
-    gate = Gate(ConnectionLimits(header_timeout=HEADER_TIMEOUT, keepalive_timeout=30), "test")
     quick = QuickRoutes(claims=lambda path: path.startswith(b"/q"), answer=rec.answer)
-    config = uvicorn.Config(
-        rec.app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        lifespan="off",
-        interface="asgi3",
-        **uvicorn_options(gate, quick=quick),
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
-    yield port, rec
-    srv.should_exit = True
-    thread.join(10)
+    with listener(
+        rec.app, ConnectionLimits(header_timeout=HEADER_TIMEOUT, keepalive_timeout=30), quick=quick
+    ) as port:
+        yield port, rec
 
 
 def read_response(sock: socket.socket, buf: bytearray) -> tuple[bytes, dict[bytes, bytes], bytes]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from servekit.limits import ConnectionLimits, Gate
-from servekit.protocol import ZEROCOPY, uvicorn_options
-from tests.support.procs import free_port, loop_until
+from servekit.limits import ConnectionLimits
+from servekit.protocol import ZEROCOPY
+from tests.support.listeners import listener
 
 DATA = os.urandom(3 * 2**20 + 12345)
 
@@ -52,20 +50,9 @@ def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str
     path = tmp_path / "blob"
     path.write_bytes(DATA)
     seen: list[bool] = []
-    port = free_port()
-    gate = Gate(ConnectionLimits(), "test")
-    config = uvicorn.Config(
-        app_for(path, seen), host="127.0.0.1", port=port, log_level="warning", loop="uvloop",
-        lifespan="off", **uvicorn_options(gate, zerocopy=request.param),
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    loop_until(lambda: srv.started, timeout=10, what="uvicorn")
-    yield f"http://127.0.0.1:{port}", seen
+    with listener(app_for(path, seen), ConnectionLimits(), zerocopy=request.param) as port:
+        yield f"http://127.0.0.1:{port}", seen
     assert seen and set(seen) == {request.param}  # offered where asked for, and only there
-    srv.should_exit = True
-    thread.join(10)
 
 
 def test_a_file_goes_out_whole_in_spans_and_the_connection_stays_usable(server):
