@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote
 
 import psutil
@@ -367,7 +368,7 @@ class Stack:
         for node in nodes:
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
         # Processes that run before the fetches (agents) count from here; ones started for them from 0.
-        cpu_at_start = _cpu_seconds(rss_pids())
+        cpu_at_start = _sample(rss_pids()).cpu
         cpu_seen: dict[int, float] = {}
         psutil.cpu_times_percent(None)
         t0 = time.monotonic()
@@ -401,13 +402,14 @@ class Stack:
                 use = psutil.cpu_times_percent(None)
                 cpu.append(100.0 - use.idle - use.iowait)
                 steal.append(use.steal)
-                for rss, anon in _memory(rss_pids()):
+                sample = _sample(rss_pids())
+                for rss, anon in sample.memory:
                     res.peak_rss, res.peak_anon = max(res.peak_rss, rss), max(res.peak_anon, anon)
-                cpu_seen.update(_cpu_seconds(rss_pids()))
+                cpu_seen.update(sample.cpu)
             time.sleep(0.05)
         for n in pending:
             res.failures[n] = f"not complete after {timeout:.0f}s"
-        cpu_seen.update(_cpu_seconds(rss_pids()))  # before the seeding clients stop
+        cpu_seen.update(_sample(rss_pids()).cpu)  # before the seeding clients stop
         res.system_cpu = sum(used - cpu_at_start.get(pid, 0.0) for pid, used in cpu_seen.items())
         for p in procs.values():
             self.c.stop(p)
@@ -419,53 +421,47 @@ class Stack:
         return [p.pid for p in self.agents.values() if p.poll() is None]
 
 
-def _memory(pids: Sequence[int]) -> list[tuple[int, int]]:
-    """(RSS, RssAnon) bytes of each process with its children ((0, 0) for one gone), from one scan of the
-    process table for all of them. psutil's `children()` scans the whole table per call: sampling 32
-    agents twice a second that way kept this process at 0.5 CPU-s per 2 s (a quarter of a core the
-    agents under test did not get; `bench.cpu_sample` beside `bench.swarm --nodes 32`, warm)."""
+class _Sample(NamedTuple):
+    """One look at the measured processes, each with its children."""
+
+    memory: list[tuple[int, int]]
+    """(RSS, RssAnon) bytes of each process ((0, 0) for one gone)."""
+    cpu: dict[int, float]
+    """User + system CPU-seconds of each process alive now (gone ones are left out: a process's last
+    sample stands for it)."""
+
+
+def _sample(pids: Sequence[int]) -> _Sample:
+    """Memory and CPU of each of `pids` with its children, from one scan of the process table for all of
+    them. psutil's `children()` scans the whole table per call: sampling 32 agents twice a second that
+    way kept this process at 0.5 CPU-s per 2 s (a quarter of a core the agents under test did not get;
+    `bench.cpu_sample` beside `bench.swarm --nodes 32`, warm)."""
     kids: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["ppid"]):
         kids.setdefault(proc.info["ppid"], []).append(proc.pid)
-    sizes = []
+    sample = _Sample([], {})
     for pid in pids:
         tree = [pid]
         for member in tree:  # grows as it goes: the whole subtree
             tree += kids.get(member, [])
         rss = anon = 0
+        cpu: float | None = 0.0
         for member in tree:
             try:
-                rss += int(psutil.Process(member).memory_info().rss)
-            except psutil.Error:
-                continue
-            anon += _rss_anon(member)
-        sizes.append((rss, anon))
-    return sizes
-
-
-def _cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
-    """User + system CPU-seconds of each process with its children alive now (gone ones are left out: a
-    process's last sample stands for it)."""
-    kids: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
-    used: dict[int, float] = {}
-    for pid in pids:
-        tree = [pid]
-        for member in tree:
-            tree += kids.get(member, [])
-        total = 0.0
-        for member in tree:
-            try:
-                times = psutil.Process(member).cpu_times()
+                proc = psutil.Process(member)
+                rss += int(proc.memory_info().rss)
+                times = proc.cpu_times()
             except psutil.Error:
                 if member == pid:
-                    break
+                    cpu = None
                 continue
-            total += times.user + times.system
-        else:
-            used[pid] = total
-    return used
+            anon += _rss_anon(member)
+            if cpu is not None:
+                cpu += times.user + times.system
+        sample.memory.append((rss, anon))
+        if cpu is not None:
+            sample.cpu[pid] = cpu
+    return sample
 
 
 def _rss_anon(pid: int) -> int:

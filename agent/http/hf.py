@@ -166,8 +166,7 @@ class HfEndpoint:
 
     async def check_access(self, repo_id: str, authorization: str | None) -> Response | None:
         """None when the client may read the repo's files, else the answer to send it."""
-        if self.checker is None:
-            return hub_error(501, self.not_served)
+        assert self.checker is not None  # `resolve` refuses first when the origin has no client API
         return await self.checker.check(repo_id, authorization)
 
     def _local_api(self, asked: ApiRequest, auth: str | None) -> Response:
@@ -242,8 +241,7 @@ class HfEndpoint:
         return FileMeta(commit, blob_id, size)
 
     async def file_meta(self, repo_id: str, rev: str, path: str, auth: str | None) -> FileMeta | Response:
-        if self.api is None:
-            return hub_error(501, self.not_served)
+        assert self.api is not None  # `resolve` refuses first when the origin has no client API
         refused = await self.check_access(repo_id, auth)
         if refused is not None:
             return refused
@@ -297,7 +295,7 @@ class HfEndpoint:
         return None
 
     async def resolve(self, request: Request) -> Response:
-        if self.not_served:
+        if self.api is None:
             return hub_error(501, self.not_served)
         try:
             asked = resolve_request(request.scope["raw_path"])

@@ -28,6 +28,9 @@ from agent.core.errors import OriginError
 from agent.core.settings import OriginSettings
 from agent.origin.answers import Headers, Hop, next_hop
 
+_Query = list[tuple[str, str | int | float | bool | None]]
+"""httpx's type of query parameters (a list is invariant: a list of string pairs is not one)."""
+
 MAX_HOPS = 5
 """Same-host redirects a `resolve` HEAD follows at most (the Hub uses one)."""
 
@@ -104,9 +107,7 @@ class HubClientApi:
     async def _get(
         self, path: str, params: Sequence[tuple[str, str]] | None, authorization: str | None
     ) -> Answer:
-        query: list[tuple[str, str | int | float | bool | None]] | None = None
-        if params is not None:
-            query = [*params]
+        query: _Query | None = None if params is None else [*params]
         url, headers = self.endpoint + path, self._headers(authorization)
         try:
             async with self._client() as client:

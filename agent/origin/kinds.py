@@ -65,11 +65,10 @@ def open_client_api(settings: OriginSettings) -> ClientApi:
     """The HF endpoint's way to the origin `settings.endpoint` names, as its kind builds it; NoClientApi
     when its kind has none (object storage) or no kind takes the URL."""
     scheme = urlsplit(settings.endpoint).scheme.lower()
-    hubs = ", ".join(f"{s}://" for s in sorted(ORIGIN_KINDS) if ORIGIN_KINDS[s].client_api is not None)
-    serves = f"the HF-compatible endpoint serves hub origins only ({hubs})"
     kind = ORIGIN_KINDS.get(scheme)
-    if kind is None:
-        raise NoClientApi(f"this node's origin ({scheme}://) is of no known kind; {serves}")
-    if kind.client_api is None:
-        raise NoClientApi(f"this node's origin is {kind.what} ({scheme}://); {serves}")
-    return kind.client_api(settings)
+    if kind is not None and kind.client_api is not None:
+        return kind.client_api(settings)
+    hubs = ", ".join(f"{s}://" for s in sorted(ORIGIN_KINDS) if ORIGIN_KINDS[s].client_api is not None)
+    what = f"is {kind.what} ({scheme}://)" if kind is not None else f"({scheme}://) is of no known kind"
+    serves = f"the HF-compatible endpoint serves hub origins only ({hubs})"
+    raise NoClientApi(f"this node's origin {what}; {serves}")

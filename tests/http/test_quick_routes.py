@@ -64,27 +64,22 @@ def server() -> Iterator[tuple[int, Recorder]]:
 def read_response(sock: socket.socket, buf: bytearray) -> tuple[bytes, dict[bytes, bytes], bytes]:
     """One response off `sock` (extra bytes stay in `buf`): (status line, headers, body)."""
     deadline = time.monotonic() + 10
-    while b"\r\n\r\n" not in buf:
+    while (end := buf.find(b"\r\n\r\n")) < 0:
         assert time.monotonic() < deadline, "no response head"
         chunk = sock.recv(65536)
         assert chunk, f"closed before a response: {bytes(buf)!r}"
         buf += chunk
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
+    status, *lines = bytes(buf[:end]).split(b"\r\n")
+    del buf[: end + 4]
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines)}
-    del buf[: len(head) + 4]
     length = int(headers[b"content-length"])
-    return status, headers, rest[:0] + _body(sock, buf, length)
-
-
-def _body(sock: socket.socket, buf: bytearray, length: int) -> bytes:
     while len(buf) < length:
         chunk = sock.recv(65536)
         assert chunk, "closed mid-body"
         buf += chunk
     body = bytes(buf[:length])
     del buf[:length]
-    return body
+    return status, headers, body
 
 
 def closed_within(sock: socket.socket, seconds: float) -> bool:

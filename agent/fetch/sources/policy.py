@@ -58,7 +58,7 @@ from agent.core.settings import Settings
 from agent.fetch.sources.leases import Leases, holder_stall
 from agent.fetch.sources.parts import InParts, Published
 from agent.fetch.sources.request import BlobRequest
-from agent.fetch.sources.transports import BitTorrent, How, Relay, Transport, recorded_info
+from agent.fetch.sources.transports import BitTorrent, How, Relay, Transport, advance, recorded_info
 from agent.relay.directory import RelayDirectory, blob_parts
 from agent.swarm.download import Downloads
 from agent.swarm.session import Swarm
@@ -331,7 +331,7 @@ class SourcePolicy:
         name = f"admit-{blob.blob_id[:12]}"
         threading.Thread(target=run.admit, args=(first,), name=name, daemon=True).start()
         try:
-            relayed = req.from_origin(self._advance(arrival), run.shares)
+            relayed = req.from_origin(advance(arrival), run.shares)
             self._installed(cache, blob)
             digest = cache.read_sidecar(blob.blob_id)
             if digest is None:  # not an IntegrityError: that one means "fetch it whole" here
@@ -437,7 +437,7 @@ class SourcePolicy:
         arrival = self._arrival(blob)
         if arrival is not None:
             arrival.restart()  # the origin engine may start the file over
-        req.from_origin(self._advance(arrival))
+        req.from_origin(advance(arrival))
         self._installed(cache, blob)
         info = recorded_info(cache, blob)
         self._trust.trust_again(blob, infohash(info))
@@ -488,10 +488,6 @@ class SourcePolicy:
 
     def _arrival(self, blob: FileEntry) -> Arrival | None:
         return self.arrivals.get(blob.blob_id)
-
-    @staticmethod
-    def _advance(arrival: Arrival | None) -> Callable[[int], None]:
-        return arrival.advance if arrival is not None else lambda _end: None
 
     def _installed(self, cache: RepoCache, blob: FileEntry) -> None:
         """The blob is verified and installed: its readers get the last bytes now, before it is seeded and

@@ -70,7 +70,8 @@ def recorded_info(cache: RepoCache, blob: FileEntry) -> bytes:
     return digest.encoded_info(blob.blob_id)
 
 
-def _advance(arrival: Arrival | None) -> Callable[[int], None]:
+def advance(arrival: Arrival | None) -> Callable[[int], None]:
+    """What a producer calls with each new end of the blob's written prefix (nothing without readers)."""
     return arrival.advance if arrival is not None else lambda _end: None
 
 
@@ -126,7 +127,7 @@ class Relay:
             arrival.restart()
             arrival.chain = how.chain
         pieces = None if info is None else listed_pieces(info, blob.blob_id, blob.size)
-        received = req.from_relay(_advance(arrival), not how.chain, pieces)
+        received = req.from_relay(advance(arrival), not how.chain, pieces)
         if received is None:
             return None
         # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the
