@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import overload
 
 from tracker.store import AnnounceResult, PeerAddr, StoreStats, SwarmCounts
 
-# peer_id -> (packed ip, port, expires at (monotonic), compact form: ip + port, as BEP 23 lists it)
-_Entries = dict[bytes, tuple[bytes, int, float, bytes]]
+# peer_id -> (packed ip, port, expires at (monotonic), compact form: ip + port, as BEP 23 lists it,
+# peer_id)
+_Entry = tuple[bytes, int, float, bytes, bytes]
+_Entries = dict[bytes, _Entry]
+"""In the order the entries expire (an announce moves its peer to the end)."""
+_PEER = itemgetter(4, 0, 1)
+_COMPACT = itemgetter(3)
 
 
 class _Swarm:
@@ -30,6 +38,27 @@ class _Swarm:
             dead = [pid for pid, entry in table.items() if entry[2] <= now]
             for pid in dead:
                 del table[pid]
+
+
+class _Peers(Sequence[PeerAddr]):
+    """Chosen entries as (peer_id, ip, port), each made when read: a compact reply reads none."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, i: int) -> PeerAddr: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PeerAddr]: ...
+    def __getitem__(self, i: int | slice) -> PeerAddr | list[PeerAddr]:
+        if isinstance(i, slice):
+            return list(map(_PEER, self._entries[i]))
+        return _PEER(self._entries[i])  # type: ignore[no-any-return]
 
 
 class PeerTable:
@@ -66,19 +95,23 @@ class PeerTable:
         other.pop(peer_id, None)
         if event == "completed":
             swarm.downloaded += 1
-        mine[peer_id] = (ip, port, now + self.ttl, ip + port.to_bytes(2, "big"))
+        # Out and in again, not updated in place: each table stays in the order its peers expire, and
+        # this peer is its last entry.
+        mine.pop(peer_id, None)
+        mine[peer_id] = (ip, port, now + self.ttl, ip + port.to_bytes(2, "big"), peer_id)
         if agent:
             self._addresses[ip] = now + self.ttl
-        peers: list[PeerAddr] = []
-        compact: list[bytes] = []
+        chosen: list[_Entry] = []
         if numwant > 0:
             # Seeders need only leechers; leechers get seeders first, then other leechers.
             sources = (swarm.leechers,) if seeder else (swarm.seeders, swarm.leechers)
             for table in sources:
-                _pick(table, peer_id, numwant - len(peers), now, peers, compact)
-                if len(peers) >= numwant:
+                chosen += _pick(table, table is mine, numwant - len(chosen), now)
+                if len(chosen) >= numwant:
                     break
-        return AnnounceResult(len(swarm.seeders), len(swarm.leechers), peers, compact)
+        return AnnounceResult(
+            len(swarm.seeders), len(swarm.leechers), _Peers(chosen), list(map(_COMPACT, chosen))
+        )
 
     def counts(self, infohash: bytes) -> SwarmCounts:
         swarm = self._swarms.get(infohash)
@@ -95,7 +128,7 @@ class PeerTable:
         if swarm is None:
             return []
         now = time.monotonic()
-        return sorted({(ip, port) for ip, port, expires, _ in swarm.seeders.values() if expires > now})
+        return sorted({(ip, port) for ip, port, expires, _, _ in swarm.seeders.values() if expires > now})
 
     def stats(self) -> StoreStats:
         self.sweep(time.monotonic())
@@ -118,20 +151,21 @@ class PeerTable:
         self._next_global_sweep = now + self.ttl
 
 
-def _pick(
-    table: _Entries, me: bytes, want: int, now: float, out: list[PeerAddr], compact: list[bytes]
-) -> None:
-    if want <= 0 or not table:
-        return
-    if len(table) > want + 1:
-        entries = [(pid, table[pid]) for pid in random.sample(list(table), want + 1)]
-    else:
-        entries = list(table.items())
-    added = 0
-    for pid, (ip, port, expires, addr) in entries:
-        if pid != me and expires > now:
-            out.append((pid, ip, port))
-            compact.append(addr)
-            added += 1
-            if added >= want:
-                return
+def _pick(table: _Entries, mine: bool, want: int, now: float) -> list[_Entry]:
+    """Up to `want` live entries of `table` (`mine`: the announcing peer's table, which ends with it).
+    From a large table, a run of entries from a random place, wrapping round: each peer is as likely to
+    be handed out as any other (peers that last announced one after the other tend to come together),
+    and the work is list operations in C, not Python per peer drawn (a Python loop over the peers was
+    a third of an announce's time)."""
+    if want <= 0:
+        return []
+    entries = list(table.values())
+    if mine:
+        del entries[-1:]
+    if entries and entries[0][2] <= now:  # expired ones lead; the sweeps remove them soon
+        entries = [e for e in entries if e[2] > now]
+    n = len(entries)
+    if n > want:
+        start = random.randrange(n)
+        entries = entries[start : start + want] + entries[: max(0, start + want - n)]
+    return entries

@@ -13,6 +13,7 @@ several tracker replicas share one view of the swarm). Both pass the same test s
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +36,7 @@ class AnnounceResult:
 
     complete: int
     incomplete: int
-    peers: list[PeerAddr]
+    peers: Sequence[PeerAddr]
     compact: list[bytes] | None = None
     """The same peers, each as BEP 23 lists it (packed ip + port), when the store has them at hand."""
 

@@ -1,0 +1,94 @@
+"""The in-memory peer table (tracker.peers): which peers an announce is handed. A swarm larger than
+numwant gives a run of its peers from a random place, so every peer must come out about as often as any
+other, never the asker itself, never twice in one answer, and never a peer whose time is up even before
+the table has swept it. The clock is the table's own `time.monotonic`, stepped by the test."""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+
+import tracker.peers as peers_module
+from tracker.peers import PeerTable
+
+IP = b"\x0a\x00\x00\x01"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(peers_module, "time", types.SimpleNamespace(monotonic=c.monotonic))
+    return c
+
+
+def pid(n: int) -> bytes:
+    return b"-WS0100-" + n.to_bytes(12, "big")
+
+
+def announce(table: PeerTable, n: int, seeder: bool = False, numwant: int = 50) -> list[bytes]:
+    result = table.announce(b"h" * 20, (pid(n), IP, 10000 + n), seeder, "", numwant)
+    assert len(result.compact or []) == len(result.peers)
+    for (peer_id, ip, port), addr in zip(result.peers, result.compact or [], strict=True):
+        assert addr == ip + port.to_bytes(2, "big") and int.from_bytes(peer_id[8:], "big") == port - 10000
+    return [p[0] for p in result.peers]
+
+
+def test_a_large_swarm_hands_each_peer_out_alike_never_the_asker_never_twice(clock: Clock) -> None:
+    table = PeerTable(ttl=600)
+    for n in range(200):
+        announce(table, n)
+    for asker in range(0, 200, 7):
+        got = announce(table, asker)  # its re-announce moves it to the end of the table
+        assert len(got) == 50 and len(set(got)) == 50 and pid(asker) not in got
+    # A seeder asks again and again: the leechers' table keeps its order, so only the random place
+    # of each run spreads the answers.
+    counts: collections.Counter[bytes] = collections.Counter()
+    draws = 2000
+    for _ in range(draws):
+        got = announce(table, 500, seeder=True)
+        assert len(got) == 50 and len(set(got)) == 50
+        counts.update(got)
+        clock.now += 0.01
+    # Each draw takes 50 of the 200: 500 each on average (binomial, sd ~19); runs that favoured some
+    # place in the table would leave some far off.
+    assert len(counts) == 200
+    assert 400 < min(counts.values()) and max(counts.values()) < 600, counts.most_common(3)
+
+
+def test_a_leecher_gets_seeders_first_then_leechers_and_a_seeder_only_leechers(clock: Clock) -> None:
+    table = PeerTable(ttl=600)
+    for n in range(3):
+        announce(table, n, seeder=True)
+    for n in range(3, 13):
+        announce(table, n)
+    got = announce(table, 20, numwant=5)
+    assert got[:3] and set(got[:3]) == {pid(0), pid(1), pid(2)}
+    assert len(got) == 5 and all(p not in {pid(0), pid(1), pid(2)} for p in got[3:])
+    seeder_view = announce(table, 0, seeder=True, numwant=100)
+    assert set(seeder_view) == {pid(n) for n in [*range(3, 13), 20]}
+    assert announce(table, 21, numwant=0) == []
+
+
+def test_a_peer_whose_time_is_up_is_not_handed_out_before_the_sweep_removes_it(clock: Clock) -> None:
+    table = PeerTable(ttl=100)
+    announce(table, 1)  # expires at +100
+    clock.now += 10
+    announce(table, 2)  # expires at +110
+    clock.now += 80
+    announce(table, 3)  # at +90: a sweep (nothing expired yet); the next one is due at +115
+    clock.now += 15  # +105: peer 1 is over its time, and no sweep has run since it was
+    assert set(announce(table, 4)) == {pid(2), pid(3)}
+    # A peer that announces again is live again, and goes to the end of the order of expiry.
+    announce(table, 1)
+    clock.now += 6  # +111: peer 2 is over its time too
+    assert set(announce(table, 5)) == {pid(1), pid(3), pid(4)}
