@@ -1,7 +1,9 @@
 """servekit's quick routes: requests a listener answers inside its protocol, without an ASGI cycle, on a
 real uvicorn server on loopback under uvloop (as the tracker answers announces). What must hold: a
 quick answer is the same HTTP as any other (keep-alive, HTTP/1.0, HEAD, order behind a pipelined
-request in flight), anything unusual goes to the app, and the listener's timeouts still apply."""
+request in flight), anything unusual goes to the app, and the listener's timeouts still apply. A plain
+request is answered before the parser reads it; a request that says it has a body, however it spells it,
+never is (its body would be read as the next request), and an odd one still goes through the parser."""
 
 from __future__ import annotations
 
@@ -175,3 +177,111 @@ def test_a_client_that_pipelines_thousands_and_reads_late_gets_every_answer_in_o
         sender.join(10)
     assert [body.split(b"/q/")[1].rstrip(b"?:") for body in bodies] == [b"%d" % i for i in range(count)]
     assert rec.quick and rec.app_paths  # the buffer's mark was met: the rest went the app's way
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /q/b HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello",
+        b"GET /q/b HTTP/1.1\r\nHost: t\r\ncOnTeNt-LeNgTh: 5\r\n\r\nhello",
+        b"GET /q/b HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"GET /q/b HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n",
+    ],
+)
+def test_a_request_that_says_it_has_a_body_goes_to_the_app_however_it_spells_it(server, request_bytes):
+    # A quick answer that skipped a body would leave its bytes to be read as the next request: a
+    # smuggled request behind a proxy that read the body as the body.
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(request_bytes)
+        body = read_response(sock, bytearray())[2]
+    assert body.startswith(b"app:/q/b:") and rec.quick == []
+
+
+def test_a_connection_close_request_is_answered_quick_and_closed(server):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /q/c?x=1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        status, headers, body = read_response(sock, bytearray())
+        assert body == b"quick:/q/c?x=1" and headers[b"connection"] == b"close"
+        assert closed_within(sock, 5)
+    assert rec.app_paths == []
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b"GET /q/o HTTP/1.1\r\nHost: t\r\nX-Odd: caf\xc3\xa9\r\n\r\n",  # a header value that is not ASCII
+        b"GET /q/o?a=%41 HTTP/1.1\r\nHost: t\r\nX-Many: a\r\nX-Many: b\r\nX-Long: "
+        + b"y" * 4000
+        + b"\r\n\r\n",
+    ],
+)
+def test_a_request_the_plain_reader_does_not_take_is_still_answered_through_the_parser(server, odd):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(odd)
+        assert read_response(sock, bytearray())[2].startswith(b"quick:/q/o?")
+    assert rec.app_paths == []
+
+
+def test_requests_in_pieces_or_two_in_one_read_are_answered_in_order(server):
+    port, rec = server
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        buf = bytearray()
+        sock.sendall(b"GET /q/1 HTTP/1.1\r\nHo")
+        time.sleep(0.2)  # the server reads half a request first
+        sock.sendall(b"st: t\r\n\r\n")
+        assert read_response(sock, buf)[2] == b"quick:/q/1?"
+        sock.sendall(b"GET /q/2 HTTP/1.1\r\nHost: t\r\n\r\nGET /q/3 HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert [read_response(sock, buf)[2] for _ in range(2)] == [b"quick:/q/2?", b"quick:/q/3?"]
+
+
+@pytest.fixture
+def short_keepalive() -> Iterator[int]:
+    rec = Recorder()
+    quick = QuickRoutes(claims=lambda path: path.startswith(b"/q"), answer=rec.answer)
+    with listener(rec.app, ConnectionLimits(header_timeout=4.0, keepalive_timeout=1.0), quick=quick) as port:
+        yield port
+
+
+def test_after_a_quick_answer_an_idle_connection_goes_at_the_keep_alive_timeout(short_keepalive):
+    # Both timeouts are deadlines on one timer that each request moves on without cancelling it: the
+    # timer fires on the old deadline, is set again, and closes at the new one, not before.
+    with socket.create_connection(("127.0.0.1", short_keepalive)) as sock:
+        buf = bytearray()
+        for _ in range(3):
+            sock.sendall(b"GET /q/k HTTP/1.1\r\nHost: t\r\n\r\n")
+            read_response(sock, buf)
+            time.sleep(0.7)  # each request within the keep-alive timeout of the one before
+        started = time.monotonic()
+        assert closed_within(sock, 5)
+        assert 0.1 < time.monotonic() - started < 1.5  # 1.0 s after the last answer, 0.7 s of it slept
+
+
+def test_a_next_request_begun_within_the_keep_alive_has_the_header_timeout_to_end(short_keepalive):
+    with socket.create_connection(("127.0.0.1", short_keepalive)) as sock:
+        buf = bytearray()
+        sock.sendall(b"GET /q/k HTTP/1.1\r\nHost: t\r\n\r\n")
+        read_response(sock, buf)
+        time.sleep(0.5)
+        sock.sendall(b"GET /q/k HTTP/1.1\r\n")
+        time.sleep(1.5)  # past the keep-alive, within the header timeout
+        sock.sendall(b"Host: t\r\n\r\n")
+        assert read_response(sock, buf)[2] == b"quick:/q/k?"
+        sock.sendall(b"GET /q/k HTTP/1.1\r\n")  # and this one never ends: the header timeout closes it
+        started = time.monotonic()
+        assert closed_within(sock, 8)
+        assert 3.0 < time.monotonic() - started < 5.5
+
+
+def test_a_quick_answer_carries_the_date_of_its_second(server):
+    # The head of a quick answer is made once per second of uvicorn's date header, not kept longer.
+    port, rec = server
+    dates = []
+    for _ in range(2):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /q/d HTTP/1.1\r\nHost: t\r\n\r\n")
+            dates.append(read_response(sock, bytearray())[1][b"date"])
+        time.sleep(1.6)
+    assert len(rec.quick) == 2 and dates[0] != dates[1]
