@@ -7,8 +7,10 @@ Starts both trackers on loopback ports, drives each with
 `wrk -t<threads> -c<connections> -d<duration>s --latency -s bench/announce.lua`, where the script
 spreads compact announces over --blobs infohashes and --peers peer ids (percent-encoded raw bytes;
 ours at /announce/<passkey>, as agents announce, opentracker at /announce), and
-prints announces/s, p50/p99 latency, the ratio, and how many nodes x blobs one replica
-carries at the announce interval (every node re-announces every blob once per interval).
+prints announces/s, p50/p99 latency, the share of a core the tracker and wrk each used meanwhile (the one
+near 100 % is what sets the rate: opentracker closes every connection, so against it wrk spends its
+time reconnecting), the ratio, and how many nodes x blobs one replica carries at the announce interval
+(every node re-announces every blob once per interval).
 `--checkout DIR`: also run the tracker of another tree (a before/after in one run), with this
 tree's Python environment.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -63,7 +66,17 @@ def check_announce(port: int, path: str, hashes: Path) -> None:
         raise SystemExit(f"the tracker refused the benchmark's announce: {body[:200]!r}")
 
 
-def run_wrk(port: int, load: argparse.Namespace, hashes: Path, path: str = "/announce") -> dict[str, int]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(
+    port: int, load: argparse.Namespace, hashes: Path, server: int, path: str = "/announce"
+) -> dict[str, float]:
+    """wrk's figures, and the CPU share (of one core) the server (pid `server`) and wrk used meanwhile:
+    the one at 100 % is what limits the rate."""
     check_announce(port, path, hashes)
     # The path (with the passkey) goes to announce.lua by environment, not on wrk's command line.
     env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(load.peers), "WS_ANNOUNCE_PATH": path}
@@ -78,13 +91,23 @@ def run_wrk(port: int, load: argparse.Namespace, hashes: Path, path: str = "/ann
         str(HERE / "announce.lua"),
         f"http://127.0.0.1:{port}/announce",
     ]
+    server0, wrk0, started = cpu_seconds(server), _children_cpu(), time.monotonic()
     out = subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=duration + 30, check=True
     ).stdout
+    wall = time.monotonic() - started
     match = re.search(r"WSRESULT (.*)", out)
     if not match:
         raise SystemExit(f"wrk printed no result:\n{out}")
-    return {k: int(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
+    result: dict[str, float] = {k: int(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
+    result["server_cpu"] = (cpu_seconds(server) - server0) / wall
+    result["wrk_cpu"] = (_children_cpu() - wrk0) / wall
+    return result
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -97,7 +120,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def run_ours(tree: Path, work: Path, passkey: str, args: argparse.Namespace, hashes: Path) -> dict[str, int]:
+def run_ours(
+    tree: Path, work: Path, passkey: str, args: argparse.Namespace, hashes: Path
+) -> dict[str, float]:
     """`tracker serve` of `tree` (SQLite, the passkey, warnings only) under the wrk load."""
     port = free_port()
     ours = subprocess.Popen(
@@ -124,7 +149,7 @@ def run_ours(tree: Path, work: Path, passkey: str, args: argparse.Namespace, has
     )
     try:
         wait_port(port, ours)
-        return run_wrk(port, args, hashes, f"/announce/{passkey}")
+        return run_wrk(port, args, hashes, ours.pid, f"/announce/{passkey}")
     finally:
         stop(ours)
 
@@ -181,7 +206,7 @@ def main() -> None:
         )
         try:
             wait_port(port, ot)
-            results["opentracker"] = run_wrk(port, args, hashes)
+            results["opentracker"] = run_wrk(port, args, hashes, ot.pid)
         finally:
             stop(ot)
 
@@ -190,19 +215,24 @@ def main() -> None:
         f"{args.peers} peer ids, loopback, "
         f"{os.cpu_count()} CPUs (wrk shares them)\n"
     )
-    print(f"{'tracker':<30} {'announces/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'timeouts':>8}")
+    print(
+        f"{'tracker':<30} {'announces/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} {'timeouts':>8} "
+        f"{'server CPU':>11} {'wrk CPU':>8} {'CPU µs/announce':>16}"
+    )
     rps = {}
     for name, r in results.items():
         rps[name] = r["requests"] / (r["duration_us"] / 1e6)
         print(
             f"{name:<30} {rps[name]:>12,.0f} {r['p50_us'] / 1000:>8.2f} {r['p99_us'] / 1000:>8.2f} "
-            f"{r['status_errors']:>8} {r['timeouts']:>8}"
+            f"{r['status_errors']:>8.0f} {r['timeouts']:>8.0f} {r['server_cpu']:>10.0%} {r['wrk_cpu']:>8.0%} "
+            f"{r['server_cpu'] / rps[name] * 1e6:>16.0f}"
         )
     if results["opentracker"]["socket_errors"]:
         print(
             "(opentracker closes the connection after every reply; wrk counts those as read errors "
             "and reconnects)"
         )
+    print("(CPU: the share of one core each used during the load; whichever is near 100 % sets the rate)")
     ours_rps = rps["tracker serve (sqlite)"]
     print()
     for name in trees:
