@@ -13,9 +13,13 @@ can do (it also takes them off a socket). On this VM writing fresh page-cache pa
 much when memory has just churned as on a quiet machine, so the receiver is read against the floor of
 the same moment.
 
+`--bittorrent`: both agents run with `--no-relay-seeds`, so the shard goes by BitTorrent (libtorrent on
+both sides) instead: the same figures for that path.
+
 Usage:
   .venv/bin/python -m bench.relay_cpu
   .venv/bin/python -m bench.relay_cpu --size 1024 --runs 3 --checkout /tmp/before
+  .venv/bin/python -m bench.relay_cpu --bittorrent --size 512 --runs 5 --checkout /tmp/before
 """
 
 from __future__ import annotations
@@ -74,8 +78,10 @@ def floor(directory: Path, size_mib: int) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def one_run(checkout: Path, size_mib: int) -> tuple[float, float, float, float]:
-    """(wall s, seed CPU s, receiver CPU s, floor CPU s) of one relayed fetch by agents of `checkout`."""
+def one_run(checkout: Path, size_mib: int, bittorrent: bool) -> tuple[float, float, float, float]:
+    """(wall s, seed CPU s, receiver CPU s, floor CPU s) of one fetch by agents of `checkout`, over the
+    relay or (`bittorrent`) by BitTorrent."""
+    extra = ("--no-relay-seeds",) if bittorrent else ()
     os.environ["PYTHONPATH"] = str(checkout)  # the agents' `agent` entry point imports that tree
     with tempfile.TemporaryDirectory(prefix="ws-relay-cpu-") as d:
         tmp = Path(d)
@@ -84,17 +90,18 @@ def one_run(checkout: Path, size_mib: int) -> tuple[float, float, float, float]:
         a = b = None
         try:
             with model_origin(tmp / "hub", "bench/relay", total_bytes=size_mib << 20, shards=1, seed=3) as o:
-                a = AgentProcess(tmp, "a", o.hub.url, tracker)
+                a = AgentProcess(tmp, "a", o.hub.url, tracker, *extra)
                 a.start()
                 fetch(a, o.repo_id)
-                b = AgentProcess(tmp, "b", o.hub.url, tracker)
+                b = AgentProcess(tmp, "b", o.hub.url, tracker, *extra)
                 b.start()
                 time.sleep(12)  # a's offer announced (at the tracker's interval), b settled
                 seed0, recv0, t0 = cpu(a), cpu(b), time.monotonic()
                 fetch(b, o.repo_id)
                 wall, seed, recv = time.monotonic() - t0, cpu(a) - seed0, cpu(b) - recv0
-                if "relayed from" not in b.log.read_text():
-                    raise SystemExit("b did not take the shard over the relay: nothing measured")
+                if ("relayed from" in b.log.read_text()) == bittorrent:
+                    path = "BitTorrent" if bittorrent else "the relay"
+                    raise SystemExit(f"b did not take the shard over {path}: nothing measured")
                 return wall, seed, recv, floor(tmp, size_mib)
         finally:
             for agent in (a, b):
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=512, help="the shard, MiB (default 512)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each checkout (default 3)")
     ap.add_argument("--checkout", type=Path, default=None, help="also measure the agents of this checkout")
+    ap.add_argument("--bittorrent", action="store_true", help="the shard by BitTorrent, not the relay")
     args = ap.parse_args(argv)
     checkouts = {"this tree": HERE}
     if args.checkout is not None:
@@ -115,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in checkouts}
     for _ in range(args.runs):
         for name, path in checkouts.items():
-            runs[name].append(one_run(path, args.size))
+            runs[name].append(one_run(path, args.size, args.bittorrent))
     gib = args.size / 1024
-    print(f"one {args.size} MiB shard over the relay, loopback; medians of {args.runs} runs")
+    path = "by BitTorrent" if args.bittorrent else "over the relay"
+    print(f"one {args.size} MiB shard {path}, loopback; medians of {args.runs} runs")
     print(
         "| agents | wall s | seed CPU s | receiver CPU s | receiver CPU s per GiB | floor CPU s "
         "| receiver ÷ floor |"
@@ -130,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {wall:.2f} | {seed:.2f} | {recv:.2f} | {recv / gib:.1f} | {least:.2f} "
             f"| {ratio:.1f} |"
         )
-    print("targets: seed <= 0.2 CPU-s per GiB, receiver <= 1.0 CPU-s per GiB")
+    if args.bittorrent:
+        print("target: at or below aria2c's CPU per GiB (bench.swarm prints both in one run)")
+    else:
+        print("targets: seed <= 0.2 CPU-s per GiB, receiver <= 1.0 CPU-s per GiB")
     return 0
 
 
