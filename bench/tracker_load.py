@@ -75,8 +75,7 @@ def cpu_seconds(pid: int) -> float:
 def run_wrk(
     port: int, load: argparse.Namespace, hashes: Path, server: int, path: str = "/announce"
 ) -> dict[str, float]:
-    """wrk's figures, and the CPU share (of one core) the server (pid `server`) and wrk used meanwhile:
-    the one at 100 % is what limits the rate."""
+    """wrk's figures, and the share of one core the server (pid `server`) and wrk each used meanwhile."""
     check_announce(port, path, hashes)
     # The path (with the passkey) goes to announce.lua by environment, not on wrk's command line.
     env = {**os.environ, "WS_HASHES": str(hashes), "WS_PEERS": str(load.peers), "WS_ANNOUNCE_PATH": path}
