@@ -150,9 +150,7 @@ def guarded_protocol(
                 if b"upgrade" in value:
                     return False
                 keep_alive = b"close" not in value
-            self._unset_keepalive_if_required()
-            self._disarm()
-            self._answer(plain[1], plain[2], plain[3] or b"", keep_alive)
+            self._answer(plain[1], plain[2], plain[3] or b"", keep_alive)  # it sets the deadlines anew
             return True
 
         def on_headers_complete(self) -> None:
