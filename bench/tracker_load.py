@@ -235,7 +235,7 @@ def main() -> None:
     ours_rps = rps["tracker serve (sqlite)"]
     print()
     for name in trees:
-        print(f"ratio {name} / opentracker: {rps[name] / rps['opentracker']:.2f}")
+        print(f"ratio {name} / opentracker: {rps[name] / rps['opentracker']:.2f} (target >= 1)")
     print(
         f"one replica at interval {args.interval}s carries ~{ours_rps * args.interval:,.0f} node x blob "
         f"announce slots (e.g. {ours_rps * args.interval / 100:,.0f} nodes x 100 blobs)"

@@ -79,17 +79,40 @@ def first_values(raw: bytes) -> Firsts:
     params: Firsts = {}
     for part in raw.split(b"&"):
         key, _, value = part.partition(b"=")
-        if b"%" in key:
-            key = _unquote(key)
         if key not in params:
             params[key] = value
+    if b"%" in b"".join(params):  # an escaped key (no client sends one): decode the keys, then dedupe
+        params = {}
+        for part in raw.split(b"&"):
+            key, _, value = part.partition(b"=")
+            params.setdefault(_unquote(key), value)
     return params
+
+
+_DECODED: dict[bytes, bytes] = {}
+"""Escaped value -> its bytes: the same info_hash and peer_id come back every interval."""
+_DECODED_MAX = 16384
+_DECODED_LONGEST = 60
+"""An info_hash or peer_id with every byte escaped; longer values are decoded each time, not kept, so
+the map stays a few MiB whatever clients send."""
 
 
 def _unquote(raw: bytes) -> bytes:
     """Percent-decoding; an info_hash or peer_id (every byte escaped) in one C call, not a loop."""
     if b"%" not in raw:
         return raw
+    decoded = _DECODED.get(raw)
+    if decoded is not None:
+        return decoded
+    decoded = _decode(raw)
+    if len(raw) <= _DECODED_LONGEST:
+        if len(_DECODED) >= _DECODED_MAX:  # bounded in count too: start afresh
+            _DECODED.clear()
+        _DECODED[raw] = decoded
+    return decoded
+
+
+def _decode(raw: bytes) -> bytes:
     n = len(raw) // 3
     if len(raw) == 3 * n and raw[::3] == b"%" * n:
         try:
@@ -108,11 +131,15 @@ def _one(params: Firsts, name: bytes) -> bytes | None:
 
 
 def _int(params: Firsts, name: bytes, low: int, high: int | None = None) -> int | None:
-    raw = _one(params, name)
-    if not raw:
+    raw = params.get(name)
+    if raw is None:
         return None
-    if not raw.isdigit() and not (raw[:1] == b"-" and raw[1:].isdigit()):
-        raise AnnounceError(f"{name.decode()} must be an integer")
+    if not raw.isdigit():  # empty, signed or escaped (digits need no decoding)
+        raw = _unquote(raw)
+        if not raw:
+            return None
+        if not raw.isdigit() and not (raw[:1] == b"-" and raw[1:].isdigit()):
+            raise AnnounceError(f"{name.decode()} must be an integer")
     if len(raw) > 20:
         raise AnnounceError(f"{name.decode()} out of range")
     value = int(raw)
@@ -162,14 +189,9 @@ def parse_announce(params: Firsts, client_host: str | None, settings: TrackerSet
         ip = packed_ip(client_host)
     if ip is None:
         raise AnnounceError("cannot tell the peer's address from the connection")
-    return AnnounceRequest(
-        infohash=infohash,
-        peer=(peer_id, ip, port),
-        left=left,
-        event=event,
-        numwant=numwant,
-        compact=_one(params, b"compact") != b"0",
-        no_peer_id=_one(params, b"no_peer_id") == b"1",
+    compact = _one(params, b"compact") != b"0"
+    return AnnounceRequest(  # in field order: positional arguments bind faster than keywords
+        infohash, (peer_id, ip, port), left, event, numwant, compact, _one(params, b"no_peer_id") == b"1"
     )
 
 

@@ -14,6 +14,7 @@ requests are not access-logged, and every logged path has it redacted (`redact_p
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -117,13 +118,20 @@ class TrackerApp:
         if peers is None:
             return None
         settings, metrics = self.settings, self.metrics
+        agent_key = None if settings.announce_passkey is None else settings.announce_passkey.encode()
 
         def answer(
             method: bytes, raw_path: bytes, raw_query: bytes, host: str | None
         ) -> tuple[int, bytes, bytes]:
             start = time.perf_counter()
-            route, _, passkey = raw_path.decode("latin-1").lstrip("/").partition("/")
-            checked = self._bt_check(method.decode("latin-1"), route, passkey, raw_query, host)
+            checked: tuple[int, bytes] | bool
+            key, _, given = raw_path.lstrip(b"/").partition(b"/")
+            route = "announce" if key == b"announce" else "scrape"  # `claims` took no other path
+            if agent_key is not None and method == b"GET" and hmac.compare_digest(given, agent_key):
+                checked = True  # an agent's announce, as it nearly always is: the agents' passkey in the path
+            else:
+                passkey = raw_path.decode("latin-1").lstrip("/").partition("/")[2]
+                checked = self._bt_check(method.decode("latin-1"), route, passkey, raw_query, host)
             if isinstance(checked, tuple):
                 return checked[0], _BT_HEAD, checked[1]
             try:

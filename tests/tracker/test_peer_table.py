@@ -6,6 +6,7 @@ the table has swept it. The clock is the table's own `time.monotonic`, stepped b
 from __future__ import annotations
 
 import collections
+import random
 import types
 
 import pytest
@@ -92,3 +93,30 @@ def test_a_peer_whose_time_is_up_is_not_handed_out_before_the_sweep_removes_it(c
     announce(table, 1)
     clock.now += 6  # +111: peer 2 is over its time too
     assert set(announce(table, 5)) == {pid(1), pid(3), pid(4)}
+
+
+def test_joins_leaves_and_role_changes_in_any_order_keep_every_live_peer_and_no_other(clock: Clock) -> None:
+    """A leaver's place goes to the last peer and a re-announce moves its peer to the end: after any mix
+    of them, a large numwant hands out exactly the live peers of the right role."""
+    rng = random.Random(7)
+    table = PeerTable(ttl=100)
+    live: dict[int, tuple[bool, float]] = {}  # peer -> (seeder, expires at)
+    for step in range(3000):
+        n = rng.randrange(60)
+        if rng.random() < 0.15:
+            table.announce(b"h" * 20, (pid(n), IP, 10000 + n), False, "stopped", 0)
+            live.pop(n, None)
+        else:
+            seeder = rng.random() < 0.3
+            announce(table, n, seeder=seeder, numwant=0)
+            live[n] = (seeder, clock.now + 100)
+        clock.now += rng.choice([0.0, 0.5, 3.0])
+        if step % 50 == 0:
+            asker = 1000 + step  # a leecher new to the swarm: it is handed every live peer
+            got = announce(table, asker, numwant=200)
+            live[asker] = (False, clock.now + 100)
+            expected = {pid(p) for p, (_, expires) in live.items() if expires > clock.now and p != asker}
+            assert sorted(got) == sorted(expected) and len(got) == len(set(got))
+            counts = table.counts(b"h" * 20)
+            alive = [s for s, expires in live.values() if expires > clock.now]
+            assert (counts.complete, counts.incomplete) == (sum(alive), len(alive) - sum(alive))

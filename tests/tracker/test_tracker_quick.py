@@ -129,6 +129,52 @@ def test_one_call_percent_decoding_agrees_with_the_standard_library(raw: bytes):
     assert bt._unquote(raw) == unquote_to_bytes(raw)
 
 
+def test_escaped_keys_and_numbers_read_as_the_general_decoding_reads_them():
+    def q(raw: bytes) -> bytes:
+        return quote_from_bytes(raw, safe="").encode()
+
+    raw = (
+        b"info%5Fhash="
+        + q(infohash(3))
+        + b"&info_hash="
+        + q(infohash(4))
+        + b"&peer_id="
+        + q(peer_id(3))
+        + b"&port=%36%30%30%31&left=&numwant=%2D3&compact=%30"
+    )
+    req = bt.parse_announce(bt.first_values(raw), "10.0.0.1", SETTINGS)
+    assert req.infohash == infohash(3)  # a key's first value, however the key was spelled
+    assert req.peer == (peer_id(3), b"\x0a\x00\x00\x01", 6001)
+    assert req.left is None and req.numwant == 0 and req.compact is False
+
+
+@pytest.mark.parametrize("value", [b"1_0", b"+5", b"%2B5", b"%201", b"1e3", b"\xd9\xa1"])
+def test_a_number_int_would_take_but_a_client_never_sends_is_refused(value: bytes):
+    raw = (
+        b"info_hash="
+        + quote_from_bytes(infohash(1)).encode()
+        + b"&peer_id="
+        + quote_from_bytes(peer_id(1)).encode()
+        + b"&port="
+        + value
+    )
+    with pytest.raises(bt.AnnounceError, match="port must be an integer"):
+        bt.parse_announce(bt.first_values(raw), "10.0.0.1", SETTINGS)
+
+
+def test_the_decoded_values_kept_stay_bounded_whatever_clients_send(monkeypatch: pytest.MonkeyPatch):
+    """Every info_hash and peer_id a client makes up is decoded once and kept: flooding the tracker
+    with new ones must not grow it without bound."""
+    monkeypatch.setattr(bt, "_DECODED", {})
+    for n in range(bt._DECODED_MAX + 100):
+        value = n.to_bytes(20, "big")
+        assert bt._unquote(quote_from_bytes(value, safe="").encode()) == value
+        assert len(bt._DECODED) <= bt._DECODED_MAX
+    assert bt._unquote(quote_from_bytes(value, safe="").encode()) == value  # kept: the same answer again
+    long = b"%41" * 10_000
+    assert bt._unquote(long) == b"A" * 10_000 and long not in bt._DECODED  # a long one is never kept
+
+
 def test_per_request_numbers_read_as_prometheus_counters_and_a_histogram():
     metrics = Metrics()
     metrics.announces["started"].inc()
