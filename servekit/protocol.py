@@ -8,10 +8,11 @@ the kernel (`os.sendfile`): no read into Python, no copy into the transport's bu
 sent a blob at about 0.9 CPU-s per GiB through a Python loop of reads and writes.
 
 uvloop's `loop.sendfile` is not implemented, so the protocol does it itself: once the transport's own
-buffer is empty (the head, earlier bodies), a worker thread sends on a duplicate of the connection's
-descriptor (its own: the loop may close the connection meanwhile), waiting for room with `poll`. The
-loop reads the connection meanwhile as usual (a disconnect, a pipelined request) and writes nothing to
-it: the response is this cycle's until its last byte.
+buffer is empty (the head, earlier bodies), a short span (`INLINE_SPAN`) goes out from the event loop as
+far as the socket takes it at once, and the rest, or a longer span, from a worker thread that sends on a
+duplicate of the connection's descriptor (its own: the loop may close the connection meanwhile), waiting
+for room with `poll`. The loop reads the connection meanwhile as usual (a disconnect, a pipelined
+request) and writes nothing to it: the response is this cycle's until its last byte.
 
 Quick routes (`QuickRoutes`): requests a listener answers from the protocol itself, synchronously, in
 one write, without an ASGI cycle: no task, no scope, no message dicts. For a BitTorrent announce that
@@ -44,6 +45,11 @@ SEND_STALL = 60.0
 """Seconds a zero-copy send waits for room in a socket that takes nothing (a client that stopped
 reading) before it gives the connection up."""
 _FLUSH_POLL = 0.001
+INLINE_SPAN = 512 << 10
+"""A span at most this long is sent from the event loop, as far as the socket takes it at once (the rest
+from a worker thread): a relay hop on a slow link sends a span every few tens of milliseconds, and a
+worker thread for each cost more CPU than its bytes. At most this much is read from the file on the loop
+(a blob being relayed was just written: its bytes are in the page cache)."""
 LOOP_HELD_UP = 0.25
 """Seconds a header timeout may fire late before it counts as the event loop held up, not the client."""
 
@@ -332,17 +338,21 @@ async def _send_file(cycle: RequestResponseCycle, message: Any) -> None:
     if transport.is_closing():
         cycle.disconnected = True
         return
-    out_fd = os.dup(transport.get_extra_info("socket").fileno())
+    sock_fd = transport.get_extra_info("socket").fileno()
     try:
-        await anyio.to_thread.run_sync(_sendfile, out_fd, in_fd, offset, count)
+        sent = _sendfile_now(sock_fd, in_fd, offset, count) if count <= INLINE_SPAN else 0
+        if sent < count:
+            out_fd = os.dup(sock_fd)
+            try:
+                await anyio.to_thread.run_sync(_sendfile, out_fd, in_fd, offset + sent, count - sent)
+            finally:
+                os.close(out_fd)
     except (OSError, EOFError):
         # The client went away, stopped reading, or the file is shorter than said: the response cannot
         # complete, so the connection goes (the client sees fewer bytes than the Content-Length).
         cycle.disconnected = True
         transport.close()
         return
-    finally:
-        os.close(out_fd)
     cycle.expected_content_length -= count
     if not message.get("more_body", False):
         if cycle.expected_content_length != 0:
@@ -352,6 +362,20 @@ async def _send_file(cycle: RequestResponseCycle, message: Any) -> None:
         if not cycle.keep_alive:
             transport.close()
         cycle.on_response()
+
+
+def _sendfile_now(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+    """As much of [offset, offset + count) of `in_fd` as the non-blocking socket `out_fd` takes at once."""
+    done = 0
+    while done < count:
+        try:
+            sent = os.sendfile(out_fd, in_fd, offset + done, count - done)
+        except BlockingIOError:
+            break
+        if sent == 0:
+            raise EOFError(f"the file ends {count - done} bytes short")
+        done += sent
+    return done
 
 
 def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> None:

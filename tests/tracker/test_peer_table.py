@@ -1,7 +1,7 @@
 """The in-memory peer table (tracker.peers): which peers an announce is handed. A swarm larger than
 numwant gives a run of its peers from a random place, so every peer must come out about as often as any
-other, never the asker itself, never twice in one answer, and never a peer whose time is up even before
-the table has swept it. The clock is the table's own `time.monotonic`, stepped by the test."""
+other, never the asker itself, never twice in one answer, and never a peer whose time is up. The clock
+is the table's own `time.monotonic`, stepped by the test."""
 
 from __future__ import annotations
 
@@ -80,18 +80,19 @@ def test_a_leecher_gets_seeders_first_then_leechers_and_a_seeder_only_leechers(c
     assert announce(table, 21, numwant=0) == []
 
 
-def test_a_peer_whose_time_is_up_is_not_handed_out_before_the_sweep_removes_it(clock: Clock) -> None:
+def test_a_peer_whose_time_is_up_is_neither_handed_out_nor_counted(clock: Clock) -> None:
     table = PeerTable(ttl=100)
     announce(table, 1)  # expires at +100
     clock.now += 10
     announce(table, 2)  # expires at +110
     clock.now += 80
-    announce(table, 3)  # at +90: a sweep (nothing expired yet); the next one is due at +115
-    clock.now += 15  # +105: peer 1 is over its time, and no sweep has run since it was
+    announce(table, 3)  # at +90: nobody's time is up
+    clock.now += 15  # +105: peer 1's is
     assert set(announce(table, 4)) == {pid(2), pid(3)}
-    # A peer that announces again is live again, and goes to the end of the order of expiry.
+    assert table.counts(b"h" * 20).incomplete == 3  # 2, 3 and 4
+    # A peer that announces again is live again.
     announce(table, 1)
-    clock.now += 6  # +111: peer 2 is over its time too
+    clock.now += 6  # +111: peer 2's time is up too
     assert set(announce(table, 5)) == {pid(1), pid(3), pid(4)}
 
 
