@@ -24,9 +24,9 @@ _PEER = itemgetter(4, 0, 1)
 class _Table:
     """A swarm's seeders or its leechers: their entries and, at the same places, their BEP 23 forms, so
     a compact reply is a slice of a list. An announce moves its peer to the end (`pick` then leaves it
-    out by taking from the others); one that leaves gives its place to the last. No step of an announce
-    reads the whole table: copying a table of thousands per announce would cost more than the rest of it.
-    `oldest` is a bound no entry expires before: the table is swept when the clock passes it."""
+    out by taking from the others); one that leaves gives its place to the last. An announce reads only
+    what it hands out: copying a table of thousands per announce cost more than the rest of it. `oldest`
+    is a bound no entry expires before: the table is swept (read whole) when the clock passes it."""
 
     __slots__ = ("where", "entries", "compact", "oldest")
 
