@@ -382,17 +382,11 @@ def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> None:
     """All of [offset, offset + count) of `in_fd` onto the non-blocking socket `out_fd`."""
     room = select.poll()
     room.register(out_fd, select.POLLOUT)
-    done = 0
+    done = _sendfile_now(out_fd, in_fd, offset, count)
     while done < count:
-        try:
-            sent = os.sendfile(out_fd, in_fd, offset + done, count - done)
-        except BlockingIOError:
-            if not room.poll(SEND_STALL * 1000):
-                raise TimeoutError(f"the client took nothing for {SEND_STALL:.0f}s") from None
-            continue
-        if sent == 0:
-            raise EOFError(f"the file ends {count - done} bytes short")
-        done += sent
+        if not room.poll(SEND_STALL * 1000):
+            raise TimeoutError(f"the client took nothing for {SEND_STALL:.0f}s")
+        done += _sendfile_now(out_fd, in_fd, offset + done, count - done)
 
 
 def uvicorn_options(gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None) -> dict[str, Any]:

@@ -130,7 +130,7 @@ class TrackerApp:
             if agent_key is not None and method == b"GET" and hmac.compare_digest(given, agent_key):
                 checked = True  # an agent's announce, as it nearly always is: the agents' passkey in the path
             else:
-                passkey = raw_path.decode("latin-1").lstrip("/").partition("/")[2]
+                passkey = given.decode("latin-1")
                 checked = self._bt_check(method.decode("latin-1"), route, passkey, raw_query, host)
             if isinstance(checked, tuple):
                 return checked[0], _BT_HEAD, checked[1]
