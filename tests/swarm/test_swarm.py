@@ -262,8 +262,8 @@ def test_the_verified_prefix_holds_only_bytes_readable_from_the_file(tmp_path, s
     from the file, so a prefix counted from libtorrent's word alone sent zeros to a client (caught here
     in 5 of 5 runs before the fix). A reader that reads each new prefix at once must see the blob's bytes."""
     blob = make_blob(128 * MiB, 7)
-    # Capped, the pieces arrive over about four seconds, not in a burst the loop below sees in a few looks
-    # (unpaced, a run under CI load saw the prefix grow only 6 times).
+    # Capped, the pieces arrive over about four seconds, not in a burst that a loop slowed by a loaded
+    # machine sees in fewer looks than the check below needs.
     seeder = open_swarm(swarms, tmp_path / "s-state", upload_rate_limit=32 * MiB)
     leecher = open_swarm(swarms, tmp_path / "l-state")
     ih = seeder.seed(write_blob(tmp_path / "s", blob), blob.info, [])
