@@ -26,23 +26,33 @@ when one does, but each node would then hash most of the blob only once all its 
 (sha256 is sequential). Origin egress stays one copy either way. Off by default (`origin_holders`
 1): the measurement misjudges an origin capped in total when several blobs are pulled at once.
 
-Warm starts (`swarm.relay_seeds`): a node that seeds a large blob whole offers it under the same key,
-and a node that wants a blob some node has whole takes it over the relay before BitTorrent. Such a
-stream moves at link speed, not at the origin's, so each node passes it on to one node only
-(`Arrival.chain`): the receivers form a chain behind each seed, and every node's uplink carries the
-blob at its whole rate while it downloads, which is the lower bound of a broadcast. BitTorrent from one
-seed sends many pieces twice (every receiver asks the seed for what looks rarest to it), and measured
-1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled links). The chain's costs:
-a node that slows holds up the nodes behind it, and one that stops leaves them to ask another source
-after the stall time; a node that finds no relay source, or whose relay breaks off, takes the blob by
-BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its torrents.
-A chain has a hop per node, so each hop's cost counts N times: a busy node names the nodes it streams
-to (`NEXT_HEADER`) and the receiver asks them next, walking down to the chain's end in a request a hop;
-a node that is not ahead of a receiver yet (it found its own source a moment ago) makes it wait up to a
-second rather than refuse it; and bytes are handed on within 20 ms of their arrival, the last one
-included, since every receiver checks the whole blob itself (agent.cache.arrivals). Each node waiting
-for the one before it to check and install its copy before the last byte moved on cost 0.2-0.4 s a hop
-(bench.swarm, 8 nodes: the last node of a chain 1.4 s after the first).
+Warm starts (`swarm.relay_seeds`): a node that seeds a large blob whole offers it under the same key
+(as a seeder there), and a node that wants a blob some node has whole takes it over the relay before
+BitTorrent. Such a stream moves at link speed, not at the origin's, so each node passes it on to one
+node only (`Arrival.chain`): the receivers form a chain behind each seed, and every node's uplink
+carries the blob at its whole rate while it downloads, which is the lower bound of a broadcast.
+BitTorrent from one seed sends many pieces twice (every receiver asks the seed for what looks rarest to
+it), and measured 1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled links). The chain's
+costs: a node that slows holds up the nodes behind it, and one that stops leaves them to ask another
+source after the stall time; a node that finds no relay source, or whose relay breaks off, takes the
+blob by BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its
+torrents.
+
+A chain has a hop per node, so each hop's cost counts N times, joining it included. A receiver finds
+its place in one look (`place`): it announces on the blob's rank key, and the tracker's leecher count
+in the reply is its rank (the tracker counts a node once); it says where it is on the key of its rank
+(as that key's seeder); and it takes the blob from the node as many ranks before it as the blob has
+seeds, the first receivers from a seed each. So each seed heads a chain, in the order the receivers
+asked. Found by a walk to the chain's end instead, which moves one node at a time, a node's first byte
+came a median 3.9-7.2 s after its first request at 32 nodes, after 20-135 requests (bench.swarm). A
+receiver whose place does not stream to it (its node stopped, another took the place, the tracker
+could not say) walks: a busy node names the nodes it streams to (`NEXT_HEADER`) and the receiver asks
+them next, down to a chain's end in a request a hop. A node that is not ahead of a receiver yet (it
+found its own source a moment ago) makes it wait up to a second rather than refuse it, and bytes are
+handed on within 20 ms of their arrival, the last one included, since every receiver checks the whole
+blob itself (agent.cache.arrivals). Each node waiting for the one before it to check and install its
+copy before the last byte moved on cost 0.2-0.4 s a hop (bench.swarm, 8 nodes: the last node of a
+chain 1.4 s after the first).
 
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
@@ -57,13 +67,14 @@ import hmac
 import logging
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from agent.core.errors import TrackerError
 from agent.core.settings import Settings
-from agent.tracking.client import TrackerClient
+from agent.tracking.client import Announced, TrackerClient
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +84,29 @@ NEXT_HEADER = "X-Relay-Next"
 _DEFAULT_INTERVAL = 30.0
 """Seconds between a source's announces until the tracker has said its `interval`."""
 _SALT = b"weightswarm relay credential v1"
+_PLACE_LOOKUP = 1.0
+"""Seconds a receiver looks for the node before it in a chain (`place`), which says where it is a moment
+after it asked for its rank."""
+_PLACE_POLL = 0.05
 
 
 def relay_infohash(blob_id: str) -> bytes:
     """The tracker key under which a blob's relay sources announce (not a real torrent's infohash)."""
     return hashlib.sha1(b"weightswarm-relay:" + blob_id.encode(), usedforsecurity=False).digest()
+
+
+def rank_key(blob_id: str) -> bytes:
+    """The tracker key on which a warm start's receivers of a blob count themselves (`place`)."""
+    return relay_infohash(f"rank:{blob_id}")
+
+
+def _place_key(blob_id: str, rank: int) -> bytes:
+    """The tracker key on which the receiver of `rank` says where it is (as the key's one seeder)."""
+    return relay_infohash(f"place:{blob_id}:{rank}")
+
+
+def _urls(peers: Iterable[tuple[str, int]]) -> list[str]:
+    return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]
 
 
 def blob_parts(size: int, settings: Settings) -> list[tuple[int, int]]:
@@ -137,12 +166,41 @@ class RelayDirectory:
         None when the tracker could not be asked (the sources it named before may still relay). A source
         the tracker did not hear of is announced at the next `refresh` (a holder that joined during a
         tracker restart stayed unlisted for its whole download, and later nodes found no source)."""
-        peers = self._announce(blob_id, left)
+        reply = self._join(blob_id, left)
+        return None if reply is None else _urls(reply.peers)
+
+    def _join(self, blob_id: str, left: int) -> Announced | None:
+        reply = self._announce(relay_infohash(blob_id), max(1, left))
         with self._lock:
-            self._joined[blob_id] = (left, time.monotonic() if peers is not None else -math.inf)
-        if peers is None:
+            self._joined[blob_id] = (left, time.monotonic() if reply is not None else -math.inf)
+        return reply
+
+    def place(self, blob_id: str, left: int) -> str | None:
+        """Where this node takes `blob_id` from on a warm start: the base URL of its node in the seeds'
+        chains, by the order in which the receivers asked (module doc, "Warm starts"); None when the
+        tracker could not say, or the node before this one did not say where it is in time. Joins as
+        a source, as `join` does."""
+        ranked = self._announce(rank_key(blob_id), 1, numwant=0)
+        if ranked is None or ranked.leechers < 1:
             return None
-        return [f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}" for host, port in peers]
+        rank = ranked.leechers - 1  # the tracker counts this node once, however often it announces
+        self._announce(_place_key(blob_id, rank), 0, numwant=0)
+        reply = self._join(blob_id, left)
+        if reply is None:
+            return None
+        seeds = sorted(_urls(reply.peers[: reply.seeders]))  # the tracker lists the seeders first
+        if rank < len(seeds):
+            return seeds[rank]
+        # Each seed heads a chain: node `rank` follows the node `len(seeds)` places before it, which asked
+        # a moment earlier and says where it is right after it learns its rank.
+        deadline = time.monotonic() + _PLACE_LOOKUP
+        while True:
+            before = self._announce(_place_key(blob_id, rank - len(seeds)), 1, numwant=8)
+            if before is not None and before.seeders:
+                return random.choice(_urls(before.peers[: before.seeders]))
+            if before is None or time.monotonic() >= deadline:
+                return None
+            time.sleep(_PLACE_POLL)
 
     def refresh(self, lost: bool = False) -> None:
         """Announce again as a source of each blob last announced an announce interval ago, or of every
@@ -165,12 +223,12 @@ class RelayDirectory:
         for blob_id in gone:  # no longer seeded here (removed, evicted)
             self._stop(blob_id)
         for blob_id in offers:
-            # `left` 1, not 0: the tracker counts a relay source as a peer, never as a seeder of a torrent.
-            if self._announce(blob_id, 1) is not None:
+            # As a seeder (`left` 0): `place` counts the seeders of a relay key as the chains' heads.
+            if self._announce(relay_infohash(blob_id), 0) is not None:
                 with self._lock:
                     self._offered[blob_id] = time.monotonic()
         for blob_id, left in due:
-            if self._announce(blob_id, left) is None:
+            if self._announce(relay_infohash(blob_id), max(1, left)) is None:
                 continue
             with self._lock:
                 # A blob that left meanwhile stays left (the tracker lists this node until its peer TTL;
@@ -178,12 +236,11 @@ class RelayDirectory:
                 if blob_id in self._joined:
                     self._joined[blob_id] = (left, time.monotonic())
 
-    def _announce(self, blob_id: str, left: int) -> list[tuple[str, int]] | None:
+    def _announce(self, key: bytes, left: int, numwant: int = 50) -> Announced | None:
         try:
-            ih = relay_infohash(blob_id)
-            return self.tracker.announce(ih, self._peer_id, self.port, max(1, left), "started")
+            return self.tracker.announce(key, self._peer_id, self.port, left, "started", numwant=numwant)
         except TrackerError as exc:
-            log.info("relay announce for %s failed: %s", blob_id[:16], exc)
+            log.info("relay announce failed: %s", exc)
             return None
 
     def leave(self, blob_id: str) -> None:

@@ -46,6 +46,10 @@ cold: a 50-s bound). A warm chain has a hop per node: at most 50 writes a second
 _NO_SOURCE_WAIT = 3.0
 """Seconds to keep asking for sources when the tracker lists none yet (the holder announces as it starts)."""
 _BUSY_PAUSE = 0.2
+_PLACE_WAIT = 4.0
+"""Seconds a receiver waits for the node before it in a chain to be ahead of it (the one before that may
+be a moment late) before it looks for any source."""
+_PLACE_PAUSE = 0.1
 
 
 class _SourceFailed(Exception):
@@ -140,17 +144,19 @@ class RelayReceiver:
         chunk: int,
         progress: FileProgress,
         prefix: Callable[[int], None],
-        patient: bool = True,
+        chain: bool = False,
         pieces: bytes | None = None,
     ) -> tuple[BlobHashes, int] | None:
         """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
         for the caller to install; None when no source could finish it (what arrived stays recorded, in
         `chunk`s of the origin engine, which resumes after it).
-        `patient`: wait up to `_NO_SOURCE_WAIT` for a first source to be listed (a holder announces as it
-        starts); else None at once when none is. `pieces`: the piece sha1s of the metainfo the tracker
-        lists (agent.core.metainfo `listed_pieces`), taken as the blob's instead of hashing its pieces
-        here, a third of a receiver's CPU: the sha256 checks the bytes, and a seed's libtorrent checks each
-        piece before serving it (and never writes to the blob: agent.swarm.session `_add`)."""
+        `chain`: from seeds (a warm start), first from this node's place in their chains
+        (agent.relay.directory `place`), and None at once when no source is listed; else (from a holder,
+        which announces as it starts) a first source is waited for up to `_NO_SOURCE_WAIT`.
+        `pieces`: the piece sha1s of the metainfo the tracker lists (agent.core.metainfo `listed_pieces`),
+        taken as the blob's instead of hashing its pieces here, a third of a receiver's CPU: the sha256
+        checks the bytes, and a seed's libtorrent checks each piece before serving it (and never writes to
+        the blob: agent.swarm.session `_add`)."""
         path = cache.incomplete_path(entry.blob_id)
         start = contiguous_record(cache, entry, chunk)
         try:
@@ -171,7 +177,11 @@ class RelayReceiver:
                 r.pos += len(data)
             progress.advance(r.pos)
             prefix(r.pos)
-            self._from_sources(r, _NO_SOURCE_WAIT if patient else 0.0)
+            if chain:
+                before = self.directory.place(entry.blob_id, entry.size - r.pos)
+                if before is not None:
+                    self._from_place(r, before)
+            self._from_sources(r, 0.0 if chain else _NO_SOURCE_WAIT)
         except _SourceFailed as exc:
             log.warning("%s: %s; dropping what was relayed", entry.path, exc)
             cache.discard_partial(entry.blob_id)
@@ -212,6 +222,24 @@ class RelayReceiver:
             n, at = len(r.sources), share.start
             log.info("%s: %d bytes of the part at %d relayed by %d sources", r.entry.path, r.received, at, n)
         return r.pos >= r.end
+
+    def _from_place(self, r: _Receiving, url: str) -> None:
+        """From the node before this one in a chain (`url`), as long as it sends bytes, or is not ahead of
+        this node yet for at most `_PLACE_WAIT` seconds; the caller then looks for any source."""
+        waited = time.monotonic()
+        while r.pos < r.end and not r.cancelled:
+            status, got, named = self._stream(url, r)
+            if got:
+                r.sources.add(url)
+                waited = time.monotonic()
+                continue
+            if status == 410:
+                raise _SourceFailed(f"relay source {url} says the blob failed its check there")
+            # Gone, or streaming to another node (its place is taken): any source will do.
+            if status != 503 or named or time.monotonic() - waited > _PLACE_WAIT:
+                log.info("%s: %s, before this node in its chain, did not stream it", r.entry.path, url)
+                return
+            time.sleep(_PLACE_PAUSE)  # not ahead yet (the source waited `AHEAD_WAIT`), or its gate asks
 
     def _from_sources(self, r: _Receiving, no_source_wait: float = _NO_SOURCE_WAIT) -> None:
         end = r.end

@@ -18,7 +18,7 @@ import ipaddress
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote_from_bytes, urlencode
 
 import httpx
@@ -28,6 +28,17 @@ from agent.core.settings import DaemonSettings
 from wirekit.bencode import bdecode
 
 log = logging.getLogger(__name__)
+
+
+class Announced(NamedTuple):
+    """The tracker's reply to an announce of our own."""
+
+    peers: list[tuple[str, int]]
+    """(address, port) of the others it hands back; this project's tracker lists the seeders first."""
+    seeders: int
+    """The swarm's seeders it counts (0 when it did not say)."""
+    leechers: int
+    """The swarm's leechers it counts, the announcing node included (0 when it did not say)."""
 
 
 @dataclass(frozen=True)
@@ -334,9 +345,9 @@ class TrackerClient:
         left: int,
         event: str | None = None,
         numwant: int = 50,
-    ) -> list[tuple[str, int]]:
+    ) -> Announced:
         """A BitTorrent announce of our own (agent.relay.directory), on the passkey URL as libtorrent's are:
-        the peers the tracker hands back, as (address, port); never this node itself."""
+        the peers the tracker hands back, as (address, port), never this node itself; and its counts."""
         params: dict[str, str | int] = {"port": port, "uploaded": 0, "downloaded": 0, "left": left}
         params.update({"compact": 1, "numwant": numwant})
         if event:
@@ -359,13 +370,15 @@ class TrackerClient:
         interval = body.get(b"interval")
         if isinstance(interval, int) and interval > 0:
             self.interval = float(interval)
+        seeders, leechers = body.get(b"complete"), body.get(b"incomplete")
+        counts = [n if isinstance(n, int) and n >= 0 else 0 for n in (seeders, leechers)]
         peers = body.get(b"peers", b"")
         if not isinstance(peers, bytes):
-            return []
-        return [
+            peers = b""
+        return Announced([
             (str(ipaddress.IPv4Address(peers[i : i + 4])), int.from_bytes(peers[i + 4 : i + 6], "big"))
             for i in range(0, len(peers) - len(peers) % 6, 6)
-        ]
+        ], *counts)
 
     def peer_addresses(self) -> list[str]:
         """Addresses of the peers that announced lately: the cluster's agents (agent.swarm.gate)."""

@@ -218,7 +218,7 @@ def test_a_source_that_joined_while_the_tracker_was_down_is_announced_once_it_is
         assert directory.join(blob, 100) is None
         tracker.start()
         directory.refresh()
-        peers = other.announce(relay_infohash(blob), b"-WS0001-" + b"b" * 12, 7471, 100)
+        peers = other.announce(relay_infohash(blob), b"-WS0001-" + b"b" * 12, 7471, 100).peers
         assert peers == [("127.0.0.1", 7470)]
     finally:
         client.close()

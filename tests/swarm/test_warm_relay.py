@@ -9,7 +9,9 @@ import dataclasses
 import hashlib
 import os
 import signal
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -17,7 +19,14 @@ import pytest
 
 from agent.core import hashing
 from agent.core.settings import DaemonSettings, SwarmSettings
-from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_credential, relay_infohash
+from agent.relay.directory import (
+    NEXT_HEADER,
+    RELAY_PATH,
+    RelayDirectory,
+    rank_key,
+    relay_credential,
+    relay_infohash,
+)
 from agent.tracking.client import TrackerClient
 from tests.support.cluster import (
     PASSKEY,
@@ -62,7 +71,7 @@ def offered(tracker, blob: str, port: int = 7471) -> list:
     settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
     client, peer_id = TrackerClient(tracker.url, TOKEN, settings), b"-WS0001-" + os.urandom(6).hex().encode()
     try:
-        peers = client.announce(relay_infohash(blob), peer_id, port, 100)
+        peers = client.announce(relay_infohash(blob), peer_id, port, 100).peers
         client.announce(relay_infohash(blob), peer_id, port, 0, "stopped", numwant=0)
     finally:
         client.close()
@@ -227,3 +236,57 @@ def test_only_a_node_without_an_upload_cap_passes_whole_blobs_on_over_the_relay(
     assert not dataclasses.replace(sw, upload_rate_limit=2**20).chains_seeds
     assert not dataclasses.replace(sw, relay_fanout=0).chains_seeds
     assert not dataclasses.replace(sw, relay_seeds=False).chains_seeds
+
+
+def test_receivers_that_ask_at_once_each_find_a_place_of_their_own_in_the_seeds_chains(tracker):
+    """A warm start's receivers find their sources in one look each (RelayDirectory.place), not by a
+    search: each seed heads a chain, and each receiver follows the node the tracker counted as many places
+    before it as there are seeds. Asked at once, no source is any two receivers', and every chain leads
+    back to a seed."""
+    settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
+    blob = hashlib.sha256(b"a blob two seeds have whole").hexdigest()
+    clients = [TrackerClient(tracker.url, TOKEN, settings) for _ in range(10)]
+    try:
+        nodes = [RelayDirectory(c, lambda port=7400 + i: port, "credential") for i, c in enumerate(clients)]
+        seeds, receivers = nodes[:2], nodes[2:]
+        for seed in seeds:
+            seed.seeds = lambda: {blob}
+            seed.refresh()
+        with ThreadPoolExecutor(len(receivers)) as pool:
+            places = list(pool.map(lambda node: node.place(blob, SHARD), receivers))
+        before = {f"http://127.0.0.1:{n.port}": place for n, place in zip(receivers, places, strict=True)}
+        assert None not in places, before
+        assert len(set(places)) == len(receivers), before
+        heads = set()
+        for node in before:
+            seen: set[str | None] = set()
+            while node in before:
+                assert node not in seen, before
+                seen.add(node)
+                node = before[node]
+            heads.add(node)
+        assert heads == {"http://127.0.0.1:7400", "http://127.0.0.1:7401"}
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_receiver_whose_node_before_never_says_where_it_is_looks_for_any_source(tracker):
+    """A node counted among a blob's receivers that never says where it is (it stopped, or its tracker
+    request failed) leaves the node after it without a place within about a second: that node then
+    walks the sources as any receiver does (agent.relay.receiver)."""
+    settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
+    blob = hashlib.sha256(b"a blob whose first receiver went quiet").hexdigest()
+    seed_client, client = (TrackerClient(tracker.url, TOKEN, settings) for _ in range(2))
+    try:
+        seed = RelayDirectory(seed_client, lambda: 7400, "credential")
+        seed.seeds = lambda: {blob}
+        seed.refresh()
+        client.announce(rank_key(blob), b"-WS0001-" + b"q" * 12, 7401, 1)  # counted, never placed
+        receiver = RelayDirectory(client, lambda: 7402, "credential")
+        started = time.monotonic()
+        assert receiver.place(blob, SHARD) is None
+        assert time.monotonic() - started < 5
+    finally:
+        seed_client.close()
+        client.close()

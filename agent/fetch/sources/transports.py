@@ -127,7 +127,7 @@ class Relay:
             arrival.restart()
             arrival.chain = how.chain
         pieces = None if info is None else listed_pieces(info, blob.blob_id, blob.size)
-        received = req.from_relay(advance(arrival), not how.chain, pieces)
+        received = req.from_relay(advance(arrival), how.chain, pieces)
         if received is None:
             return None
         # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the
