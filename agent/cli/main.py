@@ -86,7 +86,7 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str, include: 
     REPO_ID may be a bucket URL (s3://bucket/prefix, gs://, az://) with --repo-id ORG/NAME: the model
     stored there in the Hugging Face layout, read with this machine's cloud credentials."""
     from agent.core.progress import Progress, human_bytes
-    from agent.origin.bucket import is_bucket_url
+    from agent.origin.bucket_url import is_bucket_url
 
     source = ""
     if is_bucket_url(repo_id):

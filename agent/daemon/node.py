@@ -40,7 +40,7 @@ from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
-from agent.origin.bucket import allowed_bucket
+from agent.origin.bucket_url import allowed_bucket
 from agent.origin.chunks import Turn
 from agent.relay.directory import RelayDirectory, relay_credential
 from agent.relay.receiver import RelayReceiver

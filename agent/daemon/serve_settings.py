@@ -19,7 +19,7 @@ from agent.core.errors import ConfigError
 from agent.core.settings import Settings
 from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.listeners import split_hostport
-from agent.origin.bucket import split_bucket_url
+from agent.origin.bucket_url import split_bucket_url
 
 FIELDS: Mapping[str, str] = {
     "interop_public": "swarm.interop_public",

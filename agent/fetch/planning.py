@@ -28,7 +28,7 @@ from agent.fetch.engine import filter_files, plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
-from agent.origin.bucket import is_bucket_url
+from agent.origin.bucket_url import is_bucket_url
 from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Literal
 
 from agent.core.errors import AnnotationError, ConfigError
 from agent.fetch.jobs import JobStatus
-from agent.origin.bucket import split_bucket_url
+from agent.origin.bucket_url import split_bucket_url
 
 MODELS_ANNOTATION = "weightswarm.io/models"
 STATUS_ANNOTATION = "weightswarm.io/status"

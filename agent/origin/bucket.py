@@ -30,7 +30,6 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import obstore
 import obstore.exceptions as obx
@@ -48,11 +47,11 @@ from agent.core.errors import (
 )
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile, Retryable
+from agent.origin.bucket_url import split_bucket_url
 from agent.origin.client import OriginClient
 
 log = logging.getLogger(__name__)
 
-BUCKET_SCHEMES = ("s3", "gs", "az")
 SIGNED_URL_TTL = timedelta(hours=1)
 """How long a signed URL lives; an engine that outlives it signs again (agent.origin.location)."""
 _ACCESS = re.compile(
@@ -77,37 +76,6 @@ class BucketObject:
 class Listing:
     commit: str
     objects: dict[str, BucketObject]
-
-
-def is_bucket_url(text: str) -> bool:
-    return urlsplit(text).scheme.lower() in BUCKET_SCHEMES and "://" in text
-
-
-def split_bucket_url(url: str) -> tuple[str, str, str]:
-    """`s3://bucket/prefix` -> (scheme, bucket, prefix without slashes at its ends); ConfigError else."""
-    parts = urlsplit(url)
-    scheme, bucket, prefix = parts.scheme.lower(), parts.netloc, parts.path.strip("/")
-    if scheme not in BUCKET_SCHEMES or not bucket or parts.query or parts.fragment:
-        raise ConfigError(f"{url!r} is not a bucket URL: use s3://bucket/prefix, gs://bucket/prefix or az://container/prefix")
-    if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
-        raise ConfigError(f"{url!r}: the prefix has an empty, '.' or '..' segment")
-    return scheme, bucket, prefix
-
-
-def allowed_bucket(source: str, allowed: tuple[str, ...]) -> str:
-    """`source` normalised, when it lies under one of the `allowed` prefixes (whole path segments: `s3://b/m`
-    allows `s3://b/m/x`, not `s3://b/mx`); ConfigError otherwise, saying what to set."""
-    scheme, bucket, prefix = split_bucket_url(source)
-    wanted = f"{scheme}://{bucket}/{prefix}".rstrip("/")
-    for entry in allowed:
-        s, b, p = split_bucket_url(entry)
-        base = f"{s}://{b}/{p}".rstrip("/")
-        if wanted == base or wanted.startswith(base + "/"):
-            return wanted
-    raise ConfigError(
-        f"{wanted}: this agent reads no such bucket prefix for requests; its operator allows one with "
-        "`agent serve --bucket URL` (the chart's buckets.allow)"
-    )
 
 
 def listing_commit(url: str, objects: dict[str, BucketObject]) -> str:

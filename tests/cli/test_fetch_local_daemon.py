@@ -26,6 +26,10 @@ from tests.support.procs import loop_until, require, require_root, stop_process
 
 ORIGIN_PORT = 18080
 DAEMON = "http://127.0.0.1:7470"  # the daemon's default network listener (its probes)
+HEAVY_FOR_THE_CLI = {
+    "agent.fetch.engine", "agent.origin.bucket", "obstore", "urllib3", "httpx", "fastapi", "libtorrent"
+}
+"""Modules a fetch handed to the daemon has no use for: each adds to every `agent fetch`'s start-up CPU."""
 
 
 class Netns:
@@ -117,10 +121,16 @@ def test_agent_fetch_uses_the_local_daemon_when_it_answers_unless_told_otherwise
         return len(json.loads(netns.get("http://agent/v1/jobs", unix_socket=admin_socket) or "null"))
 
     # 1. No --agent, no --cache-dir/--origin, no HF_ENDPOINT: the daemon fetches into its own cache.
-    snap = snapshot_of(netns.run(agent, "fetch", origin.repo_id, "--quiet", env=user))
+    # Python reports each module the CLI imports: none of the fetch engine's or the daemon's.
+    res = netns.run(agent, "fetch", origin.repo_id, "--quiet", env={**user, "PYTHONPROFILEIMPORTTIME": "1"})
+    snap = snapshot_of(res)
     assert snap.is_relative_to(daemon_cache), snap
     assert_model(snap, origin)
     assert daemon_jobs() == 1
+    timings = [line for line in res.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[1].strip() for line in timings}
+    assert "agent.http.client" in imported
+    assert not imported & HEAVY_FOR_THE_CLI, imported & HEAVY_FOR_THE_CLI
 
     # 2. --cache-dir and --origin: standalone into that cache; the daemon is not asked.
     mine = tmp_path / "mine"

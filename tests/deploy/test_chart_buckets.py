@@ -122,7 +122,7 @@ def test_allow_gives_the_agent_one_bucket_argument_per_entry(chart: Any) -> None
     serve = module("agent.cli.main").main.commands["serve"]
     assert serve.make_context("serve", list(agent["args"])).params["buckets"] == tuple(ALLOW)
     # Each is a bucket URL the agent accepts at start, and allows what is under it, by whole segments.
-    bucket = module("agent.origin.bucket")
+    bucket = module("agent.origin.bucket_url")
     for url in ALLOW:
         bucket.split_bucket_url(url)
     assert bucket.allowed_bucket("s3://models/llama-ft/v2", tuple(ALLOW)) == "s3://models/llama-ft/v2"
@@ -377,7 +377,7 @@ def test_bucket_example_is_valid_and_asks_the_agent_for_an_allowed_prefix(chart:
     )
     agent = container(agent_spec, "agent")
     allowed = tuple(flags(agent)["--bucket"])
-    bucket = module("agent.origin.bucket")
+    bucket = module("agent.origin.bucket_url")
     assert bucket.allowed_bucket(ref.source, allowed) == ref.source
     with pytest.raises(module("agent.core.errors").ConfigError):
         bucket.allowed_bucket(ref.source, tuple(chart.values["buckets"]["allow"]))

@@ -15,7 +15,8 @@ from agent.core.progress import Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
 from agent.kube.requests import ModelRef, parse_model_ref
-from agent.origin.bucket import BucketOrigin, allowed_bucket, listing_commit, split_bucket_url
+from agent.origin.bucket import BucketOrigin, listing_commit
+from agent.origin.bucket_url import allowed_bucket, split_bucket_url
 from agent.origin.ranges import OriginSource
 from tests.support.cluster import agent_cli, same_files
 from tests.support.s3kit import FaultProxy, S3Server, put_object, write_bucket_model
