@@ -96,6 +96,10 @@ _PLACE_LOOKUP = 1.0
 """Seconds a receiver looks for the node before it in a chain (`place`), which says where it is a moment
 after it asked for its rank."""
 _PLACE_POLL = 0.05
+_LATER_WAIT = 0.3
+"""Seconds a receiver waits for the tracker to count the node after it that would pass it a blob (`place`):
+the last group of a wave is short, and a node that waited out `_PLACE_LOOKUP` for a partner that never
+comes would end that much after the others."""
 
 
 def relay_infohash(blob_id: str) -> bytes:
@@ -254,12 +258,25 @@ class RelayDirectory:
                 continue
             if source < 0:
                 return seeds[-1 - source]
-            # That node asked a moment earlier (or asks a moment later) and says where it is once it has
-            # its rank.
+            if source > rank and not self._counted(name, source):
+                continue  # the last group is short: the fallback, without waiting for a node that never comes
+            # That node asked a moment earlier (or a moment later) and says where it is once it has its rank.
             found = self._where(name, source)
             if found is not None:
                 return found
         return None
+
+    def _counted(self, name: str, rank: int) -> bool:
+        """Whether the tracker counts a receiver of group `name` of `rank`, or does within `_LATER_WAIT`."""
+        deadline = time.monotonic() + _LATER_WAIT
+        while True:
+            # This node is counted already: asking again adds nobody, and the reply counts who came since.
+            reply = self._announce(rank_key(name), 1, numwant=0)
+            if reply is not None and reply.leechers > rank:
+                return True
+            if reply is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(_PLACE_POLL)
 
     def _rank(self, name: str, blob_id: str) -> int | None:
         """This node's rank among the receivers of group `name`: asked once per group (the tracker's count
