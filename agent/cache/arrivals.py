@@ -58,9 +58,8 @@ class Arrival:
     extent: Callable[[int], int] | None = None
     """Set by a producer that writes the blob in parts (agent.core.parts `Shares`): how far from a
     position past `ready` the file is written, so the relay serves every part as it grows."""
-    chain: int = 0
-    """Received from a stream rooted at a seed (a warm start): relayed on to at most this many nodes at
-    once (agent.relay.directory `place`); 0 for any other arrival."""
+    chain: bool = False
+    """Received from a stream rooted at a seed (a warm start): relayed on to one node at a time."""
     _generation: int = 0
     """Counts `restart`s."""
     _readers: dict[int, int] = field(default_factory=dict)
@@ -91,7 +90,7 @@ class Arrival:
             if self.state == "arriving":
                 self.written = 0
                 self.extent = None
-                self.chain = 0  # the next producer says again (agent.fetch.sources.transports `Relay`)
+                self.chain = False  # the next producer says again (agent.fetch.sources.transports `Relay`)
                 self._generation += 1
 
     def finish(self, final_path: Path) -> None:

@@ -159,9 +159,7 @@ class Daemon:
                 s, self.swarm, self.tracker, self.node_id, self.seeder.remember, relay=relay
             )
             self.relay = (
-                RelayReceiver(
-                    relay, self.fetcher.holder_stall, s.origin.connect_timeout, s.fetch.files_at_once
-                ) if relay else None
+                RelayReceiver(relay, self.fetcher.holder_stall, s.origin.connect_timeout) if relay else None
             )
             self.ops = NodeOps(
                 s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model,

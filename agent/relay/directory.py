@@ -28,10 +28,9 @@ when one does, but each node would then hash most of the blob only once all its 
 
 Warm starts (`swarm.relay_seeds`): a node that seeds a large blob whole offers it under the same key
 (as a seeder there), and a node that wants a blob some node has whole takes it over the relay before
-BitTorrent. Such a stream moves at link speed, not at the origin's, so each node passes it on to as
-few nodes as its share of the uplink allows (`Arrival.chain`): one, for a blob fetched alone (the
-receivers form a chain behind each seed), and every node's uplink carries the blobs at its whole rate
-while it downloads, which is the lower bound of a broadcast.
+BitTorrent. Such a stream moves at link speed, not at the origin's, so each node passes it on to one
+node only (`Arrival.chain`): the receivers form a chain behind each seed, and every node's uplink
+carries the blob at its whole rate while it downloads, which is the lower bound of a broadcast.
 BitTorrent from one seed sends many pieces twice (every receiver asks the seed for what looks rarest to
 it), and measured 1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled links). The chain's
 costs: a node that slows holds up the nodes behind it, and one that stops leaves them to ask another
@@ -39,25 +38,19 @@ source after the stall time; a node that finds no relay source, or whose relay b
 blob by BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its
 torrents.
 
-A chain has a hop per node, so each hop's cost counts N times, joining it included; and a node that
-pauses holds back every node after it, since each stream already has its share of every link. A
-receiver finds its place in one look (`place`): it announces on a rank key, and the tracker's leecher
-count in the reply is its rank (the tracker counts a node once); it says where it is on the key of its
-rank (as that key's seeder); and its source follows from the rank alone (`upstream`). The rank is per
-group of the blobs a node fetches at once (`relay_group`: its `fetch.files_at_once` large blobs, in the
-engine's order), so that the roles of a node in the group's blobs fit together. With k blobs in the
-group, the nodes count in groups of k, and in each group node j passes blob j on to the node j of the
-next group and to the k - 1 others of its own group, and passes the other blobs on to no one. So each
-uplink carries k streams, as k chains would have it carry, and a byte crosses N / k + 1 nodes instead
-of N. With S seeds there are S such lanes, the first nodes of each from a seed. Found by a walk to the
-chain's end instead, which moves one node at a time, a node's first byte came a median 3.9-7.2 s after
-its first request at 32 nodes, after 20-135 requests (bench.swarm). A receiver whose place does not
-stream to it (its node stopped, another took the place, the tracker could not say) walks: a busy node
-names the nodes it streams to (`NEXT_HEADER`) and the receiver asks them next, down to a chain's end in
-a request a hop. A node that is not ahead of a receiver yet (it found its own source a moment ago)
-makes it wait up to a second rather than refuse it, and bytes are handed on within 20 ms of their
-arrival, the last one included, since every receiver checks the whole blob itself
-(agent.cache.arrivals). Each node waiting for the one before it to check and install its
+A chain has a hop per node, so each hop's cost counts N times, joining it included. A receiver finds
+its place in one look (`place`): it announces on the blob's rank key, and the tracker's leecher count
+in the reply is its rank (the tracker counts a node once); it says where it is on the key of its rank
+(as that key's seeder); and it takes the blob from the node as many ranks before it as the blob has
+seeds, the first receivers from a seed each. So each seed heads a chain, in the order the receivers
+asked. Found by a walk to the chain's end instead, which moves one node at a time, a node's first byte
+came a median 3.9-7.2 s after its first request at 32 nodes, after 20-135 requests (bench.swarm). A
+receiver whose place does not stream to it (its node stopped, another took the place, the tracker
+could not say) walks: a busy node names the nodes it streams to (`NEXT_HEADER`) and the receiver asks
+them next, down to a chain's end in a request a hop. A node that is not ahead of a receiver yet (it
+found its own source a moment ago) makes it wait up to a second rather than refuse it, and bytes are
+handed on within 20 ms of their arrival, the last one included, since every receiver checks the whole
+blob itself (agent.cache.arrivals). Each node waiting for the one before it to check and install its
 copy before the last byte moved on cost 0.2-0.4 s a hop (bench.swarm, 8 nodes: the last node of a
 chain 1.4 s after the first).
 
@@ -77,8 +70,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 
 from agent.core.errors import TrackerError
 from agent.core.settings import Settings
@@ -96,10 +88,6 @@ _PLACE_LOOKUP = 1.0
 """Seconds a receiver looks for the node before it in a chain (`place`), which says where it is a moment
 after it asked for its rank."""
 _PLACE_POLL = 0.05
-_LATER_WAIT = 0.3
-"""Seconds a receiver waits for the tracker to count the node after it that would pass it a blob (`place`):
-the last group of a wave is short, and a node that waited out `_PLACE_LOOKUP` for a partner that never
-comes would end that much after the others."""
 
 
 def relay_infohash(blob_id: str) -> bytes:
@@ -107,53 +95,14 @@ def relay_infohash(blob_id: str) -> bytes:
     return hashlib.sha1(b"weightswarm-relay:" + blob_id.encode(), usedforsecurity=False).digest()
 
 
-def rank_key(group: str) -> bytes:
-    """The tracker key on which a warm start's receivers of a group of blobs count themselves (`place`)."""
-    return relay_infohash(f"rank:{group}")
+def rank_key(blob_id: str) -> bytes:
+    """The tracker key on which a warm start's receivers of a blob count themselves (`place`)."""
+    return relay_infohash(f"rank:{blob_id}")
 
 
-def _place_key(group: str, rank: int) -> bytes:
+def _place_key(blob_id: str, rank: int) -> bytes:
     """The tracker key on which the receiver of `rank` says where it is (as the key's one seeder)."""
-    return relay_infohash(f"place:{group}:{rank}")
-
-
-def relay_group(large: Sequence[str], blob_id: str, width: int) -> tuple[str, ...]:
-    """The blobs fetched at once with `blob_id`: of `large` (a plan's large blobs, in the order the fetch
-    engine starts them), the `width` (`fetch.files_at_once`) that start together, `blob_id` among them;
-    `(blob_id,)` for a blob not in `large`."""
-    ids = list(dict.fromkeys(large))
-    if blob_id not in ids:
-        return (blob_id,)
-    start = ids.index(blob_id) // max(1, width) * max(1, width)
-    return tuple(ids[start : start + max(1, width)])
-
-
-def group_id(group: Sequence[str]) -> str:
-    """The name of a group's rank and place keys: the blob id for a group of one (a chain)."""
-    if len(group) == 1:
-        return group[0]
-    return hashlib.sha256(",".join(group).encode()).hexdigest()
-
-
-def upstream(rank: int, seeds: int, width: int, index: int) -> tuple[int, int | None]:
-    """Where the receiver of `rank` takes blob `index` of a group of `width` from, with `seeds` seeds:
-    (the rank of its source, or -1 - s for seed s; a fallback or None). Module doc, "Warm starts".
-
-    In each of the `seeds` lanes (rank mod `seeds`), positions count in groups of `width`: the node at
-    position g * width + j takes blob j from position (g - 1) * width + j (the lane's seed for g = 0), and
-    the other nodes of group g take it from that node. One of those may rank after the receiver and never
-    come (fewer nodes than places): the fallback is then the node that would have passed it on to it, which
-    has that stream free."""
-    lane, pos = rank % seeds, rank // seeds
-
-    def at(p: int) -> int:
-        return p * seeds + lane if p >= 0 else -1 - lane
-
-    group, j = divmod(pos, width)
-    if j == index:
-        return at(pos - width), None
-    source = group * width + index
-    return at(source), at(source - width) if source > pos else None
+    return relay_infohash(f"place:{blob_id}:{rank}")
 
 
 def _urls(peers: Iterable[tuple[str, int]]) -> list[str]:
@@ -188,15 +137,6 @@ def relay_credential(settings: Settings) -> str | None:
     return hmac.new(passkey.encode(), _SALT, hashlib.sha256).hexdigest()
 
 
-@dataclass
-class _Ranked:
-    rank: int | None = None
-    blobs: set[str] = field(default_factory=set)
-    """The group's blobs this node receives now (their `place` asked, their `leave` not yet)."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Held while the rank is asked: a group's blobs ask at once, and only the first answer is the rank."""
-
-
 class RelayDirectory:
     """This node in the relay sources of the blobs it holds or receives. Thread-safe."""
 
@@ -214,8 +154,6 @@ class RelayDirectory:
         """The blobs this node seeds whole and offers as a relay source (`swarm.relay_seeds`)."""
         self._offered: dict[str, float] = {}
         """blob id -> monotonic time of its last announce as an offered seed."""
-        self._ranks: dict[str, _Ranked] = {}
-        """group name -> this node's rank among its receivers, while one of its blobs is received here."""
 
     @property
     def port(self) -> int:
@@ -237,70 +175,30 @@ class RelayDirectory:
             self._joined[blob_id] = (left, time.monotonic() if reply is not None else -math.inf)
         return reply
 
-    def place(self, blob_id: str, left: int, group: Sequence[str] = ()) -> str | None:
-        """Where this node takes `blob_id` from on a warm start: the base URL of the node before it in the
-        seeds' lanes, by the order in which the receivers of its `group` (`relay_group`; the blob alone when
-        empty) asked (module doc, "Warm starts"); None when the tracker could not say, or that node did not
-        say where it is in time. Joins as a source, as `join` does."""
-        members = tuple(group) or (blob_id,)
-        name = group_id(members)
-        rank = self._rank(name, blob_id)
-        if rank is None:
+    def place(self, blob_id: str, left: int) -> str | None:
+        """Where this node takes `blob_id` from on a warm start: the base URL of its node in the seeds'
+        chains, by the order in which the receivers asked (module doc, "Warm starts"); None when the
+        tracker could not say, or the node before this one did not say where it is in time. Joins as
+        a source, as `join` does."""
+        ranked = self._announce(rank_key(blob_id), 1, numwant=0)
+        if ranked is None or ranked.leechers < 1:
             return None
+        rank = ranked.leechers - 1  # the tracker counts this node once, however often it announces
+        self._announce(_place_key(blob_id, rank), 0, numwant=0)
         reply = self._join(blob_id, left)
         if reply is None:
             return None
         seeds = sorted(_urls(reply.peers[: reply.seeders]))  # the tracker lists the seeders first
-        if not seeds:
-            return None
-        for source in upstream(rank, len(seeds), len(members), members.index(blob_id)):
-            if source is None:
-                continue
-            if source < 0:
-                return seeds[-1 - source]
-            if source > rank and not self._counted(name, source):
-                continue  # the last group is short: the fallback, without waiting for a node that never comes
-            # That node asked a moment earlier (or a moment later) and says where it is once it has its rank.
-            found = self._where(name, source)
-            if found is not None:
-                return found
-        return None
-
-    def _counted(self, name: str, rank: int) -> bool:
-        """Whether the tracker counts a receiver of group `name` of `rank`, or does within `_LATER_WAIT`."""
-        deadline = time.monotonic() + _LATER_WAIT
-        while True:
-            # This node is counted already: asking again adds nobody, and the reply counts who came since.
-            reply = self._announce(rank_key(name), 1, numwant=0)
-            if reply is not None and reply.leechers > rank:
-                return True
-            if reply is None or time.monotonic() >= deadline:
-                return False
-            time.sleep(_PLACE_POLL)
-
-    def _rank(self, name: str, blob_id: str) -> int | None:
-        """This node's rank among the receivers of group `name`: asked once per group (the tracker's count
-        grows as others ask), and said where it is under; forgotten once the group's blobs all `leave`."""
-        with self._lock:
-            ranked = self._ranks.setdefault(name, _Ranked())
-            ranked.blobs.add(blob_id)
-        with ranked.lock:
-            if ranked.rank is None:
-                reply = self._announce(rank_key(name), 1, numwant=0)
-                if reply is None or reply.leechers < 1:
-                    return None
-                ranked.rank = reply.leechers - 1  # the tracker counts this node once, however often it asks
-                self._announce(_place_key(name, ranked.rank), 0, numwant=0)
-            return ranked.rank
-
-    def _where(self, name: str, rank: int) -> str | None:
-        """The base URL of the node of `rank` in group `name`, looked for up to `_PLACE_LOOKUP` seconds."""
+        if rank < len(seeds):
+            return seeds[rank]
+        # Each seed heads a chain: node `rank` follows the node `len(seeds)` places before it, which asked
+        # a moment earlier and says where it is right after it learns its rank.
         deadline = time.monotonic() + _PLACE_LOOKUP
         while True:
-            found = self._announce(_place_key(name, rank), 1, numwant=8)
-            if found is not None and found.seeders:
-                return random.choice(_urls(found.peers[: found.seeders]))
-            if found is None or time.monotonic() >= deadline:
+            before = self._announce(_place_key(blob_id, rank - len(seeds)), 1, numwant=8)
+            if before is not None and before.seeders:
+                return random.choice(_urls(before.peers[: before.seeders]))
+            if before is None or time.monotonic() >= deadline:
                 return None
             time.sleep(_PLACE_POLL)
 
@@ -350,10 +248,6 @@ class RelayDirectory:
         the node seeds the blob whole now and offers it (a lease holder that finished: it stays listed)."""
         with self._lock:
             joined = self._joined.pop(blob_id, None)
-            for name in [n for n, r in self._ranks.items() if blob_id in r.blobs]:
-                self._ranks[name].blobs.discard(blob_id)
-                if not self._ranks[name].blobs:
-                    del self._ranks[name]
         if joined is None:
             return
         if blob_id in set(self.seeds()):

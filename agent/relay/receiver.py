@@ -32,7 +32,7 @@ from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
-from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory, relay_group
+from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,8 @@ class _Part(_Receiving):
 class RelayReceiver:
     """One per daemon; `receive` is called per blob by a fetch job's thread."""
 
-    def __init__(
-        self, directory: RelayDirectory, stall: float, connect_timeout: float, width: int = 1
-    ) -> None:
+    def __init__(self, directory: RelayDirectory, stall: float, connect_timeout: float) -> None:
         self.directory = directory
-        self.width = width
-        """How many large blobs a fetch takes at once (`fetch.files_at_once`): a warm start's group."""
         self.stall = stall
         """Seconds without a byte from a source before the next one is asked."""
         self.connect_timeout = connect_timeout
@@ -150,16 +146,13 @@ class RelayReceiver:
         prefix: Callable[[int], None],
         chain: bool = False,
         pieces: bytes | None = None,
-        passes_on: Callable[[int], None] = lambda _n: None,
     ) -> tuple[BlobHashes, int] | None:
         """The blob from relay sources, hashed: (hashes, bytes received), the file still `.incomplete`
         for the caller to install; None when no source could finish it (what arrived stays recorded, in
         `chunk`s of the origin engine, which resumes after it).
-        `chain`: from seeds (a warm start), first from this node's place in their lanes
+        `chain`: from seeds (a warm start), first from this node's place in their chains
         (agent.relay.directory `place`), and None at once when no source is listed; else (from a holder,
-        which announces as it starts) a first source is waited for up to `_NO_SOURCE_WAIT`. `passes_on` is
-        told to how many nodes this node may pass the blob on at once: as many as its group has blobs (a
-        node passes one of them on to that many, the others to none, save a node that walks to it).
+        which announces as it starts) a first source is waited for up to `_NO_SOURCE_WAIT`.
         `pieces`: the piece sha1s of the metainfo the tracker lists (agent.core.metainfo `listed_pieces`),
         taken as the blob's instead of hashing its pieces here, a third of a receiver's CPU: the sha256
         checks the bytes, and a seed's libtorrent checks each piece before serving it (and never writes to
@@ -185,11 +178,7 @@ class RelayReceiver:
             progress.advance(r.pos)
             prefix(r.pos)
             if chain:
-                large = [e.blob_id for e in sorted(plan.files, key=lambda e: -e.size) if not e.small]
-                group = relay_group(large, entry.blob_id, self.width)
-                # Before this node says where it is: the nodes after it ask at once.
-                passes_on(len(group))
-                before = self.directory.place(entry.blob_id, entry.size - r.pos, group)
+                before = self.directory.place(entry.blob_id, entry.size - r.pos)
                 if before is not None:
                     self._from_place(r, before)
             self._from_sources(r, 0.0 if chain else _NO_SOURCE_WAIT)

@@ -8,9 +8,9 @@ it from an address the gate does not know yet: 503, and the gate asks the tracke
 blobs arriving now, as far as they are written (each part of a blob pulled in parts), and blobs this
 node seeds whole (`swarm.relay_seeds`: a warm start); 410 for one that failed its end-to-end check
 here lately, so that a receiver drops what it took from this node. How many: `swarm.relay_fanout`
-streams per blob (per part) of one arriving from the origin, one of a blob seeded here, as many as
-`Arrival.chain` says of one received from a seed's lane, and only to a receiver this node is ahead of
-(or gets ahead of within `AHEAD_WAIT`); otherwise 503, and the receiver asks another source: first the nodes
+streams per blob (per part) of one arriving from the origin, one of a blob rooted at a seed (seeded
+here, or received from a chain: `Arrival.chain`), and only to a receiver this node is ahead of (or
+gets ahead of within `AHEAD_WAIT`); otherwise 503, and the receiver asks another source: first the nodes
 a busy one names in `X-Relay-Next`, the nodes it streams to. The last byte goes as soon as it is written:
 the receiver checks the whole blob itself (agent.cache.arrivals).
 """
@@ -81,11 +81,10 @@ def relay_router(
         key = (blob_id, sum(1 for begin, _ in parts(arrival.size) if begin <= start))
         client = request.client.host if request.client else ""
         with lock:
-            # A stream rooted at a seed moves at link speed: a seed passes it on to one node at a time, and
-            # a receiver to as many as its place says (agent.relay.directory `place`), so that every uplink
-            # carries as many streams as its node receives.
+            # A stream rooted at a seed moves at link speed: passed on to one node at a time (a chain), it
+            # keeps every uplink's whole rate; a tree would split each parent's among its children.
             served = streams.setdefault(key, [])
-            if len(served) >= (1 if arrival.state == "finished" else arrival.chain or fanout):
+            if len(served) >= (1 if arrival.state == "finished" or arrival.chain else fanout):
                 # The nodes this one streams to: the receiver asks them next, and so walks down a chain
                 # to its end in a request a hop, not in a round of every source and a pause.
                 return Response(status_code=503, headers={"Retry-After": "1", NEXT_HEADER: ",".join(served)})

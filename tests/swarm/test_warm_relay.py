@@ -23,10 +23,8 @@ from agent.relay.directory import (
     NEXT_HEADER,
     RELAY_PATH,
     RelayDirectory,
-    group_id,
     rank_key,
     relay_credential,
-    relay_group,
     relay_infohash,
 )
 from agent.tracking.client import TrackerClient
@@ -256,8 +254,8 @@ def test_receivers_that_ask_at_once_each_find_a_place_of_their_own_in_the_seeds_
             seed.refresh()
         with ThreadPoolExecutor(len(receivers)) as pool:
             places = list(pool.map(lambda node: node.place(blob, SHARD), receivers))
-        assert None not in places, places
         before = {f"http://127.0.0.1:{n.port}": place for n, place in zip(receivers, places, strict=True)}
+        assert None not in places, before
         assert len(set(places)) == len(receivers), before
         heads = set()
         for node in before:
@@ -271,66 +269,6 @@ def test_receivers_that_ask_at_once_each_find_a_place_of_their_own_in_the_seeds_
     finally:
         for c in clients:
             c.close()
-
-
-def test_two_blobs_fetched_at_once_cross_half_the_nodes_with_two_streams_an_uplink(tracker):
-    """Two blobs fetched at once (`relay_group`): each receiver passes one of them on to two nodes and the
-    other to none, so no uplink carries more than two streams and a byte crosses N / 2 + 1 nodes, not N.
-    Nine receivers: the last one's group is short, and it takes the blob its missing partner would have
-    passed on from the node that would have passed it to that partner."""
-    settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
-    group = tuple(hashlib.sha256(f"shard {i} of a warm model".encode()).hexdigest() for i in range(2))
-    clients = [TrackerClient(tracker.url, TOKEN, settings) for _ in range(10)]
-    try:
-        nodes = [RelayDirectory(c, lambda port=7400 + i: port, "credential") for i, c in enumerate(clients)]
-        seed, receivers = nodes[0], nodes[1:]
-        seed.seeds = lambda: set(group)
-        seed.refresh()
-        asks = [(node, blob) for node in receivers for blob in group]
-        with ThreadPoolExecutor(len(asks)) as pool:
-            placed = list(pool.map(lambda ask: ask[0].place(ask[1], SHARD, group), asks))
-        assert None not in placed, placed
-        load: dict[str, int] = {}
-        for blob in group:
-            before = {
-                f"http://127.0.0.1:{node.port}": where
-                for (node, b), where in zip(asks, placed, strict=True)
-                if b == blob
-            }
-            takers: dict[str, int] = {}
-            for where in before.values():
-                assert where is not None
-                takers[where] = takers.get(where, 0) + 1
-                load[where] = load.get(where, 0) + 1
-            assert takers["http://127.0.0.1:7400"] == 1, takers  # the seed: one stream of each blob
-            depth = 0
-            for url in before:
-                hops, seen = 0, set()
-                while url != "http://127.0.0.1:7400":
-                    assert url not in seen, before
-                    seen.add(url)
-                    url = before[url]  # type: ignore[assignment]
-                    hops += 1
-                depth = max(depth, hops)
-            assert depth <= len(receivers) // 2 + 2, (blob[:8], depth, before)
-        assert max(load.values()) == 2, load
-    finally:
-        for c in clients:
-            c.close()
-
-
-def test_the_blobs_grouped_are_those_the_fetch_engine_starts_together():
-    """`relay_group`: the large blobs in the engine's order, `files_at_once` at a time, each id once; a blob
-    outside them (not large, not in the plan) is a group of its own, and its keys are the chain's."""
-    large = ["a", "b", "c", "b", "d", "e"]
-    assert relay_group(large, "b", 2) == ("a", "b")
-    assert relay_group(large, "d", 2) == ("c", "d")
-    assert relay_group(large, "e", 2) == ("e",)
-    assert relay_group(large, "e", 4) == ("e",)
-    assert relay_group(large, "c", 4) == ("a", "b", "c", "d")
-    assert relay_group(large, "z", 4) == ("z",)
-    assert group_id(("z",)) == "z"
-    assert group_id(("a", "b")) != group_id(("b", "a"))
 
 
 def test_a_receiver_whose_node_before_never_says_where_it_is_looks_for_any_source(tracker):

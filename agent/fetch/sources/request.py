@@ -85,15 +85,13 @@ class BlobRequest:
         install_downloaded(self.cache, self.blob, hashes, self._verify_safetensors)
         return one.bytes_relayed
 
-    def from_relay(
-        self, prefix: Prefix, chain: bool, pieces: bytes | None, passes_on: Callable[[int], None]
-    ) -> int | None:
+    def from_relay(self, prefix: Prefix, chain: bool, pieces: bytes | None) -> int | None:
         """The blob from the nodes relaying it (agent.relay.receiver), installed; the bytes received, or
         None when they could not finish it (what arrived stays recorded for the origin engine)."""
         assert self._relay is not None
         chunk = self._origin.settings.chunk_size
         got = self._relay.receive(
-            self.plan, self.blob, self.cache, chunk, self.progress, prefix, chain, pieces, passes_on
+            self.plan, self.blob, self.cache, chunk, self.progress, prefix, chain, pieces
         )
         if got is None:
             return None

@@ -125,14 +125,9 @@ class Relay:
         arrival = self.arrivals.get(blob.blob_id)
         if arrival is not None:
             arrival.restart()
-            arrival.chain = int(how.chain)  # one node at a time, unless its place says more
-
-        def passes_on(streams: int) -> None:
-            if arrival is not None:
-                arrival.chain = streams
-
+            arrival.chain = how.chain
         pieces = None if info is None else listed_pieces(info, blob.blob_id, blob.size)
-        received = req.from_relay(advance(arrival), how.chain, pieces, passes_on)
+        received = req.from_relay(advance(arrival), how.chain, pieces)
         if received is None:
             return None
         # The holder publishes the metainfo; ours is the same (same bytes, same piece length), or the
