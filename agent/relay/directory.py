@@ -191,6 +191,8 @@ class RelayDirectory:
         seeds = sorted(_urls(reply.peers[: reply.seeders]))  # the tracker lists the seeders first
         if rank < len(seeds):
             return seeds[rank]
+        if not seeds:
+            return None  # no chain to take a place in (the seed is not listed yet): any source will do
         # Each seed heads a chain: node `rank` follows the node `len(seeds)` places before it, which asked
         # a moment earlier and says where it is right after it learns its rank.
         deadline = time.monotonic() + _PLACE_LOOKUP
@@ -251,8 +253,12 @@ class RelayDirectory:
         if joined is None:
             return
         if blob_id in set(self.seeds()):
-            with self._lock:
-                self._offered[blob_id] = joined[1]  # announced then: `refresh` renews it when due
+            # Listed as a seeder at once, not at the next `refresh`: until then the tracker has it as a
+            # receiver, and a warm start's receivers, which count the seeders as the chains' heads
+            # (`place`), found no chain and looked for a source after the place lookup's second.
+            if self._announce(relay_infohash(blob_id), 0, numwant=0) is not None:
+                with self._lock:
+                    self._offered[blob_id] = time.monotonic()
             return
         self._stop(blob_id)
 

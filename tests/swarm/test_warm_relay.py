@@ -290,3 +290,38 @@ def test_a_receiver_whose_node_before_never_says_where_it_is_looks_for_any_sourc
     finally:
         seed_client.close()
         client.close()
+
+
+def test_a_lease_holder_that_finishes_heads_the_chain_of_the_next_warm_start_at_once(tracker):
+    """A holder joins a blob's relay sources as a receiver (bytes left); once it has the blob whole and
+    seeds it, the tracker lists it as a seeder when it leaves, not at its next refresh (up to an announce
+    interval later), so that a node starting warm a moment later takes its place behind it in one look
+    (its rank, its place, the sources: three announces, no polling for the node before it). With no seed
+    listed at all, a receiver has no chain and looks for any source at once."""
+    settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
+    blob = hashlib.sha256(b"a blob its lease holder just finished").hexdigest()
+    holder_client, client = (TrackerClient(tracker.url, TOKEN, settings) for _ in range(2))
+    announces = 0
+    announce = client.announce
+
+    def counted(*args, **kwargs):
+        nonlocal announces
+        announces += 1
+        return announce(*args, **kwargs)
+
+    client.announce = counted  # type: ignore[method-assign]
+    try:
+        holder = RelayDirectory(holder_client, lambda: 7400, "credential")
+        receiver = RelayDirectory(client, lambda: 7401, "credential")
+        holder.join(blob, SHARD)
+        assert receiver.place(blob, SHARD) is None  # the holder is still arriving: not a chain's head
+        assert announces == 3
+        receiver.leave(blob)
+        holder.seeds = lambda: {blob}
+        holder.leave(blob)  # whole now, and seeded here
+        announces = 0
+        assert receiver.place(blob, SHARD) == "http://127.0.0.1:7400"
+        assert announces == 3
+    finally:
+        holder_client.close()
+        client.close()
