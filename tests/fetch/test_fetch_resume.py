@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.cache import partial
 from agent.core.errors import DiskSpaceError
 from agent.fetch.engine import fetch_snapshot
 from agent.hub.server import HubServer
@@ -87,19 +86,7 @@ def test_disk_too_small_is_refused_up_front(tmp_path, mounted_tmpfs):
         assert not any((repo_dir(mnt / "hub") / "blobs").iterdir())
 
 
-def as_on_a_disk(monkeypatch) -> None:
-    """The small tmpfs these tests fill stands in for a small disk: its blobs' space is reserved up front
-    (agent.cache.partial.Reservation), as on a disk, which a tmpfs cache's are not."""
-    monkeypatch.setattr(partial, "fs_type", lambda _fd: "ext4")
-
-
-@pytest.mark.parametrize("reserved", [True, False], ids=["disk", "memory"])
-def test_enospc_midway_removes_temp_and_keeps_completed_files(tmp_path, mounted_tmpfs, monkeypatch, reserved):
-    """Someone fills the disk once the first shard is under way. Where its space was reserved, it completes
-    and the next shard fails; in a cache in memory (nothing reserved) the shard that finds no space fails.
-    Either way the fetch fails as a full disk and leaves no partial file, and what it kept is whole."""
-    if reserved:
-        as_on_a_disk(monkeypatch)
+def test_enospc_midway_removes_temp_and_keeps_completed_files(tmp_path, mounted_tmpfs):
     root = tmp_path / "origin"
     files = model(root, total=12 * MiB, shards=2)
     mnt = mounted_tmpfs(tmp_path / "small", "size=20m")
@@ -131,8 +118,7 @@ def test_enospc_midway_removes_temp_and_keeps_completed_files(tmp_path, mounted_
         snapshot = repo_dir(mnt / "hub") / "snapshots" / srv.commit_for(REPO)
         kept = snapshot_contents(snapshot)
         first_shard = sorted(p for p in files if p.endswith(".safetensors"))[0]
-        if reserved:
-            assert kept.get(first_shard) == files[first_shard]  # the file that completed stays
+        assert kept.get(first_shard) == files[first_shard]  # the file that completed stays
         assert all(kept[p] == files[p] for p in kept)
 
 
@@ -160,7 +146,6 @@ def test_a_shard_is_asked_for_while_its_space_is_being_reserved(tmp_path, monkey
     files = model(root, total=8 * MiB, shards=1)
     with HubServer(root) as srv:
         asked = lambda: any(r.range and r.bucket == "cdn" for r in srv.requests)  # noqa: E731
-        as_on_a_disk(monkeypatch)
         came = _holding_reservations(monkeypatch, asked)
         result = fetch_snapshot(settings_for(tmp_path, srv.url), REPO)
     assert snapshot_contents(result.snapshot_path) == files
@@ -182,7 +167,6 @@ def test_a_disk_filled_before_the_space_is_reserved_fails_the_fetch_and_keeps_no
         return True
 
     real_fallocate = os.posix_fallocate
-    as_on_a_disk(monkeypatch)
     with HubServer(root, rate_total=4e6) as srv:
         settings = settings_for(tmp_path, srv.url, cache_dir=mnt / "hub")
         came = _holding_reservations(monkeypatch, someone_fills_the_disk)
