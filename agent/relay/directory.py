@@ -36,7 +36,7 @@ it), and measured 1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled l
 costs: a node that slows holds up the nodes behind it, and one that stops leaves them to ask another
 source after the stall time; a node that finds no relay source, or whose relay breaks off, takes the
 blob by BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its
-torrents.
+torrents, and a lease holder as soon as it has the blob whole.
 
 A chain has a hop per node, so each hop's cost counts N times, joining it included. A receiver finds
 its place in one look (`place`): it announces on the blob's rank key, and the tracker's leecher count
