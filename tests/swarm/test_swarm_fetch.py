@@ -71,7 +71,9 @@ def test_a_corrupting_peer_does_not_corrupt_the_result(origin, tracker, make_age
     framed = {m[1] for r in caplog.records if (m := good_ban.match(r.getMessage()))}
     from_origin = {f["blob_id"]: f["size"] for f in status["files"] if f["source"] == "origin"}
     assert set(from_origin) <= framed, (from_origin, framed)
-    assert status["bytes_from_origin"] == sum(from_origin.values())
+    # Such a blob keeps the pieces that passed their check before the ban: the origin sends only the rest.
+    taken = status["bytes_from_origin"]
+    assert (0 < taken <= sum(from_origin.values())) if from_origin else taken == 0, (taken, from_origin)
     # The victim did take data from the corrupt peer: libtorrent's piece check threw it away and
     # banned the sender.
     assert victim.swarm is not None
