@@ -313,8 +313,12 @@ class Bench:
             try:
                 if scenario == "warm":
                     # n0 keeps the files of the cold run, re-verifies them (aria2c has no resume
-                    # data we trust) and seeds; the clock starts once it is seeding.
+                    # data we trust) and seeds; the clock starts once it is seeding. The receivers'
+                    # copies go first, as weightswarm's go before its agents start, so that both warm
+                    # rounds begin as long after that memory was freed: on this VM that decides how much
+                    # of it is cheap to write again (bench.page_cost).
                     receivers = self.nodes[1:]
+                    s.wipe(receivers)
                     shutil.rmtree(s.node_dir("n0") / "done", ignore_errors=True)
                     seeders.append(s.c.spawn("n0", self._aria2_argv("n0", True), s.env, s.log("seed-n0")))
                     deadline = time.monotonic() + self.a.timeout
@@ -324,7 +328,6 @@ class Bench:
                                 f"aria2c seeder on n0 did not start: {seeders[0].output()[-300:]}"
                             )
                         time.sleep(0.1)
-                    s.wipe(receivers)
                 e0 = s.egress()
                 net0 = self.network()
                 aria_pids = lambda: [p.pid for p in s.c.procs if p.argv[:1] == ["aria2c"]]  # noqa: E731
