@@ -225,10 +225,7 @@ class RelayDirectory:
         for blob_id in gone:  # no longer seeded here (removed, evicted)
             self._stop(blob_id)
         for blob_id in offers:
-            # As a seeder (`left` 0): `place` counts the seeders of a relay key as the chains' heads.
-            if self._announce(relay_infohash(blob_id), 0) is not None:
-                with self._lock:
-                    self._offered[blob_id] = time.monotonic()
+            self._offer(blob_id)
         for blob_id, left in due:
             if self._announce(relay_infohash(blob_id), max(1, left)) is None:
                 continue
@@ -256,11 +253,16 @@ class RelayDirectory:
             # Listed as a seeder at once, not at the next `refresh`: until then the tracker has it as a
             # receiver, and a warm start's receivers, which count the seeders as the chains' heads
             # (`place`), found no chain and looked for a source after the place lookup's second.
-            if self._announce(relay_infohash(blob_id), 0, numwant=0) is not None:
-                with self._lock:
-                    self._offered[blob_id] = time.monotonic()
+            self._offer(blob_id)
             return
         self._stop(blob_id)
+
+    def _offer(self, blob_id: str) -> None:
+        """Announce a blob this node seeds whole as a seeder of its relay key (`left` 0: `place` counts
+        the seeders as the chains' heads); a failed announce is retried at the next `refresh`."""
+        if self._announce(relay_infohash(blob_id), 0, numwant=0) is not None:
+            with self._lock:
+                self._offered[blob_id] = time.monotonic()
 
     def _stop(self, blob_id: str) -> None:
         try:
