@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 
 _BLOCK = 4 * 2**20
 
-SeedBlob = Callable[[Path, str, bytes], str]
-"""(blob path, blob id, bencoded info) -> infohash: the daemon starts seeding it."""
+SeedBlob = Callable[[Path, str, bytes, bool], str]
+"""(blob path, blob id, bencoded info, whose piece hashes were computed here from the blob's bytes) ->
+infohash: the daemon starts seeding it (agent.swarm.session `Swarm.seed`)."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +224,10 @@ def publish_directory(
         raise DiskSpaceError(str(cache.blobs_dir), need, free)
 
     entries: list[tuple[str, str, BlobDigest]] = []
+    hashed_here: set[str] = set()  # blobs whose recorded piece hashes are the ones just computed
     for rel, path in files:
-        blob_id, digest, tmp = _copy_hashed(path, cache)
+        blob_id, computed, tmp = _copy_hashed(path, cache)
+        digest = computed
         if cache.adopt_blob(blob_id, digest.size):
             tmp.unlink(missing_ok=True)  # the same content is already here (a republish, another repo)
             known = cache.read_sidecar(blob_id)
@@ -233,6 +236,8 @@ def publish_directory(
         else:
             cache.install_blob(blob_id, tmp, digest)
         entries.append((rel, blob_id, digest))
+        if digest is computed:
+            hashed_here.add(blob_id)
     commit = commit_for([(rel, blob_id) for rel, blob_id, _d in entries])
     for rel, blob_id, _d in entries:
         cache.link_snapshot(commit, rel, blob_id)
@@ -246,7 +251,7 @@ def publish_directory(
         if info is None:
             info = infos[blob_id] = d.encoded_info(blob_id)
             if seed is not None:
-                seed(cache.blob_path(blob_id), blob_id, info)
+                seed(cache.blob_path(blob_id), blob_id, info, blob_id in hashed_here)
                 seeded += 1
         manifest.append(
             {"path": rel, "size": d.size, "blob_id": blob_id, "infohash": infohash(info)}

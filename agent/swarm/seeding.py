@@ -51,9 +51,10 @@ class Seeder:
         with self._lock:
             return {blob_id: ih for blob_id, (ih, _info) in self._held.items()}
 
-    def seed(self, path: Path, blob_id: str, info: bytes) -> str:
-        """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`)."""
-        ih = self.swarm.seed(path, info, self.trackers)
+    def seed(self, path: Path, blob_id: str, info: bytes, checked: bool = False) -> str:
+        """Seed a complete, verified blob put into the cache outside a fetch (`agent publish`); `checked`
+        as for `Swarm.seed`."""
+        ih = self.swarm.seed(path, info, self.trackers, checked)
         self.remember(blob_id, ih, info)
         return ih
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import libtorrent as lt
 import pytest
 
 from agent.daemon.node import Daemon
@@ -62,6 +63,18 @@ def test_publish_reads_only_under_its_roots(node: Daemon, roots: tuple[Path, Pat
     assert code == 403 and "outside" in detail
     assert not list(node.settings.cache_dir.glob("models--local--stolen"))
     assert _publish(node, root / "me" / "ft", "local/ft")[0] == 200
+
+
+def test_what_a_node_publishes_it_seeds_as_had(node: Daemon, roots: tuple[Path, Path]):
+    """The node computed the piece hashes from the files it copied in: no piece is read and hashed again
+    when a peer first asks for it (seed mode, agent.swarm.session `Swarm.seed`)."""
+    assert _publish(node, roots[0] / "me" / "ft", "local/ft")[0] == 200
+    held = node.seeder.held()
+    assert held
+    for ih in held.values():
+        handle = node.swarm._torrents[ih].handle
+        assert not handle.flags() & lt.torrent_flags.seed_mode, ih
+        assert all(handle.status(lt.torrent_handle.query_pieces).pieces), ih
 
 
 def test_publishing_is_off_without_a_root(tmp_path: Path, origin: Origin, roots: tuple[Path, Path]):

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import libtorrent as lt
 import pytest
 
 from agent.core.settings import DaemonSettings
@@ -52,6 +53,12 @@ def holder(tracker, blob: str) -> str | None:
     return str(lease["holder"]) if isinstance(lease, dict) else None
 
 
+def seed_mode(agent, blob: str) -> bool:
+    """Whether the agent's libtorrent seeds `blob` in seed mode (each piece checked on first request)."""
+    handle = agent.swarm._torrents[agent.held_blobs()[blob]].handle
+    return bool(handle.flags() & lt.torrent_flags.seed_mode)
+
+
 def assert_ready(job, origin: Origin, timeout: float) -> None:
     """The job ends Ready within `timeout`, its snapshot byte for byte the origin's."""
     assert job.wait(timeout), job.status()
@@ -87,6 +94,9 @@ def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(on
     for job in jobs:
         assert shard_status(job, shard)["source"] == "peers"
     assert one_shard.hub.egress_bytes < 1.05 * one_shard.size  # the origin sent it once
+    # The holder seeds the shard under piece hashes it computed from its bytes, as had; the receivers
+    # under the tracker's, in seed mode, which checks each piece the first time a peer asks for it.
+    assert [seed_mode(d, blob) for d in (a, *others)] == [False, True, True]
 
 
 @pytest.mark.timeout(120)

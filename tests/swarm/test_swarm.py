@@ -768,6 +768,30 @@ def test_a_downloader_gets_a_blob_at_once_from_a_peer_that_just_finished_it(tmp_
             assert sha256_of(tmp_path / "b" / blob.blob_id) == blob.sha256
 
 
+def test_a_seed_of_pieces_hashed_here_is_not_checked_again_and_any_other_is(tmp_path, swarms):
+    """A blob whose piece hashes the node computed from its own bytes (the origin engine, `agent publish`)
+    is seeded with every piece had, as a blob it downloaded by BitTorrent is: in seed mode libtorrent would
+    read and hash each piece again when a peer first asks for it. Any other blob (a relayed one, seeded
+    under the tracker's piece hashes; a restart's cache) keeps seed mode and its checks (the test below)."""
+    blob = make_blob(4 * MiB, 9)
+    checked = open_swarm(swarms, tmp_path / "c-state")
+    ih = checked.seed(write_blob(tmp_path / "c", blob), blob.info, [], checked=True)
+    other = open_swarm(swarms, tmp_path / "o-state")
+    assert other.seed(write_blob(tmp_path / "o", blob), blob.info, []) == ih
+
+    def seed_mode(swarm: Swarm) -> bool:
+        return bool(swarm._torrents[ih].handle.flags() & lt.torrent_flags.seed_mode)
+
+    assert not seed_mode(checked) and seed_mode(other)
+    assert all(checked._torrents[ih].handle.status(lt.torrent_handle.query_pieces).pieces)
+    leecher = open_swarm(swarms, tmp_path / "l-state")
+    leecher.download(tmp_path / "l", blob.blob_id, blob.info, peers=[("127.0.0.1", checked.listen_port)])
+    final = leecher.wait(ih, timeout=60)
+    assert final.state == "seeding", final.error
+    assert sha256_of(final.path) == blob.sha256
+    assert checked.status(ih).bytes_uploaded >= len(blob.data)
+
+
 def test_a_seed_whose_metainfo_does_not_match_its_file_never_writes_to_it(tmp_path, swarms):
     """A relayed blob is seeded under the tracker's metainfo, whose piece hashes the node did not compute
     (its sha256 checked the bytes). A forged metainfo (the blob's name and size, another file's pieces):

@@ -441,7 +441,9 @@ class SourcePolicy:
         self._installed(cache, blob)
         info = recorded_info(cache, blob)
         self._trust.trust_again(blob, infohash(info))
-        self._seed(cache, blob, info, publish=publish)
+        # The recorded piece hashes are the engine's, of these bytes, unless the blob was only linked to
+        # another repo's copy (a content id learnt by the download: agent.fetch.engine `install_downloaded`).
+        self._seed(cache, blob, info, publish=publish, checked=blob.content_known)
         # The origin engine's own counters say how many bytes it really pulled (resume included).
         return BlobOutcome("origin")
 
@@ -462,8 +464,10 @@ class SourcePolicy:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _seed(self, cache: RepoCache, blob: FileEntry, info: bytes, publish: bool) -> None:
-        ih = self.swarm.seed(cache.blob_path(blob.blob_id), info, self.torrents.trackers)
+    def _seed(
+        self, cache: RepoCache, blob: FileEntry, info: bytes, publish: bool, checked: bool = False
+    ) -> None:
+        ih = self.swarm.seed(cache.blob_path(blob.blob_id), info, self.torrents.trackers, checked)
         self._on_seeding(blob.blob_id, ih, info)
         if publish and self.tracker is not None:
             # Announce before publishing: nodes waiting on the lease wake up at the metainfo, and if
