@@ -12,7 +12,7 @@ import socket
 import struct
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from agent.hub.errors import HttpError
 from agent.hub.faults import TokenBucket, chunk_for
@@ -21,6 +21,13 @@ from agent.hub.repos import RepoFile
 
 if TYPE_CHECKING:
     from agent.hub.state import HubState
+
+class _BodyFaults(NamedTuple):
+    truncate: int | None
+    corrupt: bool
+    stall: tuple[int, float] | None
+    buckets: list[TokenBucket]
+
 
 _SENDFILE_CAP = 8 * 2**20  # bytes one os.sendfile call may take (the stats move at least this often)
 
@@ -89,35 +96,44 @@ class FileSender(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", str(length))
             if isinstance(rng, tuple):
                 self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.end_headers()
-            if method == "HEAD" or length == 0:
-                return
             has = max(0, min(end, entry.size - 1) - start + 1)  # less than promised when the size is a lie
-            if has:
-                self._send_body(f, start, has, names)
+            body = method != "HEAD" and length > 0
+            # A body's faults are taken before its headers go out: once they are out the client may ask
+            # for the next range, and that request's thread must not take the fault meant for this one.
+            plan = self._body_faults(start, has, names) if body and has else None
+            self.end_headers()
+            if not body:
+                return
+            if plan is not None:
+                self._send_body(f, start, has, plan)
             if has < length:
                 self.close_connection = True
 
-    def _send_body(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
-        """The body, its bytes counted as egress as the kernel takes them; when the client leaves halfway,
-        only what it acknowledged stays counted (the rest of the socket's send buffer never went out)."""
-        self._body_sent = 0
-        acked = _acked(self.connection)
-        try:
-            self._send_payload(f, start, length, names)
-        except OSError:
-            now = _acked(self.connection)
-            if acked is not None and now is not None:
-                self.hub._add_egress(-max(0, self._body_sent - (now - acked)))
-            raise
-
-    def _send_payload(self, f: BinaryIO, start: int, length: int, names: tuple[str, ...]) -> None:
+    def _body_faults(self, start: int, length: int, names: tuple[str, ...]) -> _BodyFaults:
+        """The faults and rate caps this body is sent under, taken from `hub.faults` (each a one-off)."""
         faults = self.hub.faults
         truncate = faults.take_truncate()
         corrupt = faults.take_corrupt(names)
         stall = faults.take_stall(start + length - 1)
         caps = (self.hub.total_bucket, self.hub.client_bucket(self.client_address[0]), self.conn_bucket)
         buckets = [b for b in (*caps, faults.take_slow(start + length - 1)) if b is not None]
+        return _BodyFaults(truncate, corrupt, stall, buckets)
+
+    def _send_body(self, f: BinaryIO, start: int, length: int, plan: _BodyFaults) -> None:
+        """The body, its bytes counted as egress as the kernel takes them; when the client leaves halfway,
+        only what it acknowledged stays counted (the rest of the socket's send buffer never went out)."""
+        self._body_sent = 0
+        acked = _acked(self.connection)
+        try:
+            self._send_payload(f, start, length, plan)
+        except OSError:
+            now = _acked(self.connection)
+            if acked is not None and now is not None:
+                self.hub._add_egress(-max(0, self._body_sent - (now - acked)))
+            raise
+
+    def _send_payload(self, f: BinaryIO, start: int, length: int, plan: _BodyFaults) -> None:
+        truncate, corrupt, stall, buckets = plan
         if not (buckets or corrupt or stall or truncate is not None):
             return self._sendfile(f, start, length)
         limit = length if truncate is None else min(length, truncate)
