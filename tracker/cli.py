@@ -217,6 +217,7 @@ def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
 
     from servekit.limits import Gate, raise_open_file_limit
     from servekit.protocol import uvicorn_options
+    from servekit.server import QuietServer
 
     host, port = settings.host, settings.port
     # One worker on purpose: with the SQLite store live peers are in this process's memory,
@@ -244,4 +245,4 @@ def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
         server_header=False,
         **uvicorn_options(Gate(limits, f"tracker {host}:{port}"), quick=app.quick_routes()),
     )
-    uvicorn.Server(config).run()
+    QuietServer(config).run()

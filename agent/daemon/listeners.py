@@ -29,6 +29,7 @@ from agent.core.settings import Settings
 from agent.core.sockets import SocketPath
 from servekit.limits import ConnectionLimits, Gate, raise_open_file_limit
 from servekit.protocol import uvicorn_options
+from servekit.server import QuietServer
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class ApiServer:
             app, log_level="warning", access_log=False, lifespan="off",
             **uvicorn_options(self.gate, zerocopy=True),  # the relay sends blobs from their files
         )
-        self.server = uvicorn.Server(config)
+        self.server = QuietServer(config)
         self.where = where
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name=f"api {where}", daemon=True)
@@ -171,7 +172,7 @@ class ApiServer:
             time.sleep(0.02)
 
     def stop(self, timeout: float) -> None:
-        self.server.should_exit = True
+        self.server.exit_now()
         if self._thread.is_alive():
             self._thread.join(timeout)
         if self._thread.is_alive():

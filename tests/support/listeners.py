@@ -12,6 +12,7 @@ import uvicorn
 
 from servekit.limits import ConnectionLimits, Gate
 from servekit.protocol import QuickRoutes, uvicorn_options
+from servekit.server import QuietServer
 from tests.support.procs import free_port, loop_until
 
 
@@ -31,12 +32,12 @@ def listener(
         interface="asgi3",
         **uvicorn_options(Gate(limits, "test"), zerocopy=zerocopy, quick=quick),
     )
-    server = uvicorn.Server(config)
+    server = QuietServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     loop_until(lambda: server.started, timeout=10, what="uvicorn")
     try:
         yield port
     finally:
-        server.should_exit = True
+        server.exit_now()
         thread.join(10)

@@ -24,6 +24,7 @@ import uvicorn
 
 from servekit.limits import Gate
 from servekit.protocol import uvicorn_options
+from servekit.server import QuietServer
 from tests.support.procs import RedisProcess, free_port, loop_until
 from tracker.app import TrackerApp, create_app
 from tracker.settings import TrackerSettings
@@ -97,7 +98,7 @@ def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
         lifespan="on",
         **uvicorn_options(gate, quick=app.quick_routes()),
     )
-    server = uvicorn.Server(config)
+    server = QuietServer(config)
     thread = threading.Thread(target=server.run, name=f"tracker-{port}", daemon=True)
     thread.start()
     try:
@@ -107,7 +108,7 @@ def run_server(settings: TrackerSettings) -> Iterator[Tracker]:
         with tracker.http, tracker.anon:
             yield tracker
     finally:
-        server.should_exit = True
+        server.exit_now()
         thread.join(timeout=30)
 
 
