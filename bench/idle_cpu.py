@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,14 +30,9 @@ import psutil
 
 from bench.cli_start import wait_for
 from bench.origin_fetch import AGENT, HERE, REPO, make_model, start_hub, stop
+from bench.tracker_load import free_port
 
 TRACKER = [sys.executable, "-m", "tracker"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _secret(path: Path) -> Path:
@@ -49,7 +43,7 @@ def _secret(path: Path) -> Path:
 
 def _start_tracker(checkout: Path, work: Path) -> tuple[subprocess.Popen[str], str, Path, Path]:
     token, passkey = _secret(work / "tracker.token"), _secret(work / "tracker.passkey")
-    port = _port()
+    port = free_port()
     argv = [
         *TRACKER, "serve", "--port", str(port), "--db", str(work / "tracker.db"),
         "--token-file", str(token), "--announce-passkey-file", str(passkey),
@@ -89,8 +83,8 @@ def run(checkout: Path, origin: str, agents: int, settle: float, seconds: float)
                 argv = [
                     *AGENT, "serve", "--cache-dir", str(d / "hub"), "--state-dir", str(d / "state"),
                     "--origin", origin, "--tracker", url, "--tracker-token-file", str(token),
-                    "--tracker-passkey-file", str(passkey), "--bt-listen", f"127.0.0.1:{_port()}",
-                    "--api-listen", f"127.0.0.1:{_port()}", "--node-name", f"idle-{i}",
+                    "--tracker-passkey-file", str(passkey), "--bt-listen", f"127.0.0.1:{free_port()}",
+                    "--api-listen", f"127.0.0.1:{free_port()}", "--node-name", f"idle-{i}",
                 ]  # fmt: skip
                 quiet = subprocess.DEVNULL
                 proc = subprocess.Popen(argv, cwd=checkout, stdout=quiet, stderr=quiet, text=True)

@@ -22,7 +22,10 @@ from agent.hub.repos import RepoFile
 if TYPE_CHECKING:
     from agent.hub.state import HubState
 
+
 class _BodyFaults(NamedTuple):
+    """The one-off faults (agent.hub.faults) and the rate caps one body is sent under."""
+
     truncate: int | None
     corrupt: bool
     stall: tuple[int, float] | None

@@ -12,13 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from servekit import server as quiet
-from servekit.limits import ConnectionLimits, Gate
-from servekit.protocol import uvicorn_options
+from servekit.limits import ConnectionLimits
 from servekit.server import QuietServer
-from tests.support.procs import free_port, loop_until
+from tests.support.listeners import serving
 
 
 async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -28,26 +26,8 @@ async def _hello(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @contextlib.contextmanager
 def _serving() -> Iterator[tuple[QuietServer, threading.Thread, str]]:
-    port = free_port()
-    config = uvicorn.Config(
-        _hello,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        lifespan="off",
-        interface="asgi3",
-        **uvicorn_options(Gate(ConnectionLimits(), "test")),
-    )
-    server = QuietServer(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    loop_until(lambda: server.started, timeout=10, what="uvicorn")
-    try:
+    with serving(_hello, ConnectionLimits()) as (server, thread, port):
         yield server, thread, f"http://127.0.0.1:{port}/"
-    finally:
-        server.exit_now()
-        thread.join(10)
 
 
 def _wakeups(thread: threading.Thread) -> int:

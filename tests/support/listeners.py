@@ -21,6 +21,15 @@ def listener(
     app: Any, limits: ConnectionLimits, zerocopy: bool = False, quick: QuickRoutes | None = None
 ) -> Iterator[int]:
     """Serve `app` until the block ends; yields the port."""
+    with serving(app, limits, zerocopy, quick) as (_, _, port):
+        yield port
+
+
+@contextlib.contextmanager
+def serving(
+    app: Any, limits: ConnectionLimits, zerocopy: bool = False, quick: QuickRoutes | None = None
+) -> Iterator[tuple[QuietServer, threading.Thread, int]]:
+    """`listener`, yielding the server and its thread too."""
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -37,7 +46,7 @@ def listener(
     thread.start()
     loop_until(lambda: server.started, timeout=10, what="uvicorn")
     try:
-        yield port
+        yield server, thread, port
     finally:
         server.exit_now()
         thread.join(10)
