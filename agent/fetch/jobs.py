@@ -7,12 +7,13 @@ The phases match what the Kubernetes reporter publishes (`Pending`, `Downloading
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol, get_args
 
@@ -158,6 +159,8 @@ class Job:
         """When it finished, by the monotonic clock (`since_finished`; `_finished` is for people)."""
         self._background = key.background
         self._claimed = False
+        self._on_end: list[Callable[[], None]] = []
+        """Called once when the job is Ready or Failed (`on_end`)."""
         self._samples: deque[tuple[float, int]] = deque()
         """(monotonic time, bytes done) at most every quarter second, over `_RATE_WINDOW`."""
 
@@ -213,6 +216,9 @@ class Job:
             self._phase = "Ready"
             self._finished, self._ended = time.time(), time.monotonic()
             self._changed.notify_all()
+            ended, self._on_end = self._on_end, []
+        for fn in ended:
+            fn()
 
     def fail(self, error: str, exit_code: int = 1) -> None:
         with self._lock:
@@ -221,6 +227,9 @@ class Job:
             self._phase = "Failed"
             self._finished, self._ended = time.time(), time.monotonic()
             self._changed.notify_all()
+            ended, self._on_end = self._on_end, []
+        for fn in ended:
+            fn()
 
     def since_finished(self) -> float | None:
         """Seconds since the job finished (None while it runs), immune to wall-clock steps."""
@@ -267,6 +276,20 @@ class Job:
     def done(self) -> bool:
         with self._lock:
             return self._phase in TERMINAL
+
+    def on_end(self, fn: Callable[[], None]) -> None:
+        """Call `fn` once the job is Ready or Failed: now if it is, else from the thread that ends it
+        (so `fn` must be quick and must not take this job's lock). `forget` takes it back."""
+        with self._lock:
+            if self._phase not in TERMINAL:
+                self._on_end.append(fn)
+                return
+        fn()
+
+    def forget(self, fn: Callable[[], None]) -> None:
+        """Take back an `on_end` callback that is no longer wanted (a long poll that timed out)."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._on_end.remove(fn)
 
     def wait(self, timeout: float) -> bool:
         """Block until the job is Ready or Failed, at most `timeout` seconds; True when it is."""

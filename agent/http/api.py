@@ -20,8 +20,8 @@ the probes, `/metrics` and the HF-compatible endpoint (agent.http.hf) only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -33,14 +33,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.core.errors import WeightswarmError
 from agent.core.settings import HF_TOKEN_HEADER
-from agent.fetch.jobs import JobTable, RequestModel
+from agent.fetch.jobs import Job, JobTable, RequestModel
 from agent.http.errors import http_error
 
 _MAX_JOB_WAIT = 60.0
 _WAITS_PER_CHANNEL = 32
 """Long polls (`?wait=`) one channel may hold open at once; more are answered at once, not held."""
-_WAIT_POLL = 0.1
-"""Seconds between looks at a long-polled job."""
 MAX_BODY_BYTES = 64 * 1024
 """Largest request body any channel accepts (a fetch request is a few hundred bytes)."""
 
@@ -85,6 +83,25 @@ class NodeApi:
     """Why the node is not ready; empty when it is (`/readyz`)."""
 
 
+async def _until_ended(job: Job, timeout: float) -> None:
+    """Until `job` is Ready or Failed, at most `timeout` seconds. Woken by the job's end on the event loop,
+    not waited for in a worker thread: a long poll then holds no thread, and the threads stay free for
+    the requests that need them; nor polled, which woke the loop ten times a second per waiting client."""
+    loop = asyncio.get_running_loop()
+    ended = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed (the server stopped)
+            loop.call_soon_threadsafe(ended.set)
+
+    job.on_end(wake)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), timeout)
+    finally:
+        job.forget(wake)
+
+
 def fetch_router(node: NodeApi, channel: Channel) -> APIRouter:
     router = APIRouter(prefix="/v1")
     waits = threading.BoundedSemaphore(_WAITS_PER_CHANNEL)
@@ -118,11 +135,7 @@ def fetch_router(node: NodeApi, channel: Channel) -> APIRouter:
             )
         if wait > 0 and waits.acquire(blocking=False):
             try:
-                # Polled on the event loop, not waited for in a worker thread: a long poll then holds
-                # no thread, and the threads stay free for the requests that need them.
-                deadline = time.monotonic() + min(wait, _MAX_JOB_WAIT)
-                while not job.done and time.monotonic() < deadline:
-                    await asyncio.sleep(_WAIT_POLL)
+                await _until_ended(job, min(wait, _MAX_JOB_WAIT))
             finally:
                 waits.release()
         return job.status().to_json()

@@ -251,6 +251,17 @@ def test_long_polls_are_bounded_per_channel(node: Daemon, gated: Origin):
     assert len(held) == 32 and min(held) > 4, held
 
 
+def test_a_long_poll_ends_when_its_job_does(node: Daemon, gated: Origin):
+    gated.hub.rate_total = 400 * 1024  # the 1-MiB model takes a few seconds
+    with http_client(pods_url(node), 60) as pods:
+        job = pods.post("/v1/fetch", json={"repo_id": GATED}, headers={HF_TOKEN_HEADER: POD_TOKEN}).json()
+        t0 = time.monotonic()
+        polled = pods.get(f"/v1/jobs/{job['job_id']}", params={"wait": 45})
+        held = time.monotonic() - t0
+    assert polled.status_code == 200 and polled.json()["phase"] == "Ready", polled.text
+    assert held < 30, f"the long poll was held {held:.1f}s after its job ended"
+
+
 def test_a_state_dir_deeper_than_a_socket_path_allows_still_works(gated: Origin, tmp_path):
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "state"
     s = agent_settings(tmp_path, "deep", gated.hub.url, None)
