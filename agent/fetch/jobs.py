@@ -213,10 +213,7 @@ class Job:
             self._snapshot = snapshot
             for f in self._files.values():
                 f.done = f.size
-            self._phase = "Ready"
-            self._finished, self._ended = time.time(), time.monotonic()
-            self._changed.notify_all()
-            ended, self._on_end = self._on_end, []
+            ended = self._end("Ready")
         for fn in ended:
             fn()
 
@@ -224,12 +221,18 @@ class Job:
         with self._lock:
             self._error = error
             self._exit_code = exit_code
-            self._phase = "Failed"
-            self._finished, self._ended = time.time(), time.monotonic()
-            self._changed.notify_all()
-            ended, self._on_end = self._on_end, []
+            ended = self._end("Failed")
         for fn in ended:
             fn()
+
+    def _end(self, phase: Phase) -> list[Callable[[], None]]:
+        """Enter terminal `phase` and wake `wait`ers (hold the lock); the `on_end` callbacks to call once
+        the lock is released."""
+        self._phase = phase
+        self._finished, self._ended = time.time(), time.monotonic()
+        self._changed.notify_all()
+        ended, self._on_end = self._on_end, []
+        return ended
 
     def since_finished(self) -> float | None:
         """Seconds since the job finished (None while it runs), immune to wall-clock steps."""
