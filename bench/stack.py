@@ -111,6 +111,10 @@ class FetchResult:
     system_cpu: float = 0.0
     """CPU-seconds (user + system) the measured processes (`rss_pids`, with their children) used during
     the run, summed over every node: what the system under test cost, sending and receiving."""
+    native_cpu: float = 0.0
+    """The part of `system_cpu` spent in the measured processes' native threads: those still named like
+    their process, the main thread aside. In an agent (whose Python threads carry their own names,
+    agent.daemon.threadnames) that is its libtorrent session: network, disk I/O and hashing threads."""
 
 
 class Stack:
@@ -368,8 +372,10 @@ class Stack:
         for node in nodes:
             self.node_dir(node).mkdir(parents=True, exist_ok=True)
         # Processes that run before the fetches (agents) count from here; ones started for them from 0.
-        cpu_at_start = _sample(rss_pids()).cpu
+        start = _sample(rss_pids())
+        cpu_at_start, native_at_start = start.cpu, start.native
         cpu_seen: dict[int, float] = {}
+        native_seen: dict[tuple[int, int], float] = {}
         psutil.cpu_times_percent(None)
         t0 = time.monotonic()
         procs = {n: self.c.spawn(n, argv_for(n), self.env, self.log(f"{tag}-{n}")) for n in nodes}
@@ -406,11 +412,15 @@ class Stack:
                 for rss, anon in sample.memory:
                     res.peak_rss, res.peak_anon = max(res.peak_rss, rss), max(res.peak_anon, anon)
                 cpu_seen.update(sample.cpu)
+                native_seen.update(sample.native)
             time.sleep(0.05)
         for n in pending:
             res.failures[n] = f"not complete after {timeout:.0f}s"
-        cpu_seen.update(_sample(rss_pids()).cpu)  # before the seeding clients stop
+        last = _sample(rss_pids())  # before the seeding clients stop
+        cpu_seen.update(last.cpu)
+        native_seen.update(last.native)
         res.system_cpu = sum(used - cpu_at_start.get(pid, 0.0) for pid, used in cpu_seen.items())
+        res.native_cpu = sum(used - native_at_start.get(t, 0.0) for t, used in native_seen.items())
         for p in procs.values():
             self.c.stop(p)
         res.cpu_busy = sum(cpu) / len(cpu) / 100 if cpu else 0.0
@@ -429,6 +439,9 @@ class _Sample(NamedTuple):
     cpu: dict[int, float]
     """User + system CPU-seconds of each process alive now (gone ones are left out: a process's last
     sample stands for it)."""
+    native: dict[tuple[int, int], float]
+    """User + system CPU-seconds of each native thread ((pid, tid): `FetchResult.native_cpu`) of each
+    process alive now; a thread's last sample stands for it once it is gone."""
 
 
 def _sample(pids: Sequence[int]) -> _Sample:
@@ -439,7 +452,7 @@ def _sample(pids: Sequence[int]) -> _Sample:
     kids: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["ppid"]):
         kids.setdefault(proc.info["ppid"], []).append(proc.pid)
-    sample = _Sample([], {})
+    sample = _Sample([], {}, {})
     for pid in pids:
         tree = [pid]
         for member in tree:  # grows as it goes: the whole subtree
@@ -461,7 +474,33 @@ def _sample(pids: Sequence[int]) -> _Sample:
         sample.memory.append((rss, anon))
         if cpu is not None:
             sample.cpu[pid] = cpu
+            sample.native.update(native_threads(pid))
     return sample
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def native_threads(pid: int) -> dict[tuple[int, int], float]:
+    """CPU-seconds of each thread of `pid` named like the process, its main thread aside."""
+    threads: dict[tuple[int, int], float] = {}
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().rstrip("\n")
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    except OSError:
+        return threads
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone since the listing
+        # "tid (comm) state ...": the name may hold spaces and parentheses, the fields after it do not.
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm == name:
+            threads[(pid, tid)] = (int(rest[11]) + int(rest[12])) / _TICK  # utime, stime
+    return threads
 
 
 def _rss_anon(pid: int) -> int:

@@ -36,6 +36,7 @@ from agent.daemon.listeners import (
     unix_listener,
 )
 from agent.daemon.nodeops import NodeOps
+from agent.daemon.threadnames import name_os_threads
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.sources.policy import SourcePolicy
@@ -460,6 +461,7 @@ class Daemon:
 def serve_forever(settings: Settings) -> None:
     """Run until SIGTERM/SIGINT, then shut down in order."""
     limit_malloc_arenas()  # before any thread starts
+    name_os_threads()
     daemon = Daemon(settings)
 
     def on_signal(signum: int, _frame: object) -> None:
