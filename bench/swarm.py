@@ -35,6 +35,9 @@ Systems (in one run):
               libtorrent's super-seeding mode (SwarmSettings.super_seed)
   weightswarm_bt  the same with `agent serve --no-relay-seeds`: a blob some node has whole comes
               by BitTorrent alone, not as a chain of relays first (agent.relay.directory "Warm starts")
+  aria2c_bt   aria2c whose warm round has no web seed: every byte from its peers, as weightswarm_bt
+              takes them (aria2c's warm round takes about 0.4 × S from the origin, whose upload no
+              peer then pays); its cold round only fills n0 and is not shown
 
 Printed per scenario and system: completion time median and max ÷ the lower bound
 max(S/U_origin, S/D_node, R·S/(U_origin + ΣU_node)) with R receiving nodes (warm: R=N-1,
@@ -47,7 +50,9 @@ the mean CPU use of the machine (≥ 85 % → "CPU-bound": the figure then measu
 cores, not the protocol), and how much of it was steal (the hypervisor running other guests on
 these cores: at times half of both, which makes runs spread; compare within one run), and the
 CPU-seconds the system's processes used, over every node, per GiB delivered to the receivers (each
-`agent serve`: its libtorrent session, relay and the rest; each aria2c; each naive `agent fetch`).
+`agent serve`: its libtorrent session, relay and the rest; each aria2c; each naive `agent fetch`),
+and (BT) the part of it the BitTorrent client used: an agent's libtorrent threads, told from the
+daemon's own by their names (agent.daemon.threadnames), or all of aria2c.
 Targets (max ÷ bound): cold ≤ 1.15×, cold-known ≤ 1.10×, warm ≤ 1.40×, each below aria2c; origin
 egress ≤ 1.05 × S; CPU per GiB at or below aria2c's; agent anon ≤ 150 MiB.
 Results: a table on stdout, bench/out/swarm-<time>.{json,png} and every process's log in
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import shutil
 import statistics
@@ -77,11 +83,11 @@ from wirekit.bencode import bencode
 
 SYSTEMS = (
     "naive", "aria2c", "weightswarm", "weightswarm_open", "weightswarm_norelay", "weightswarm_parts",
-    "weightswarm_mmap", "weightswarm_super", "weightswarm_bt",
+    "weightswarm_mmap", "weightswarm_super", "weightswarm_bt", "aria2c_bt",
 )
-DEFAULT_SYSTEMS = SYSTEMS[:-4]
+DEFAULT_SYSTEMS = SYSTEMS[:-5]
 """`weightswarm_parts`, `weightswarm_mmap`, `weightswarm_super` and `weightswarm_bt` differ from
-`weightswarm` in one setting: asked for by name."""
+`weightswarm` in one setting, `aria2c_bt` from `aria2c`: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -117,6 +123,8 @@ class Row:
     cpu_steal: float = 0.0
     system_cpu: float = 0.0
     """CPU-seconds the system's processes used over every node (FetchResult.system_cpu)."""
+    native_cpu: float = 0.0
+    """The part of it in native threads (FetchResult.native_cpu): an agent's libtorrent session."""
     net: dict[str, int] = field(default_factory=dict)
     """What the members' network stacks counted during the run, summed (bench.netns `net_counters`)."""
 
@@ -124,6 +132,14 @@ class Row:
     def cpu_per_gib(self) -> float:
         """The system's CPU-seconds per GiB delivered to the receivers (sending and receiving both)."""
         return self.system_cpu / (self.receivers * self.size / 2**30) if self.receivers else float("nan")
+
+    @property
+    def bittorrent_cpu_per_gib(self) -> float:
+        """CPU-seconds per GiB delivered of the system's BitTorrent client: an agent's libtorrent session
+        (its threads: not the daemon's relay, verifying or HTTP), all of aria2c; none for naive."""
+        if self.system.startswith("weightswarm"):
+            return self.native_cpu / (self.receivers * self.size / 2**30) if self.receivers else float("nan")
+        return self.cpu_per_gib if self.system.startswith("aria2c") else float("nan")
 
     @property
     def median(self) -> float:
@@ -158,8 +174,8 @@ def tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
 
 
-def build_torrents(stack: Stack, model: Model, dest: Path) -> list[Path]:
-    """One .torrent per blob: the info dict weightswarm would publish, origin as web seed."""
+def build_torrents(stack: Stack, model: Model, dest: Path, web_seed: bool = True) -> list[Path]:
+    """One .torrent per blob: the info dict weightswarm would publish, origin as web seed (`web_seed`)."""
     dest.mkdir(parents=True, exist_ok=True)
     out = []
     for f in model.files:
@@ -168,11 +184,9 @@ def build_torrents(stack: Stack, model: Model, dest: Path) -> list[Path]:
             while chunk := fh.read(1 << 22):
                 hasher.update(chunk)
         info = info_dict(f.blob_id, f.size, hasher.piece_length, hasher.digest())
-        meta = {
-            b"announce": stack.announce_url.encode(),
-            b"info": info,
-            b"url-list": resolve_url(stack.origin_url, model, f).encode(),
-        }
+        meta = {b"announce": stack.announce_url.encode(), b"info": info}
+        if web_seed:
+            meta[b"url-list"] = resolve_url(stack.origin_url, model, f).encode()
         path = dest / f"{f.blob_id}.torrent"
         path.write_bytes(bencode(meta))
         out.append(path)
@@ -180,11 +194,20 @@ def build_torrents(stack: Stack, model: Model, dest: Path) -> list[Path]:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, stack: Stack, model: Model, torrents: list[Path]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        stack: Stack,
+        model: Model,
+        torrents: list[Path],
+        peer_torrents: list[Path],
+    ) -> None:
         self.a = args
         self.stack = stack
         self.model = model
         self.torrents = torrents
+        self.peer_torrents = peer_torrents
+        """The same torrents without the web seed (the same info hashes): `aria2c_bt`'s warm round."""
         self.nodes = stack.c.nodes
         self.rows: list[Row] = []
         self.errors: list[str] = []
@@ -221,6 +244,7 @@ class Bench:
             res.peak_anon,
             res.cpu_steal,
             res.system_cpu,
+            res.native_cpu,
             net,
         )
         self.rows.append(row)
@@ -268,7 +292,7 @@ class Bench:
         s.wipe(self.nodes)
 
     # -- aria2c ----------------------------------------------------------------------------
-    def _aria2_argv(self, node: str, check: bool) -> list[str]:
+    def _aria2_argv(self, node: str, check: bool, torrents: list[Path]) -> list[str]:
         d = self.stack.node_dir(node)
         marks = d / "done"
         marks.mkdir(parents=True, exist_ok=True)
@@ -291,22 +315,26 @@ class Bench:
             "--bt-seed-unverified=false",
             "--console-log-level=warn",
             "--summary-interval=0",
-            f"--max-concurrent-downloads={len(self.torrents)}",
+            f"--max-concurrent-downloads={len(torrents)}",
             "--bt-max-peers=0",
-            *map(str, self.torrents),
+            *map(str, torrents),
         ]
 
     def _aria2_done(self, node: str, _proc: Proc) -> bool:
         marks = self.stack.node_dir(node) / "done"
         return marks.is_dir() and sum(1 for _ in marks.iterdir()) >= len(self.torrents)
 
-    def aria2c(self) -> None:
+    def aria2c_bt(self) -> None:
+        self.aria2c("aria2c_bt")
+
+    def aria2c(self, name: str = "aria2c") -> None:
         s = self.stack
         s.wipe(self.nodes)
         for scenario in ("cold", "warm"):
             if scenario != "cold" and scenario not in self.a.scenarios:
                 continue  # cold always runs: warm needs n0's copy from it
-            s.log_prefix = f"aria2c-{scenario}-"
+            torrents = self.peer_torrents if name == "aria2c_bt" and scenario == "warm" else self.torrents
+            s.log_prefix = f"{name}-{scenario}-"
             s.start_tracker(s.workdir / f"aria2c-{scenario}.db")
             seeders: list[Proc] = []
             receivers = self.nodes
@@ -320,7 +348,9 @@ class Bench:
                     receivers = self.nodes[1:]
                     s.wipe(receivers)
                     shutil.rmtree(s.node_dir("n0") / "done", ignore_errors=True)
-                    seeders.append(s.c.spawn("n0", self._aria2_argv("n0", True), s.env, s.log("seed-n0")))
+                    seeders.append(
+                        s.c.spawn("n0", self._aria2_argv("n0", True, torrents), s.env, s.log("seed-n0"))
+                    )
                     deadline = time.monotonic() + self.a.timeout
                     while not self._aria2_done("n0", seeders[0]):
                         if time.monotonic() > deadline or seeders[0].poll() is not None:
@@ -333,13 +363,14 @@ class Bench:
                 aria_pids = lambda: [p.pid for p in s.c.procs if p.argv[:1] == ["aria2c"]]  # noqa: E731
                 res = s.run_fetches(
                     receivers,
-                    lambda n: self._aria2_argv(n, False),
+                    functools.partial(self._aria2_argv, check=False, torrents=torrents),
                     self.a.timeout,
                     "fetch",
                     done=self._aria2_done,
                     rss_pids=aria_pids,
                 )
-                self.record("aria2c", scenario, receivers, res, s.egress() - e0, net0)
+                if name == "aria2c" or scenario == "warm":
+                    self.record(name, scenario, receivers, res, s.egress() - e0, net0)
             finally:
                 for p in seeders:
                     s.c.stop(p)
@@ -422,7 +453,7 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
     head = (
         f"{'scenario':<11}{'system':<12}{'nodes':>6}{'median s':>9}{'max s':>8}{'bound s':>8}"
         f"{'med/bnd':>8}{'max/bnd':>8}{'egress/S':>9}{'peak RSS':>10}{'anon':>9}{'CPU':>6}{'steal':>6}"
-        f"{'CPU-s/GiB':>10}  notes"
+        f"{'CPU-s/GiB':>10}{'BT':>6}  notes"
     )
     print(head)
     print("-" * len(head))
@@ -439,12 +470,14 @@ def print_table(rows: list[Row], args: argparse.Namespace, size: int) -> None:
                 f"{r.scenario:<11}{r.system:<12}{r.receivers:>6}{r.median:>9.1f}{r.worst:>8.1f}{r.bound:>8.1f}"
                 f"{r.median / r.bound:>8.2f}{r.worst / r.bound:>8.2f}{r.egress / r.size:>9.2f}"
                 f"{rss:>10}{anon:>9}{r.cpu_busy * 100:>5.0f}%{r.cpu_steal * 100:>5.0f}%{r.cpu_per_gib:>10.2f}"
-                f"  {', '.join(notes)}"
+                f"{r.bittorrent_cpu_per_gib:>6.2f}  {', '.join(notes)}"
             )
     print(
         "targets: max/bnd cold <= 1.15, cold-known <= 1.10, warm <= 1.40, each below aria2c;\n"
         "  egress/S <= 1.05;\n"
         "  CPU-s/GiB (the system's processes on every node, per GiB delivered) at or below aria2c's;\n"
+        "  BT: the part of it in the BitTorrent client (an agent's libtorrent threads; aria2c whole), at or\n"
+        "  below aria2c's;\n"
         "  agent memory <= 150 MiB, judged on anon (RssAnon: what the process owns; RSS adds the page cache\n"
         "  of the blobs libtorrent mmaps to seed them with --disk-io mmap, reclaimable, shared)"
     )
@@ -459,6 +492,7 @@ def plot(rows: list[Row], path: Path) -> None:
     colors = {
         "naive": "tab:blue",
         "aria2c": "tab:orange",
+        "aria2c_bt": "tab:red",
         "weightswarm": "tab:green",
         "weightswarm_open": "tab:olive",
         "weightswarm_norelay": "tab:gray",
@@ -571,13 +605,15 @@ def main(argv: list[str] | None = None) -> int:
                 caps += ["--rate-per-client", str(int(per_client))] if per_client else []
                 stack.start_origin(caps)
                 model = stack.describe_model(repo)
-                torrents = build_torrents(stack, model, fs / "torrents") if "aria2c" in args.systems else []
+                aria = any(system.startswith("aria2c") for system in args.systems)
+                torrents = build_torrents(stack, model, fs / "torrents") if aria else []
+                peers_only = build_torrents(stack, model, fs / "peer-torrents", False) if aria else []
                 print(
                     f"model {repo}@{model.commit[:10]}: {len(model.files)} files, "
                     f"{model.size / 2**20:.0f} MiB; cluster {c.prefix}: {args.nodes} nodes",
                     flush=True,
                 )
-                bench = Bench(args, stack, model, torrents)
+                bench = Bench(args, stack, model, torrents, peers_only)
                 for system in args.systems:
                     try:
                         getattr(bench, system)()
