@@ -27,6 +27,7 @@ import psutil
 
 from agent.hub.cdn import cdn_path
 from bench.netns import Cluster, Proc
+from bench.tracker_load import cpu_seconds
 
 BIN = Path(sys.executable).parent
 ORIGIN_PORT = 8080
@@ -478,28 +479,22 @@ def _sample(pids: Sequence[int]) -> _Sample:
     return sample
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def native_threads(pid: int) -> dict[tuple[int, int], float]:
     """CPU-seconds of each thread of `pid` named like the process, its main thread aside."""
     threads: dict[tuple[int, int], float] = {}
     try:
         with open(f"/proc/{pid}/comm") as f:
-            name = f.read().rstrip("\n")
+            name = f.read()
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
     except OSError:
         return threads
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read() == name:
+                    threads[(pid, tid)] = cpu_seconds(pid, tid)
         except OSError:
             continue  # gone since the listing
-        # "tid (comm) state ...": the name may hold spaces and parentheses, the fields after it do not.
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if comm == name:
-            threads[(pid, tid)] = (int(rest[11]) + int(rest[12])) / _TICK  # utime, stime
     return threads
 
 

@@ -66,9 +66,10 @@ def check_announce(port: int, path: str, hashes: Path) -> None:
         raise SystemExit(f"the tracker refused the benchmark's announce: {body[:200]!r}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of process `pid` (of its thread `tid`) so far."""
+    where = f"/proc/{pid}" if tid is None else f"/proc/{pid}/task/{tid}"
+    fields = Path(f"{where}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -34,7 +34,7 @@ _M_ARENA_MAX = -8
 
 
 @functools.cache
-def _libc(name: str) -> Any:
+def libc_function(name: str) -> Any:
     """The C library's function `name`, looked up once; None where it has none (not glibc)."""
     try:
         return getattr(ctypes.CDLL(None), name)
@@ -45,7 +45,7 @@ def _libc(name: str) -> Any:
 def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     """Cap glibc's malloc arenas at `arenas`; call before the daemon starts its threads (arenas made
     already stay). False where the C library has no mallopt (not glibc) or refused."""
-    mallopt = _libc("mallopt")
+    mallopt = libc_function("mallopt")
     if mallopt is None:
         return False
     ok = bool(mallopt(_M_ARENA_MAX, arenas))
@@ -57,7 +57,7 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
 def trim_heaps() -> bool:
     """Hand the free pages of every malloc arena back to the kernel (glibc malloc_trim). False where the
     C library has none (not glibc) or had nothing to give back."""
-    trim = _libc("malloc_trim")
+    trim = libc_function("malloc_trim")
     return trim is not None and bool(trim(0))
 
 

@@ -10,21 +10,15 @@ agent's CPU that way).
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any
+
+from agent.daemon.arenas import libc_function
 
 _PR_SET_NAME = 15
 """prctl's option that names the calling thread (linux/prctl.h)."""
 _NAME_BYTES = 15
 """A thread's name at the OS level: 16 bytes with the terminating NUL."""
-
-
-def _prctl() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
 
 
 def name_os_threads() -> bool:
@@ -34,7 +28,7 @@ def name_os_threads() -> bool:
 
     if hasattr(_thread, "set_name"):  # Python 3.14+ names its threads itself
         return True
-    prctl = _prctl()
+    prctl = libc_function("prctl")
     if prctl is None:
         return False
     run: Any = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
