@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 import psutil
 
+from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from agent.hub.cdn import cdn_path
 from bench.netns import Cluster, Proc
 from bench.tracker_load import cpu_seconds
@@ -477,6 +478,16 @@ def _sample(pids: Sequence[int]) -> _Sample:
             sample.cpu[pid] = cpu
             sample.native.update(native_threads(pid))
     return sample
+
+
+def blob_info(path: Path, name: str) -> dict[str, object]:
+    """The info dict weightswarm publishes for the blob in `path` (its piece hashes), named `name`."""
+    size = path.stat().st_size
+    hasher = PieceHasher(piece_length_for(size))
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            hasher.update(chunk)
+    return info_dict(name, size, hasher.piece_length, hasher.digest())
 
 
 def native_threads(pid: int) -> dict[tuple[int, int], float]:

@@ -76,9 +76,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
-from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, resolve_url
+from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, blob_info, resolve_url
 from wirekit.bencode import bencode
 
 SYSTEMS = (
@@ -179,11 +178,7 @@ def build_torrents(stack: Stack, model: Model, dest: Path, web_seed: bool = True
     dest.mkdir(parents=True, exist_ok=True)
     out = []
     for f in model.files:
-        hasher = PieceHasher(piece_length_for(f.size))
-        with open(stack.hub_root / model.repo_id / f.path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                hasher.update(chunk)
-        info = info_dict(f.blob_id, f.size, hasher.piece_length, hasher.digest())
+        info = blob_info(stack.hub_root / model.repo_id / f.path, f.blob_id)
         meta = {b"announce": stack.announce_url.encode(), b"info": info}
         if web_seed:
             meta[b"url-list"] = resolve_url(stack.origin_url, model, f).encode()
