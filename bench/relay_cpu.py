@@ -11,15 +11,16 @@ The floor, measured right after each fetch in the same directory: what this proc
 the same bytes into a new file with plain 1-MiB writes and to sha256 them once, the least a receiver
 can do (it also takes them off a socket). On this VM writing fresh page-cache pages costs ten times as
 much when memory has just churned as on a quiet machine, so the receiver is read against the floor of
-the same moment.
+the same moment; and right before each transfer the bench writes and deletes a file twice the shard's
+size (`prime`), so that every receiver writes into pages freed a moment before.
 
 `--bittorrent`: both agents run with `--no-relay-seeds`, so the shard goes by BitTorrent (libtorrent on
 both sides) instead: the same figures for that path, with the part of each agent's CPU that its
-libtorrent threads used (told from the daemon's by their names, agent.daemon.threadnames). aria2c runs
-the same transfer between runs, one aria2c seeding the shard to another through the same tracker
-(its seed verified its copy first and is measured from when the receiver starts; the receiver is
-measured whole, from its start to its exit): the comparison of one sender and one receiver that
-bench.swarm's eight nodes on two cores blur.
+libtorrent threads used (told from the daemon's by their names, agent.daemon.threadnames). Between the
+agents' runs one aria2c seeds the same shard to another through the same tracker (the seed verifies its
+copy first and is measured from when the receiver starts; the receiver is measured whole, from its
+start to its exit): one sender and one receiver compared, which bench.swarm's eight nodes on two
+cores blur.
 
 Usage:
   .venv/bin/python -m bench.relay_cpu
