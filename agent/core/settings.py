@@ -328,7 +328,10 @@ class SwarmSettings:
     weightswarm_mmap), and a seeded file's pages no longer count in the agent's RSS."""
 
     aio_threads: int = 8
-    """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little."""
+    """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little. Writes
+    into one file take turns on its inode lock: receiving one blob on two cores, the second thread spent
+    7.8 % of libtorrent's CPU spinning on it, and one thread cost 3-10 % less (bench.relay_cpu
+    --bittorrent). Kept for the reads a seed serves many peers from disk, which that cannot measure."""
 
     hashing_threads: int = 4
     """Piece-hashing threads (default 1), at most one per CPU: SHA-1 of a 10 Gb/s stream needs more
