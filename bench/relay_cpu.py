@@ -49,7 +49,7 @@ import psutil
 
 from agent.http.client import AgentClient
 from agent.hub.testmodel import make_model
-from bench.stack import blob_info, native_threads
+from bench.stack import ARIA2C_PRIVATE, blob_info, grown, native_threads
 from tests.support.cluster import AgentProcess, TrackerProcess, model_origin
 from tests.support.procs import free_port, stop_process
 from wirekit.bencode import bencode
@@ -84,11 +84,6 @@ class Run(NamedTuple):
 def cpu(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return float(t.user + t.system)
-
-
-def grown(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float]) -> float:
-    """What threads used between two samples; a thread started in between counts from zero."""
-    return sum(v - before.get(k, 0.0) for k, v in after.items())
 
 
 def floor(directory: Path, size_mib: int) -> float:
@@ -162,13 +157,7 @@ def aria2c_argv(directory: Path, torrent: Path, *options: str) -> list[str]:
         "aria2c",
         f"--dir={directory}",
         f"--listen-port={free_port()}",
-        "--enable-dht=false",
-        "--enable-dht6=false",
-        "--bt-enable-lpd=false",
-        "--enable-peer-exchange=false",
-        "--file-allocation=none",
-        "--console-log-level=warn",
-        "--summary-interval=0",
+        *ARIA2C_PRIVATE,
         *options,
         str(torrent),
     ]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from urllib.parse import quote
 
 import psutil
@@ -29,6 +29,8 @@ from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from agent.hub.cdn import cdn_path
 from bench.netns import Cluster, Proc
 from bench.tracker_load import cpu_seconds
+
+_K = TypeVar("_K")
 
 BIN = Path(sys.executable).parent
 ORIGIN_PORT = 8080
@@ -421,8 +423,8 @@ class Stack:
         last = _sample(rss_pids())  # before the seeding clients stop
         cpu_seen.update(last.cpu)
         native_seen.update(last.native)
-        res.system_cpu = sum(used - cpu_at_start.get(pid, 0.0) for pid, used in cpu_seen.items())
-        res.native_cpu = sum(used - native_at_start.get(t, 0.0) for t, used in native_seen.items())
+        res.system_cpu = grown(cpu_at_start, cpu_seen)
+        res.native_cpu = grown(native_at_start, native_seen)
         for p in procs.values():
             self.c.stop(p)
         res.cpu_busy = sum(cpu) / len(cpu) / 100 if cpu else 0.0
@@ -478,6 +480,25 @@ def _sample(pids: Sequence[int]) -> _Sample:
             sample.cpu[pid] = cpu
             sample.native.update(native_threads(pid))
     return sample
+
+
+def grown(before: dict[_K, float], after: dict[_K, float]) -> float:
+    """CPU-seconds used between two samples, per process or thread; one started in between counts
+    from zero."""
+    return sum(used - before.get(key, 0.0) for key, used in after.items())
+
+
+ARIA2C_PRIVATE = (
+    "--enable-dht=false",
+    "--enable-dht6=false",
+    "--bt-enable-lpd=false",
+    "--enable-peer-exchange=true",
+    "--file-allocation=none",
+    "--console-log-level=warn",
+    "--summary-interval=0",
+)
+"""aria2c's options for a swarm of the bench's own: peers from its tracker alone, files written as
+they come, quiet."""
 
 
 def blob_info(path: Path, name: str) -> dict[str, object]:

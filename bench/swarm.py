@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
-from bench.stack import BIN, BT_PORT, FetchResult, Model, Stack, blob_info, resolve_url
+from bench.stack import ARIA2C_PRIVATE, BIN, BT_PORT, FetchResult, Model, Stack, blob_info, resolve_url
 from wirekit.bencode import bencode
 
 SYSTEMS = (
@@ -127,17 +127,21 @@ class Row:
     net: dict[str, int] = field(default_factory=dict)
     """What the members' network stacks counted during the run, summed (bench.netns `net_counters`)."""
 
+    def per_gib(self, cpu: float) -> float:
+        """`cpu` CPU-seconds per GiB delivered to the receivers."""
+        return cpu / (self.receivers * self.size / 2**30) if self.receivers else float("nan")
+
     @property
     def cpu_per_gib(self) -> float:
         """The system's CPU-seconds per GiB delivered to the receivers (sending and receiving both)."""
-        return self.system_cpu / (self.receivers * self.size / 2**30) if self.receivers else float("nan")
+        return self.per_gib(self.system_cpu)
 
     @property
     def bittorrent_cpu_per_gib(self) -> float:
         """CPU-seconds per GiB delivered of the system's BitTorrent client: an agent's libtorrent session
         (its threads: not the daemon's relay, verifying or HTTP), all of aria2c; none for naive."""
         if self.system.startswith("weightswarm"):
-            return self.native_cpu / (self.receivers * self.size / 2**30) if self.receivers else float("nan")
+            return self.per_gib(self.native_cpu)
         return self.cpu_per_gib if self.system.startswith("aria2c") else float("nan")
 
     @property
@@ -297,19 +301,13 @@ class Bench:
         return [
             "aria2c",
             f"--dir={d / 'aria2'}",
-            "--enable-dht=false",
-            "--enable-dht6=false",
-            "--bt-enable-lpd=false",
-            "--enable-peer-exchange=true",
+            *ARIA2C_PRIVATE,
             f"--listen-port={BT_PORT}",
             "--seed-time=100000",
             "--seed-ratio=0.0",
             f"--on-bt-download-complete={hook}",
-            "--file-allocation=none",
             f"--check-integrity={'true' if check else 'false'}",
             "--bt-seed-unverified=false",
-            "--console-log-level=warn",
-            "--summary-interval=0",
             f"--max-concurrent-downloads={len(torrents)}",
             "--bt-max-peers=0",
             *map(str, torrents),
