@@ -372,6 +372,10 @@ class Cluster:
         out = self.run(member, ["cat", stats + "tx_bytes", stats + "tx_packets"], timeout=5).stdout.split()
         return int(out[0]), int(out[1])
 
+    def received(self, member: str) -> int:
+        """Bytes `member`'s link has received since its namespace was created, headers included."""
+        return int(self.run(member, ["cat", "/sys/class/net/eth0/statistics/rx_bytes"], timeout=5).stdout)
+
     def net_counters(self) -> dict[str, dict[str, int]]:
         """Counters that tell a slow network apart from a slow process, per member (each counts from its
         namespace's creation: subtract an earlier reading). `listen_drops`: connections a listener's full

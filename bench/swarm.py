@@ -99,11 +99,12 @@ def parse_size(text: str) -> int:
 
 
 class NetSnapshot(NamedTuple):
-    """What the members' network stacks had counted at one moment (bench.netns `net_counters`), and the
-    bytes and packets the origin's link had sent (`Cluster.sent`)."""
+    """What the members' network stacks had counted at one moment (bench.netns `net_counters`), the
+    bytes and packets the origin's link had sent (`Cluster.sent`), and the bytes all links had received."""
 
     counters: dict[str, dict[str, int]]
     origin_sent: tuple[int, int]
+    received: int
 
 
 @dataclass
@@ -263,11 +264,16 @@ class Bench:
         sent = now.origin_sent[0] - net0.origin_sent[0]
         payload = sent - 66 * (now.origin_sent[1] - net0.origin_sent[1])
         wire = f", origin link {sent / self.model.size:.3f}xS (payload {payload / self.model.size:.3f}xS)"
+        # Every link's bytes in, over what the receivers were to get: past 1, less requests and
+        # headers (under 1 %), are blocks that came twice.
+        taken = (now.received - net0.received) / (self.model.size * len(receivers))
+        wire += f", taken {taken:.3f}xS a receiver"
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items())
         print("    network: " + counts + wire + where)
 
     def network(self) -> NetSnapshot:
-        return NetSnapshot(self.stack.c.net_counters(), self.stack.c.sent("origin"))
+        c = self.stack.c
+        return NetSnapshot(c.net_counters(), c.sent("origin"), sum(c.received(m) for m in c.members))
 
     # -- naive -----------------------------------------------------------------------------
     def naive(self) -> None:

@@ -67,6 +67,7 @@ def test_three_nodes_cold_fetch_at_once(stack: Stack) -> None:
     assert model.size >= 16 * MiB
     nodes = stack.c.nodes
     e0 = stack.egress()
+    r0 = sum(stack.c.received(n) for n in nodes)
 
     res = stack.run_fetches(nodes, lambda n: stack.fetch_agent_argv(n, model), timeout=90, tag="mn")
 
@@ -86,6 +87,9 @@ def test_three_nodes_cold_fetch_at_once(stack: Stack) -> None:
     twice = stack.origin_overlaps(model)
     times = f"origin sent {egress / model.size:.2f} x the model"
     assert egress <= 1.1 * model.size, (times, twice, from_origin)
+    # What the nodes' links took in: each node the model once, and few blocks sent to it twice.
+    taken = sum(stack.c.received(n) for n in nodes) - r0
+    assert len(nodes) * model.size <= taken <= 1.25 * len(nodes) * model.size, taken / model.size
 
 
 def test_three_nodes_cold_known_use_the_origin_as_web_seed(stack: Stack) -> None:
