@@ -58,7 +58,8 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
         "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
         "request_queue_time": s.request_queue_time,
-        "max_out_request_queue": s.max_out_request_queue,
+        "max_out_request_queue": s.request_queue_limit,
+        "max_allowed_in_request_queue": s.request_queue_limit,
         # Private swarm: every node is a cooperating agent, so tit-for-tat choking only slows it
         # down. fixed_slots with unlimited slots = unchoke everyone who is interested.
         "choking_algorithm": int(lt.choking_algorithm_t.fixed_slots_choker),
