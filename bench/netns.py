@@ -47,6 +47,8 @@ SUBNET = "10.213.0"
 
 _CMD_TIMEOUT = 20.0
 _STOP_GRACE = 10.0
+_STATS = "/sys/class/net/eth0/statistics/"
+"""A member's link counters, in its namespace."""
 
 
 def have_netns_support() -> str | None:
@@ -368,13 +370,12 @@ class Cluster:
     def sent(self, member: str) -> tuple[int, int]:
         """Bytes and packets `member`'s link has sent since its namespace was created, headers included (veth
         passes TCP's segments of up to 64 KiB on whole: a packet is one such segment)."""
-        stats = "/sys/class/net/eth0/statistics/"
-        out = self.run(member, ["cat", stats + "tx_bytes", stats + "tx_packets"], timeout=5).stdout.split()
+        out = self.run(member, ["cat", _STATS + "tx_bytes", _STATS + "tx_packets"], timeout=5).stdout.split()
         return int(out[0]), int(out[1])
 
     def received(self, member: str) -> int:
         """Bytes `member`'s link has received since its namespace was created, headers included."""
-        return int(self.run(member, ["cat", "/sys/class/net/eth0/statistics/rx_bytes"], timeout=5).stdout)
+        return int(self.run(member, ["cat", _STATS + "rx_bytes"], timeout=5).stdout)
 
     def net_counters(self) -> dict[str, dict[str, int]]:
         """Counters that tell a slow network apart from a slow process, per member (each counts from its

@@ -3,6 +3,7 @@ NAT-PMP (nothing leaves the host), and several connections per address (every pe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import libtorrent as lt
@@ -21,3 +22,13 @@ def stock_session(listen: str = "127.0.0.1:0", **extra: object) -> Any:
             **extra,
         }
     )
+
+
+def add_blob(ses: Any, info: bytes, save: Path) -> Any:
+    """Add the torrent of a blob's bencoded `info` to `ses`, saving under `save`, started at once (not
+    auto-managed, not paused); its handle."""
+    atp = lt.add_torrent_params()
+    atp.ti = lt.torrent_info(b"d4:info" + info + b"e")
+    atp.save_path = str(save)
+    atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+    return ses.add_torrent(atp)

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
-
-import libtorrent as lt
 
 from agent.core.settings import SwarmSettings
 from tests.support.procs import loop_until
-from tests.support.stock import stock_session
+from tests.support.stock import add_blob, stock_session
 from tests.swarm.test_swarm import MiB, make_blob, open_swarm, swarms, write_blob
 
 __all__ = ["swarms"]  # the fixture, used by name
@@ -23,20 +20,12 @@ __all__ = ["swarms"]  # the fixture, used by name
 LIMIT = SwarmSettings().request_queue_limit
 
 
-def _add(ses: Any, blob_info: bytes, save: Path) -> Any:
-    atp = lt.add_torrent_params()
-    atp.ti = lt.torrent_info(b"d4:info" + blob_info + b"e")
-    atp.save_path = str(save)
-    atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
-    return ses.add_torrent(atp)
-
-
 def _deepest_queue(seed_port: int, blob_info: bytes, save: Path, seconds: float) -> int:
     """A stock client downloads from the seed at `seed_port` for `seconds`; the most blocks it had
     requested of it and not yet received. TCP only, as agents speak; and whole pieces off: libtorrent
     picks them past its cap, by up to 8 MiB, which would blur it."""
     ses = stock_session(enable_outgoing_utp=False, whole_pieces_threshold=0)
-    handle = _add(ses, blob_info, save)
+    handle = add_blob(ses, blob_info, save)
     handle.connect_peer(("127.0.0.1", seed_port))
     deepest = 0
     deadline = time.monotonic() + seconds
@@ -60,7 +49,7 @@ def test_a_client_keeps_no_more_requests_in_flight_to_an_agent_than_it_allows(tm
     to_agent = _deepest_queue(agent.listen_port, blob.info, tmp_path / "from-agent", 4.0)
 
     stock = stock_session(upload_rate_limit=8 * MiB)
-    seeding = _add(stock, blob.info, tmp_path / "s")
+    seeding = add_blob(stock, blob.info, tmp_path / "s")
     loop_until(lambda: seeding.status().is_seeding, timeout=30, what="the stock seed's check")
     to_stock = _deepest_queue(stock.listen_port(), blob.info, tmp_path / "from-stock", 4.0)
 

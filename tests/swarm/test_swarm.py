@@ -24,7 +24,7 @@ from agent.core.settings import SwarmSettings
 from agent.swarm.session import Swarm
 from agent.swarm.status import WebSeed
 from tests.support.procs import loop_until, require
-from tests.support.stock import stock_session
+from tests.support.stock import add_blob, stock_session
 from tests.support.trackerkit import SETTINGS, run_server
 from wirekit.bencode import bencode
 
@@ -786,11 +786,7 @@ def test_a_seed_of_pieces_hashed_here_is_not_checked_again_and_any_other_is(tmp_
     assert all(checked._torrents[ih].handle.status(lt.torrent_handle.query_pieces).pieces)
     # A stock libtorrent takes the blob from the checked seed, checking every piece on its side.
     leecher = stock_session()
-    atp = lt.add_torrent_params()
-    atp.ti = lt.torrent_info(b"d4:info" + blob.info + b"e")
-    atp.save_path = str(tmp_path / "l")
-    atp.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
-    handle = leecher.add_torrent(atp)
+    handle = add_blob(leecher, blob.info, tmp_path / "l")
     handle.connect_peer(("127.0.0.1", checked.listen_port))
     loop_until(lambda: handle.status().is_seeding, timeout=60, what="the stock client's download")
     assert sha256_of(tmp_path / "l" / blob.blob_id) == blob.sha256
