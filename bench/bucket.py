@@ -52,9 +52,10 @@ from pathlib import Path
 
 import psutil
 
+from agent.hub.testmodel import parse_size
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, ORIGIN_PORT, Model, ModelFile, Stack, wait_for
-from bench.swarm import Bench, Row, parse_size, tmpfs
+from bench.swarm import Bench, Row, tmpfs
 
 OUT = Path(__file__).resolve().parent / "out"
 BUCKET = "models"

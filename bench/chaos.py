@@ -49,9 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.hub.testmodel import parse_size
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import BIN, ORIGIN_PORT, TRACKER_PORT, Model, Stack, sha256_file, wait_for
-from bench.swarm import lower_bound, parse_size, tmpfs
+from bench.swarm import lower_bound, tmpfs
 
 SCENARIOS = (
     "none", "agents-killed", "holder-killed", "tracker-restart", "redis-restart", "tracker-replicas",

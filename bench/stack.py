@@ -28,6 +28,7 @@ import psutil
 from agent.core.metainfo import PieceHasher, info_dict, piece_length_for
 from agent.hub.cdn import cdn_path
 from bench.netns import Cluster, Proc
+from bench.profile import Recording, Threads, process_name
 from bench.tracker_load import cpu_seconds
 
 _K = TypeVar("_K")
@@ -119,6 +120,8 @@ class FetchResult:
     """The part of `system_cpu` spent in the measured processes' native threads: those still named like
     their process, the main thread aside. In an agent (whose Python threads carry their own names,
     agent.daemon.threadnames) that is its libtorrent session: network, disk I/O and hashing threads."""
+    profile: Recording | None = None
+    """`perf record` of the run, with `Stack.perf`."""
 
 
 class Stack:
@@ -130,6 +133,8 @@ class Stack:
         self.logdir = logdir or workdir / "logs"
         self.log_prefix = ""
         """Prefixed to log names (e.g. "weightswarm-cold-"), so a later phase keeps earlier logs."""
+        self.perf = False
+        """Record each `run_fetches` with perf (bench.profile), next to its logs."""
         self.hub_root = hub_root
         compile_bytecode()
         self.env = clean_env()
@@ -380,9 +385,16 @@ class Stack:
         cpu_at_start, native_at_start = start.cpu, start.native
         cpu_seen: dict[int, float] = {}
         native_seen: dict[tuple[int, int], float] = {}
+        if self.perf:
+            daemons = {pid: process_name(pid) for pid in rss_pids()}
+            res.profile = Recording(self.logdir / f"{self.log_prefix}{tag}.perf.data", Threads(daemons))
+            res.profile.start()
+            time.sleep(1)  # perf's start: a second before the first fetch
         psutil.cpu_times_percent(None)
         t0 = time.monotonic()
         procs = {n: self.c.spawn(n, argv_for(n), self.env, self.log(f"{tag}-{n}")) for n in nodes}
+        if res.profile is not None:
+            res.profile.threads.clients = {p.pid for p in procs.values()}
         cpu: list[float] = []
         steal: list[float] = []
         pending = set(nodes)
@@ -421,6 +433,8 @@ class Stack:
         for n in pending:
             res.failures[n] = f"not complete after {timeout:.0f}s"
         last = _sample(rss_pids())  # before the seeding clients stop
+        if res.profile is not None:
+            res.profile.stop()
         cpu_seen.update(last.cpu)
         native_seen.update(last.native)
         res.system_cpu = grown(cpu_at_start, cpu_seen)

@@ -53,6 +53,8 @@ CPU-seconds the system's processes used, over every node, per GiB delivered to t
 `agent serve`: its libtorrent session, relay and the rest; each aria2c; each naive `agent fetch`),
 and (BT) the part of it the BitTorrent client used: an agent's libtorrent threads, told from the
 daemon's own by their names (agent.daemon.threadnames), or all of aria2c.
+With --perf (root, linux-perf), each round also prints where its CPU went, per thread group and
+what the samples were doing (bench.profile), and keeps the recording with the logs.
 Targets (max ÷ bound): cold ≤ 1.15×, cold-known ≤ 1.10×, warm ≤ 1.40×, each below aria2c; origin
 egress ≤ 1.05 × S; CPU per GiB at or below aria2c's; agent anon ≤ 150 MiB.
 Results: a table on stdout, bench/out/swarm-<time>.{json,png} and every process's log in
@@ -76,6 +78,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from agent.hub.testmodel import parse_size
+from bench import profile
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
 from bench.stack import ARIA2C_PRIVATE, BIN, BT_PORT, FetchResult, Model, Stack, blob_info, resolve_url
 from wirekit.bencode import bencode
@@ -89,13 +93,6 @@ DEFAULT_SYSTEMS = SYSTEMS[:-5]
 `weightswarm` in one setting, `aria2c_bt` from `aria2c`: asked for by name."""
 SCENARIOS = ("cold", "cold-known", "warm")
 OUT = Path(__file__).resolve().parent / "out"
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
-    t = text.strip().upper()
-    num = t.rstrip("KMGIB")
-    return int(float(num) * units[t[len(num) :]])
 
 
 class NetSnapshot(NamedTuple):
@@ -270,6 +267,8 @@ class Bench:
         wire += f", taken {taken:.3f}xS a receiver"
         counts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in net.items())
         print("    network: " + counts + wire + where)
+        if res.profile is not None:
+            print("\n".join(res.profile.report(self.model.size * len(receivers) / 2**30)), flush=True)
 
     def network(self) -> NetSnapshot:
         c = self.stack.c
@@ -553,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--agent-log-level", default="WARNING", help="log level of every `agent serve`")
+    p.add_argument("--perf", action="store_true", help="where each round's CPU went (bench.profile)")
     p.add_argument(
         "--cleanup-stale", action="store_true", help="first delete namespaces of crashed runs (ws-*)"
     )
@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     for bad in set(args.systems) - set(SYSTEMS) | set(args.scenarios) - set(SCENARIOS):
         p.error(f"unknown system or scenario: {bad}")
-    reason = have_netns_support()
+    reason = have_netns_support() or (profile.missing() if args.perf else None)
     if reason:
         print(f"error: the swarm benchmark {reason}", file=sys.stderr)
         return 2
@@ -598,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                 logdir = args.out / f"swarm-{stamp}-logs"
                 stack = Stack(c, fs, hub, logdir)
                 stack.env["WEIGHTSWARM_LOG_LEVEL"] = args.agent_log_level
+                stack.perf = args.perf
                 print(f"logs: {logdir}", flush=True)
                 per_conn, per_client = args.origin_rate_per_connection, args.origin_rate_per_client
                 caps = ["--rate-per-connection", str(int(per_conn))] if per_conn else []
