@@ -328,14 +328,14 @@ class SwarmSettings:
     weightswarm_mmap), and a seeded file's pages no longer count in the agent's RSS."""
 
     aio_threads: int = 8
-    """Disk I/O threads, at most one per CPU. NVMe serves many parallel reads; more gain little. Writes
-    into one file take turns on its inode lock: receiving one blob on two cores, the second thread spent
-    7.8 % of libtorrent's CPU spinning on it, and one thread cost 3-10 % less (bench.relay_cpu
-    --bittorrent). Kept for the reads a seed serves many peers from disk, which that cannot measure."""
+    """Disk I/O threads, at most one per usable CPU beyond two, none on a node of two CPUs or fewer
+    (agent.swarm.ltkit.helper_threads). NVMe serves many parallel reads; more gain little. Writes into
+    one file take turns on its inode lock: receiving one blob on two cores, the second thread spent
+    7.8 % of libtorrent's CPU spinning on it (bench.relay_cpu --bittorrent)."""
 
     hashing_threads: int = 4
-    """Piece-hashing threads (default 1), at most one per CPU: SHA-1 of a 10 Gb/s stream needs more
-    than one core, and on a small node extra threads only add context switches."""
+    """Piece-hashing threads (libtorrent's default 1), bounded as `aio_threads`: SHA-1 of a 10 Gb/s
+    stream needs more than one core, and on a small node extra threads only add context switches."""
 
     request_queue_time: int = 3
     """Seconds of outstanding requests per peer (queue depth = rate x this, up to `request_queue_limit`)."""

@@ -11,13 +11,31 @@ from typing import Any, cast
 
 import libtorrent as lt
 
+from agent.core.cpus import usable_cpus
 from agent.core.errors import SwarmError
 from agent.core.settings import DISK_IO, SwarmSettings
+
+CPUS_SPOKEN_FOR = 2
+"""CPUs a node's own work needs before disk and hashing threads can run beside it rather than take
+turns with it: libtorrent's network thread, and the daemon's threads (the relay, the sha256 of each
+blob)."""
+
+
+def helper_threads(wanted: int, cpus: int) -> int:
+    """libtorrent's disk I/O or hashing threads on a node with `cpus` usable CPUs: `wanted`, less the
+    CPUs spoken for; 0 runs those jobs on the network thread, as aria2c does. A thread that takes each
+    16-KiB block from the network thread hands it back too: 8 agents on 2 CPUs (bench.swarm
+    --systems aria2c_bt,weightswarm_bt --scenarios warm --perf, two runs each) switched 44,551-47,819
+    times per GiB with two of each, and their session cost 1.14-1.26 x aria2c's CPU; with none,
+    3,795-6,713 times and 0.88-0.92 x. With more CPUs the threads are kept: they hash a fast link's
+    stream on several cores and serve peers' reads from disk in parallel, which two CPUs cannot show."""
+    return max(0, min(wanted, cpus - CPUS_SPOKEN_FOR))
 
 
 def settings_pack(s: SwarmSettings) -> dict[str, Any]:
     """libtorrent's settings_pack for a node: one table (long because it is one table, each entry with
     its reason)."""
+    cpus = usable_cpus()
     alerts = (
         lt.alert.category_t.error_notification
         | lt.alert.category_t.status_notification
@@ -53,10 +71,8 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         "send_buffer_low_watermark": s.send_buffer_low_watermark,
         "max_queued_disk_bytes": s.max_queued_disk_bytes,
         "recv_socket_buffer_size": s.peer_receive_socket_buffer,
-        # Each 16 KiB block is a job handed between threads: more threads than cores trade CPU
-        # for context switches (11 % of an agent's CPU in the 8-agents-on-2-cores benchmark).
-        "aio_threads": max(1, min(s.aio_threads, os.cpu_count() or 1)),
-        "hashing_threads": max(1, min(s.hashing_threads, os.cpu_count() or 1)),
+        "aio_threads": helper_threads(s.aio_threads, cpus),
+        "hashing_threads": helper_threads(s.hashing_threads, cpus),
         "request_queue_time": s.request_queue_time,
         "max_out_request_queue": s.request_queue_limit,
         "max_allowed_in_request_queue": s.request_queue_limit,
