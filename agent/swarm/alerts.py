@@ -132,7 +132,7 @@ class AlertLoop:
         again: every block is "finished", the piece is neither had nor wanted, and the blob waits
         forever at (nearly) all its bytes. It happens after a peer sent bad pieces (libtorrent's log
         showed the late write reports); 64 bad pieces handed to `add_piece` hold one in about one
-        round in fifteen (tests/swarm/test_swarm.py). A verdict takes milliseconds, so a piece held
+        round in fifteen (tests/swarm/test_held_piece.py). A verdict takes milliseconds, so a piece held
         that long with no progress is this. libtorrent's way back is a re-check of the file: it drops
         the piece picker, keeps the pieces that hash right and fetches the rest again. The queue is
         read, and the whole file re-read, at most once per `held_piece_recheck`: a blob merely

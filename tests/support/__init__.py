@@ -7,5 +7,6 @@
 - `trackerkit`: the tracker's app in-process (`run_server`), its settings and stores (`store_settings`
   runs a test against SQLite and Redis), torrent and peer helpers;
 - `fetchkit`: a small model on a real test hub and settings for the fetch engine;
-- `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher.
+- `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher; `kube_api`:
+  what its patches, selectors, objects and watch events mean, as a real API server means them.
 """

@@ -17,25 +17,14 @@ of changes, each entry naming its resource, so a watch only sees its own resourc
   applies, generation unchanged).
 - Event creation (core/v1 and events.k8s.io/v1), recorded in `events`, not stored as a resource.
 
-Lists and watches honour `fieldSelector` (`=`, `==`, `!=`, comma = AND; metadata.name and
-metadata.namespace everywhere, spec.nodeName and status.phase for pods, spec.unschedulable for
-nodes; another field is a 400, as on a real server) and `labelSelector` (`k=v`, `k==v`, `k!=v`,
-`k`, `!k`, `k in (a,b)`, `k notin (a,b)`, comma = AND; `!=`/`notin` match objects without the
-label). A watch is a chunked stream of JSON lines (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a
-resourceVersion (unset or "0": synthetic ADDED events for the current state first) with
-`timeoutSeconds` and `allowWatchBookmarks`; like the real watch cache, an object that starts or
-stops matching the selectors arrives as ADDED or DELETED. A resourceVersion older than the last
-`compact()` gets 410 Gone as an ERROR event, like the real server. A watch ends as soon as its
-client hangs up (so `open_watches()` drops at once).
-
-PATCH content types: application/merge-patch+json and application/json-patch+json (RFC 6902)
-everywhere, application/strategic-merge-patch+json for pods and nodes only (treated as a merge
-patch: right for maps such as labels and annotations, not for lists with merge keys); a custom
-resource refuses strategic merge with 415, as a real server does. In the patched object
-`metadata.uid` and `metadata.resourceVersion` are preconditions (409 Conflict Status with the real
-server's message); null or absent means unconditional. For nodes and modelpreheats a patch (or a
-test control) that changes nothing is a no-op, as on a real server: same resourceVersion, no event.
-Errors are `Status` objects (404 NotFound for unknown objects and routes).
+Lists and watches honour `fieldSelector` and `labelSelector`; patches and selectors mean what they
+mean to a real server (tests.support.kube_api). A watch is a chunked stream of JSON lines
+(ADDED/MODIFIED/DELETED/BOOKMARK/ERROR) from a resourceVersion (unset or "0": synthetic ADDED events
+for the current state first) with `timeoutSeconds` and `allowWatchBookmarks`; like the real watch
+cache, an object that starts or stops matching the selectors arrives as ADDED or DELETED. A
+resourceVersion older than the last `compact()` gets 410 Gone as an ERROR event, like the real
+server. A watch ends as soon as its client hangs up (so `open_watches()` drops at once). Errors are
+`Status` objects (404 NotFound for unknown objects and routes).
 
 Test controls: add_pod/update_pod/delete_pod/get_pod, add_node/update_node/delete_node/get_node,
 add_preheat/update_preheat/delete_preheat/get_preheat, drop_watches, compact, bookmark,
@@ -49,295 +38,19 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import select
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-
-PREHEAT_GROUP = "weightswarm.io"
-PREHEAT_VERSION = "v1alpha1"
-PREHEAT_PLURAL = "modelpreheats"
-
-_CREATED_AT = "2024-01-01T00:00:00Z"
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (also what strategic merge does for maps like annotations)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-class PatchError(ValueError):
-    """A JSON patch that cannot be applied (bad operation, missing path, failed test)."""
-
-
-def _pointer(path: Any) -> list[str]:
-    if not isinstance(path, str) or (path and not path.startswith("/")):
-        raise PatchError(f"invalid JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]] if path else []
-
-
-def _index(container: list[Any], token: str, for_add: bool) -> int:
-    if for_add and token == "-":
-        return len(container)
-    if not token.isdigit() or (token != "0" and token.startswith("0")):
-        raise PatchError(f"invalid array index {token!r}")
-    index = int(token)
-    if index > len(container) or (index == len(container) and not for_add):
-        raise PatchError(f"array index {index} out of bounds")
-    return index
-
-
-def _resolve(doc: Any, path: list[str]) -> Any:
-    for token in path:
-        if isinstance(doc, dict):
-            if token not in doc:
-                raise PatchError(f"missing key {token!r}")
-            doc = doc[token]
-        elif isinstance(doc, list):
-            doc = doc[_index(doc, token, for_add=False)]
-        else:
-            raise PatchError(f"cannot descend into {type(doc).__name__} at {token!r}")
-    return doc
-
-
-def _add(doc: Any, path: list[str], value: Any) -> Any:
-    if not path:
-        return value
-    parent = _resolve(doc, path[:-1])
-    if isinstance(parent, dict):
-        parent[path[-1]] = value
-    elif isinstance(parent, list):
-        parent.insert(_index(parent, path[-1], for_add=True), value)
-    else:
-        raise PatchError(f"cannot add to {type(parent).__name__}")
-    return doc
-
-
-def _remove(doc: Any, path: list[str]) -> Any:
-    if not path:
-        raise PatchError("cannot remove the whole document")
-    parent = _resolve(doc, path[:-1])
-    if isinstance(parent, dict):
-        if path[-1] not in parent:
-            raise PatchError(f"missing key {path[-1]!r}")
-        del parent[path[-1]]
-    elif isinstance(parent, list):
-        del parent[_index(parent, path[-1], for_add=False)]
-    else:
-        raise PatchError(f"cannot remove from {type(parent).__name__}")
-    return doc
-
-
-def json_patch(target: Any, operations: list[Any]) -> Any:
-    """RFC 6902 JSON patch (add, remove, replace, move, copy, test); raises PatchError."""
-    doc = copy.deepcopy(target)
-    for op in operations:
-        if not isinstance(op, dict) or "path" not in op:
-            raise PatchError(f"invalid operation {op!r}")
-        name, path = op.get("op"), _pointer(op["path"])
-        if name in ("add", "replace", "test") and "value" not in op:
-            raise PatchError(f"operation {name!r} needs a value")
-        if name == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
-        elif name == "remove":
-            doc = _remove(doc, path)
-        elif name == "replace":
-            _resolve(doc, path)
-            doc = _add(_remove(doc, path), path, copy.deepcopy(op["value"])) if path else op["value"]
-        elif name in ("move", "copy"):
-            source = _pointer(op.get("from"))
-            value = copy.deepcopy(_resolve(doc, source))
-            if name == "move":
-                doc = _remove(doc, source)
-            doc = _add(doc, path, value)
-        elif name == "test":
-            if _resolve(doc, path) != op["value"]:
-                raise PatchError(f"testing value {op['path']} failed")
-        else:
-            raise PatchError(f"unknown operation {name!r}")
-    return doc
-
-
-def status_object(
-    code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        status["details"] = dict(details)
-    return status
-
-
-@dataclass(frozen=True)
-class Resource:
-    """How the fake serves one kind of object."""
-
-    plural: str
-    kind: str
-    group: str  # "" for the core group
-    version: str
-    namespaced: bool
-    field_labels: frozenset[str]
-    custom: bool = False  # a CRD: no strategic merge patch; metadata.generation
-    status_subresource: bool = False  # main PATCH keeps .status; PATCH .../status changes only .status
-    strict_updates: bool = True  # a no-op patch keeps the resourceVersion and emits nothing
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-    def details(self, name: str) -> dict[str, Any]:
-        return {"name": name, **({"group": self.group} if self.group else {}), "kind": self.plural}
-
-    def patch_types(self) -> tuple[str, ...]:
-        if self.custom:
-            return (JSON_PATCH, MERGE_PATCH, APPLY_PATCH)
-        return (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, APPLY_PATCH)
-
-
-_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
-PODS = Resource(
-    "pods", "Pod", "", "v1", namespaced=True,
-    field_labels=_META_FIELDS | {"spec.nodeName", "status.phase"},
-    strict_updates=False,  # as before this store was generic: every PATCH bumps the resourceVersion
-)
-NODES = Resource(
-    "nodes", "Node", "", "v1", namespaced=False,
-    field_labels=_META_FIELDS | {"spec.unschedulable"}, status_subresource=True,
-)
-PREHEATS = Resource(
-    PREHEAT_PLURAL, "ModelPreheat", PREHEAT_GROUP, PREHEAT_VERSION, namespaced=False,
-    field_labels=_META_FIELDS, custom=True, status_subresource=True,
-)
-RESOURCES = {(r.group, r.version, r.plural): r for r in (PODS, NODES, PREHEATS)}
-
-
-class SelectorError(ValueError):
-    pass
-
-
-Predicate = Callable[[Mapping[str, Any]], bool]
-
-_LABEL_KEY = r"[A-Za-z0-9](?:[-A-Za-z0-9_./]*[A-Za-z0-9])?"
-_LABEL_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
-_EXISTS = re.compile(rf"^(!?)\s*({_LABEL_KEY})$")
-_EQUALITY = re.compile(rf"^({_LABEL_KEY})\s*(==|=|!=)\s*({_LABEL_VALUE})$")
-_SET = re.compile(rf"^({_LABEL_KEY})\s+(in|notin)\s*\(([^()]*)\)$")
-
-
-def _split_terms(selector: str) -> list[str]:
-    terms, depth, current = [], 0, ""
-    for ch in selector:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            terms.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    terms.append(current.strip())
-    return terms
-
-
-def label_selector(selector: str) -> Predicate:
-    """The equality- and set-based label selector syntax; raises SelectorError.
-
-    Each term becomes a requirement as in the apiserver: `k=v` is `k in (v)`, `k!=v` is `k notin (v)`
-    (true without the label), `k` is exists and `!k` does-not-exist.
-    """
-    requirements: list[tuple[str, str, frozenset[str]]] = []
-    for term in _split_terms(selector) if selector.strip() else []:
-        if m := _EXISTS.match(term):
-            requirements.append((m.group(2), "!exists" if m.group(1) else "exists", frozenset()))
-        elif m := _EQUALITY.match(term):
-            key, op, value = m.groups()
-            requirements.append((key, "notin" if op == "!=" else "in", frozenset({value})))
-        elif m := _SET.match(term):
-            key, op, raw = m.groups()
-            values = frozenset(v.strip() for v in raw.split(","))
-            if not all(re.fullmatch(_LABEL_VALUE, v) for v in values):
-                raise SelectorError(f"unable to parse requirement: invalid value in {term!r}")
-            requirements.append((key, op, values))
-        else:
-            raise SelectorError(f"unable to parse requirement: {term!r}")
-
-    def matches(obj: Mapping[str, Any]) -> bool:
-        labels = obj.get("metadata", {}).get("labels") or {}
-        for key, op, values in requirements:
-            ok = {
-                "exists": key in labels,
-                "!exists": key not in labels,
-                "in": key in labels and labels[key] in values,
-                "notin": key not in labels or labels[key] not in values,
-            }[op]
-            if not ok:
-                return False
-        return True
-
-    return matches
-
-
-def _field_value(obj: Mapping[str, Any], path: str) -> str:
-    value: Any = obj
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def field_selector(selector: str, resource: Resource) -> Predicate:
-    """`field=value`, `field==value`, `field!=value`, comma = AND; raises SelectorError."""
-    checks: list[tuple[str, bool, str]] = []
-    for term in [t.strip() for t in selector.split(",")] if selector.strip() else []:
-        m = re.match(r"^([^=!]+?)\s*(==|=|!=)\s*(.*)$", term)
-        if not m:
-            raise SelectorError(f"invalid field selector: {term!r}")
-        label, op, value = m.groups()
-        if label not in resource.field_labels:
-            raise SelectorError(f"field label not supported: {label}")
-        checks.append((label, op == "!=", value))
-
-    def matches(obj: Mapping[str, Any]) -> bool:
-        return all((_field_value(obj, label) == value) != negate for label, negate, value in checks)
-
-    return matches
+from tests.support import kube_api as api
 
 
 @dataclass
@@ -351,19 +64,11 @@ class Request:
         return self.query.get("watch") in ("true", "1", "True")
 
 
-class _Change(NamedTuple):
-    rv: int
-    resource: str  # the plural, e.g. "pods"
-    type: str  # ADDED / MODIFIED / DELETED
-    obj: dict[str, Any]  # the object after the change (for DELETED: the last state, at the new rv)
-    prev: dict[str, Any] | None  # the object before the change (None for ADDED)
-
-
 @dataclass
 class _Watch:
     sock: socket.socket
-    resource: Resource
-    matches: Predicate
+    resource: api.Resource
+    matches: api.Predicate
     bookmarks: bool
     dropped: bool = False
     gone: bool = False
@@ -379,24 +84,8 @@ def _hung_up(sock: socket.socket) -> bool:
         return True
 
 
-def _key(resource: Resource, namespace: str | None, name: str) -> tuple[str, str]:
+def _key(resource: api.Resource, namespace: str | None, name: str) -> tuple[str, str]:
     return (namespace or "", name) if resource.namespaced else ("", name)
-
-
-def _visible(change: _Change, matches: Predicate) -> dict[str, Any] | None:
-    """The watch event a change is for a watcher with this filter, as the apiserver's watch cache
-    makes it: an object entering the selection is ADDED, one leaving it DELETED (its previous state
-    at the new resourceVersion)."""
-    now = change.type != "DELETED" and matches(change.obj)
-    before = change.prev is not None and matches(change.prev)
-    if now:
-        return {"type": "MODIFIED" if before else "ADDED", "object": copy.deepcopy(change.obj)}
-    if before:
-        assert change.prev is not None
-        gone = copy.deepcopy(change.prev)
-        gone["metadata"]["resourceVersion"] = str(change.rv)
-        return {"type": "DELETED", "object": gone}
-    return None
 
 
 class FakeKube:
@@ -407,8 +96,8 @@ class FakeKube:
         self._rv = 100
         self._compacted_rv = 0
         # resource plural -> (namespace or "", name) -> object
-        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for _, _, r in RESOURCES}
-        self._history: list[_Change] = []
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {r: {} for _, _, r in api.RESOURCES}
+        self._history: list[api.Change] = []
         self._watches: list[_Watch] = []
         self._failures: list[tuple[str, str, int]] = []
         self._paused = False
@@ -465,23 +154,11 @@ class FakeKube:
         phase: str = "Running",
         uid: str | None = None,
     ) -> dict[str, Any]:
-        pod = {
-            "kind": "Pod",
-            "apiVersion": "v1",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": uid or str(uuid.uuid4()),
-                "annotations": dict(annotations or {}),
-                "creationTimestamp": _CREATED_AT,
-            },
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "vllm/vllm-openai"}]},
-            "status": {"phase": phase},
-        }
+        pod = api.pod_object(name, namespace, node, annotations, phase, uid)
         with self._cond:
-            if (namespace, name) in self._objects[PODS.plural]:
+            if (namespace, name) in self._objects[api.PODS.plural]:
                 raise ValueError(f"pod {namespace}/{name} exists")
-            return self._store(PODS, "ADDED", pod)
+            return self._store(api.PODS, "ADDED", pod)
 
     def update_pod(
         self,
@@ -491,7 +168,7 @@ class FakeKube:
         phase: str | None = None,
         terminating: bool = False,
     ) -> dict[str, Any]:
-        """Change a pod as a user or the kubelet would; an annotation set to None is removed."""
+        """api.Change a pod as a user or the kubelet would; an annotation set to None is removed."""
         patch: dict[str, Any] = {}
         if annotations is not None:
             patch["metadata"] = {"annotations": dict(annotations)}
@@ -500,89 +177,69 @@ class FakeKube:
         if phase is not None:
             patch["status"] = {"phase": phase}
         with self._cond:
-            pod = self._objects[PODS.plural][(namespace, name)]
-            return self._store(PODS, "MODIFIED", merge_patch(pod, patch))
+            pod = self._objects[api.PODS.plural][(namespace, name)]
+            return self._store(api.PODS, "MODIFIED", api.merge_patch(pod, patch))
 
     def delete_pod(self, name: str, namespace: str = "default") -> None:
         with self._cond:
-            self._delete(PODS, (namespace, name))
+            self._delete(api.PODS, (namespace, name))
 
     def get_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
         with self._cond:
-            return copy.deepcopy(self._objects[PODS.plural][(namespace, name)])
+            return copy.deepcopy(self._objects[api.PODS.plural][(namespace, name)])
 
     # -- test controls: nodes ---------------------------------------------------------------------
 
     def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-        node = {
-            "kind": "Node",
-            "apiVersion": "v1",
-            "metadata": {
-                "name": name,
-                "uid": str(uuid.uuid4()),
-                "labels": dict(labels or {}),
-                "creationTimestamp": _CREATED_AT,
-            },
-            "spec": {},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }
+        node = api.node_object(name, labels)
         with self._cond:
-            if ("", name) in self._objects[NODES.plural]:
+            if ("", name) in self._objects[api.NODES.plural]:
                 raise ValueError(f"node {name} exists")
-            return self._store(NODES, "ADDED", node)
+            return self._store(api.NODES, "ADDED", node)
 
     def update_node(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
-        """Change a node's labels as a user would; a label set to None is removed. No change: no event."""
+        """api.Change a node's labels as a user would; a label set to None is removed. No change: no event."""
         with self._cond:
-            node = self._objects[NODES.plural][("", name)]
-            return self._store(NODES, "MODIFIED", merge_patch(node, {"metadata": {"labels": dict(labels)}}))
+            node = self._objects[api.NODES.plural][("", name)]
+            return self._store(
+                api.NODES, "MODIFIED", api.merge_patch(node, {"metadata": {"labels": dict(labels)}})
+            )
 
     def delete_node(self, name: str) -> None:
         with self._cond:
-            self._delete(NODES, ("", name))
+            self._delete(api.NODES, ("", name))
 
     def get_node(self, name: str) -> dict[str, Any]:
         with self._cond:
-            return copy.deepcopy(self._objects[NODES.plural][("", name)])
+            return copy.deepcopy(self._objects[api.NODES.plural][("", name)])
 
     # -- test controls: modelpreheats -------------------------------------------------------------
 
     def add_preheat(
         self, name: str, model: str, node_selector: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
-        spec: dict[str, Any] = {"model": model}
-        if node_selector is not None:
-            spec["nodeSelector"] = dict(node_selector)
-        preheat = {
-            "apiVersion": PREHEATS.api_version,
-            "kind": PREHEATS.kind,
-            "metadata": {
-                "name": name,
-                "uid": str(uuid.uuid4()),
-                "generation": 1,
-                "creationTimestamp": _CREATED_AT,
-            },
-            "spec": spec,
-        }
+        preheat = api.preheat_object(name, model, node_selector)
         with self._cond:
-            if ("", name) in self._objects[PREHEATS.plural]:
+            if ("", name) in self._objects[api.PREHEATS.plural]:
                 raise ValueError(f"modelpreheat {name} exists")
-            return self._store(PREHEATS, "ADDED", preheat)
+            return self._store(api.PREHEATS, "ADDED", preheat)
 
     def update_preheat(self, name: str, spec_patch: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patch the spec as a user would (None removes a key); the generation grows if it changed."""
         with self._cond:
-            current = self._objects[PREHEATS.plural][("", name)]
-            changed = merge_patch(current, {"spec": dict(spec_patch)})
-            return self._store(PREHEATS, "MODIFIED", self._prepare_update(PREHEATS, current, changed, None))
+            current = self._objects[api.PREHEATS.plural][("", name)]
+            changed = api.merge_patch(current, {"spec": dict(spec_patch)})
+            return self._store(
+                api.PREHEATS, "MODIFIED", api.update_strategy(api.PREHEATS, current, changed, None)
+            )
 
     def delete_preheat(self, name: str) -> None:
         with self._cond:
-            self._delete(PREHEATS, ("", name))
+            self._delete(api.PREHEATS, ("", name))
 
     def get_preheat(self, name: str) -> dict[str, Any]:
         with self._cond:
-            return copy.deepcopy(self._objects[PREHEATS.plural][("", name)])
+            return copy.deepcopy(self._objects[api.PREHEATS.plural][("", name)])
 
     # -- test controls: watches, failures, records ------------------------------------------------
 
@@ -646,7 +303,8 @@ class FakeKube:
         """Watch requests so far, of one resource (plural) or of all."""
         with self._cond:
             return [
-                r for r in self.requests
+                r
+                for r in self.requests
                 if r.method == "GET" and r.is_watch and (resource is None or r.path.endswith("/" + resource))
             ]
 
@@ -654,13 +312,14 @@ class FakeKube:
         """List (not watch) requests so far of one resource (plural): pods unless told."""
         with self._cond:
             return [
-                r for r in self.requests
+                r
+                for r in self.requests
                 if r.method == "GET" and not r.is_watch and r.path.endswith("/" + resource)
             ]
 
     # -- state (hold self._cond) ------------------------------------------------------------------
 
-    def _store(self, resource: Resource, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    def _store(self, resource: api.Resource, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         key = _key(resource, meta.get("namespace"), meta["name"])
         prev = self._objects[resource.plural].get(key)
@@ -673,50 +332,17 @@ class FakeKube:
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[resource.plural][key] = obj
-        self._history.append(_Change(self._rv, resource.plural, kind, copy.deepcopy(obj), prev))
+        self._history.append(api.Change(self._rv, resource.plural, kind, copy.deepcopy(obj), prev))
         self._cond.notify_all()
         return copy.deepcopy(obj)
 
-    def _delete(self, resource: Resource, key: tuple[str, str]) -> None:
+    def _delete(self, resource: api.Resource, key: tuple[str, str]) -> None:
         prev = self._objects[resource.plural].pop(key)
         self._rv += 1
         obj = copy.deepcopy(prev)
         obj["metadata"]["resourceVersion"] = str(self._rv)
-        self._history.append(_Change(self._rv, resource.plural, "DELETED", obj, prev))
+        self._history.append(api.Change(self._rv, resource.plural, "DELETED", obj, prev))
         self._cond.notify_all()
-
-    @staticmethod
-    def _prepare_update(
-        resource: Resource, current: Mapping[str, Any], patched: dict[str, Any], subresource: str | None
-    ) -> dict[str, Any]:
-        """What the apiserver's update strategy keeps of a patched object."""
-        if subresource == "status":
-            new = copy.deepcopy(dict(current))
-            if "status" in patched:
-                new["status"] = patched["status"]
-            else:
-                new.pop("status", None)
-            return new
-        new = dict(patched)
-        new["apiVersion"], new["kind"] = current["apiVersion"], current["kind"]
-        meta = new["metadata"] = dict(patched.get("metadata") or {})
-        for name in ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion"):
-            if name in current["metadata"]:
-                meta[name] = current["metadata"][name]
-            else:
-                meta.pop(name, None)
-        if resource.status_subresource:
-            if "status" in current:
-                new["status"] = copy.deepcopy(current["status"])
-            else:
-                new.pop("status", None)
-        if resource.custom:
-            def content(obj: Mapping[str, Any]) -> dict[str, Any]:
-                return {k: v for k, v in obj.items() if k != "metadata"}
-
-            if content(new) != content(current):
-                meta["generation"] = int(current["metadata"].get("generation") or 0) + 1
-        return new
 
     def _take_failure(self, method: str, path: str) -> int | None:
         for i, (m, fragment, code) in enumerate(self._failures):
@@ -756,7 +382,7 @@ class FakeKube:
         h.wfile.write(data)
 
     def _error(self, h: BaseHTTPRequestHandler, code: int, message: str) -> None:
-        self._send_json(h, code, status_object(code, HTTPStatus(code).phrase.replace(" ", ""), message))
+        self._send_json(h, code, api.status_object(code, HTTPStatus(code).phrase.replace(" ", ""), message))
 
     def _route(self, h: BaseHTTPRequestHandler, method: str) -> None:
         parts = urlsplit(h.path)
@@ -786,7 +412,7 @@ class FakeKube:
         namespace = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        resource = RESOURCES.get((group, version, rest[0])) if rest else None
+        resource = api.RESOURCES.get((group, version, rest[0])) if rest else None
         if resource is not None and (namespace is None or resource.namespaced):
             name = rest[1] if len(rest) >= 2 else None
             sub = rest[2] if len(rest) == 3 else None
@@ -800,12 +426,12 @@ class FakeKube:
         return self._error(h, 404, message)
 
     def _list_or_watch(
-        self, h: BaseHTTPRequestHandler, resource: Resource, ns: str | None, query: Mapping[str, str]
+        self, h: BaseHTTPRequestHandler, resource: api.Resource, ns: str | None, query: Mapping[str, str]
     ) -> None:
         try:
-            by_field = field_selector(query.get("fieldSelector") or "", resource)
-            by_label = label_selector(query.get("labelSelector") or "")
-        except SelectorError as e:
+            by_field = api.field_selector(query.get("fieldSelector") or "", resource)
+            by_label = api.label_selector(query.get("labelSelector") or "")
+        except api.SelectorError as e:
             return self._error(h, 400, str(e))
 
         def matches(obj: Mapping[str, Any]) -> bool:
@@ -818,13 +444,23 @@ class FakeKube:
         with self._cond:
             items = [copy.deepcopy(o) for o in self._objects[resource.plural].values() if matches(o)]
             rv = self._rv
-        self._send_json(h, 200, {
-            "kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-            "metadata": {"resourceVersion": str(rv)}, "items": items,
-        })
+        self._send_json(
+            h,
+            200,
+            {
+                "kind": f"{resource.kind}List",
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(rv)},
+                "items": items,
+            },
+        )
 
     def _watch(
-        self, h: BaseHTTPRequestHandler, resource: Resource, matches: Predicate, query: Mapping[str, str]
+        self,
+        h: BaseHTTPRequestHandler,
+        resource: api.Resource,
+        matches: api.Predicate,
+        query: Mapping[str, str],
     ) -> None:
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
@@ -846,7 +482,8 @@ class FakeKube:
                 cursor = self._rv
                 initial = [
                     {"type": "ADDED", "object": copy.deepcopy(o)}
-                    for o in self._objects[resource.plural].values() if matches(o)
+                    for o in self._objects[resource.plural].values()
+                    if matches(o)
                 ]
             else:
                 cursor = int(rv_param)
@@ -854,7 +491,7 @@ class FakeKube:
         try:
             if too_old:
                 msg = f"too old resource version: {cursor} ({self._compacted_rv})"
-                send({"type": "ERROR", "object": status_object(410, "Expired", msg)})
+                send({"type": "ERROR", "object": api.status_object(410, "Expired", msg)})
                 return self._end(h)
             for event in initial:
                 send(event)
@@ -865,25 +502,33 @@ class FakeKube:
                             h.close_connection = True
                             return  # no terminating chunk: the client sees a broken stream
                         if w.gone:
-                            expired = status_object(410, "Expired", "watch expired")
+                            expired = api.status_object(410, "Expired", "watch expired")
                             out = [{"type": "ERROR", "object": expired}]
                             break
-                        fresh = [] if self._paused else [
-                            c for c in self._history if c.rv > cursor and c.resource == resource.plural
-                        ]
+                        fresh = (
+                            []
+                            if self._paused
+                            else [c for c in self._history if c.rv > cursor and c.resource == resource.plural]
+                        )
                         # A bookmark must not move the cursor past events that are held back.
                         marks = [] if self._paused else w.bookmark_at[:]
                         if marks:
                             w.bookmark_at.clear()
                         if fresh:
                             cursor = max(cursor, fresh[-1].rv)
-                        out = [e for e in (_visible(c, matches) for c in fresh) if e is not None]
+                        out = [e for e in (api.watch_event(c, matches) for c in fresh) if e is not None]
                         for mark in marks:
                             cursor = max(cursor, mark)
-                            out.append({"type": "BOOKMARK", "object": {
-                                "kind": resource.kind, "apiVersion": resource.api_version,
-                                "metadata": {"resourceVersion": str(cursor)},
-                            }})
+                            out.append(
+                                {
+                                    "type": "BOOKMARK",
+                                    "object": {
+                                        "kind": resource.kind,
+                                        "apiVersion": resource.api_version,
+                                        "metadata": {"resourceVersion": str(cursor)},
+                                    },
+                                }
+                            )
                         if out:
                             break
                         remaining = deadline - time.monotonic()
@@ -911,7 +556,7 @@ class FakeKube:
         self,
         h: BaseHTTPRequestHandler,
         method: str,
-        resource: Resource,
+        resource: api.Resource,
         ns: str | None,
         name: str,
         sub: str | None,
@@ -921,7 +566,7 @@ class FakeKube:
             obj = self._objects[resource.plural].get(_key(resource, ns, name))
             if obj is None:
                 message = f'{resource.qualified} "{name}" not found'
-                code, body = 404, status_object(404, "NotFound", message, resource.details(name))
+                code, body = 404, api.status_object(404, "NotFound", message, resource.details(name))
             elif method == "GET":
                 code, body = 200, copy.deepcopy(obj)
             else:
@@ -929,60 +574,23 @@ class FakeKube:
         self._send_json(h, code, body)
 
     def _apply_patch(
-        self, resource: Resource, current: dict[str, Any], sub: str | None, content_type: str, raw: bytes
+        self, resource: api.Resource, current: dict[str, Any], sub: str | None, content_type: str, raw: bytes
     ) -> tuple[int, dict[str, Any]]:
-        kind = content_type.split(";")[0].strip().lower()
-        if kind not in resource.patch_types() or kind == APPLY_PATCH:
-            accepted = ", ".join(resource.patch_types())
-            message = (
-                f"the body of the request was in an unknown format - accepted media types include: {accepted}"
-            )
-            if kind == APPLY_PATCH:
-                message = "server-side apply (application/apply-patch+yaml) is not implemented by this fake"
-            return 415, status_object(415, "UnsupportedMediaType", message)
         try:
-            patch = json.loads(raw)
-        except ValueError:
-            return 400, status_object(400, "BadRequest", "patch body is not JSON")
-        if kind == JSON_PATCH:
-            if not isinstance(patch, list):
-                return 400, status_object(400, "BadRequest", "a JSON patch must be a list of operations")
-            try:
-                patched = json_patch(current, patch)
-            except PatchError as e:
-                return 422, status_object(422, "Invalid", f"the server rejected our request: {e}")
-            if not isinstance(patched, dict) or not isinstance(patched.get("metadata"), dict):
-                return 422, status_object(422, "Invalid", "the patched object is not an object with metadata")
-        else:
-            if not isinstance(patch, dict):
-                return 400, status_object(400, "BadRequest", "patch body is not an object")
-            patched = merge_patch(current, patch)
-        meta, name = patched.get("metadata") or {}, current["metadata"]["name"]
-        uid = meta.get("uid")
-        if uid is not None and uid != current["metadata"]["uid"]:
-            if resource is PODS:
-                message = "Precondition failed: UID in precondition does not match"
-            else:
-                message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: " + (
-                    current["metadata"]["uid"])
-            return 409, status_object(409, "Conflict", message, resource.details(name))
-        rv = meta.get("resourceVersion")
-        if rv is not None and str(rv) != current["metadata"]["resourceVersion"]:
-            message = (
-                f'Operation cannot be fulfilled on {resource.qualified} "{name}": the object has been '
-                "modified; please apply your changes to the latest version and try again"
-            )
-            return 409, status_object(409, "Conflict", message, resource.details(name))
+            kind, patch, patched = api.patch_object(resource, current, content_type, raw)
+        except api.ApiError as e:
+            return e.code, e.status
+        name = current["metadata"]["name"]
         record: dict[str, Any] = {"name": name, "content_type": kind, "body": patch, "at": time.monotonic()}
-        if resource is PODS:
+        if resource is api.PODS:
             self.patches.append({"namespace": current["metadata"]["namespace"], **record})
             return 200, self._store(resource, "MODIFIED", patched)
-        (self.node_patches if resource is NODES else self.preheat_patches).append(
+        (self.node_patches if resource is api.NODES else self.preheat_patches).append(
             {**record, "subresource": sub}
         )
-        return 200, self._store(resource, "MODIFIED", self._prepare_update(resource, current, patched, sub))
+        return 200, self._store(resource, "MODIFIED", api.update_strategy(resource, current, patched, sub))
 
-    def _create_event(self, h: BaseHTTPRequestHandler, ns: str, raw: bytes, api: str) -> None:
+    def _create_event(self, h: BaseHTTPRequestHandler, ns: str, raw: bytes, api_version: str) -> None:
         try:
             event = json.loads(raw)
         except ValueError:
@@ -996,6 +604,6 @@ class FakeKube:
             self._rv += 1
             meta = dict(meta, namespace=ns, resourceVersion=str(self._rv), uid=str(uuid.uuid4()))
             meta.setdefault("name", meta.get("generateName", "") + uuid.uuid4().hex[:5])
-            event = dict(event, metadata=meta, apiVersion=api if api != "v1" else "v1", kind="Event")
+            event = dict(event, metadata=meta, apiVersion=api_version, kind="Event")
             self.events.append(event)
         self._send_json(h, 201, event)

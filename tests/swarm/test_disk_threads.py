@@ -14,9 +14,7 @@ import pytest
 
 from agent.core.cpus import usable_cpus
 from agent.swarm import ltkit
-from tests.swarm.test_swarm import MiB, make_blob, open_swarm, sha256_of, swarms, write_blob
-
-__all__ = ["swarms"]  # the fixture, used by name
+from tests.swarm.kit import MiB, make_blob, open_swarm, sha256_of, write_blob
 
 
 def _native_threads() -> int:

@@ -8,9 +8,7 @@ import time
 import libtorrent as lt
 
 from agent.swarm import ltkit
-from tests.swarm.test_swarm import PIECE, MiB, make_blob, open_swarm, sha256_of, swarms, write_blob
-
-__all__ = ["swarms"]  # the fixture, used by name
+from tests.swarm.kit import PIECE, MiB, make_blob, open_swarm, sha256_of, write_blob
 
 
 def test_a_piece_written_but_never_judged_is_rechecked_and_the_blob_completes(tmp_path, swarms, monkeypatch):

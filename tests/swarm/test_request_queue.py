@@ -13,9 +13,7 @@ from pathlib import Path
 from agent.core.settings import SwarmSettings
 from tests.support.procs import loop_until
 from tests.support.stock import add_blob, stock_session
-from tests.swarm.test_swarm import MiB, make_blob, open_swarm, swarms, write_blob
-
-__all__ = ["swarms"]  # the fixture, used by name
+from tests.swarm.kit import MiB, make_blob, open_swarm, write_blob
 
 LIMIT = SwarmSettings().request_queue_limit
 
