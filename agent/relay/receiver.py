@@ -13,10 +13,12 @@ its own sources, written through the origin engine's `PartSink`, which records a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import http.client
 import logging
+import mmap
 import os
 import random
 import threading
@@ -33,6 +35,7 @@ from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory
+from agent.relay.splicing import Pipe, worth_splicing
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +97,28 @@ class _Whole(_Receiving):
     prefix: Callable[[int], None]
     space: Reservation | None = None
 
+    mapped: memoryview | None = None
+    """The file, mapped read-only when bytes are spliced into it (`take_from`): hashed from there."""
+
     def take(self, chunk: memoryview) -> None:
         if self.space is not None:
             self.space.check()
         os.pwrite(self.fd, chunk, self.pos)
         self.hasher.update(chunk)
-        self.pos += len(chunk)
-        self.progress.advance(len(chunk))
+        self._advance(len(chunk))
+
+    def take_from(self, pipe: Pipe) -> None:
+        """What `pipe` holds, written into the file at `pos` in the kernel and hashed from the map."""
+        assert self.mapped is not None
+        if self.space is not None:
+            self.space.check()
+        n = pipe.drain(self.fd, self.pos)
+        self.hasher.update(self.mapped[self.pos : self.pos + n])
+        self._advance(n)
+
+    def _advance(self, n: int) -> None:
+        self.pos += n
+        self.progress.advance(n)
         self.prefix(self.pos)
 
     def record(self) -> None:
@@ -167,8 +185,13 @@ class RelayReceiver:
         r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, chunk=chunk, fd=fd,
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
+        mapping: mmap.mmap | None = None
         try:
             r.space = Reservation(fd, entry.size)
+            if entry.size and worth_splicing(path.parent):
+                with contextlib.suppress(OSError):  # a file system that maps no files: written from memory
+                    mapping = mmap.mmap(fd, entry.size, prot=mmap.PROT_READ)
+                    r.mapped = memoryview(mapping)
             while r.pos < start:  # an earlier run's prefix: hashed, not fetched again
                 data = os.pread(fd, min(_READ * 4, start - r.pos), r.pos)
                 if not data:
@@ -191,6 +214,10 @@ class RelayReceiver:
         finally:
             if r.space is not None:
                 r.space.close()
+            if mapping is not None:
+                assert r.mapped is not None
+                r.mapped.release()
+                mapping.close()
             os.close(fd)
             self.directory.leave(entry.blob_id)
         if r.pos < entry.size:
@@ -290,16 +317,23 @@ class RelayReceiver:
         The body goes from the socket straight into one buffer (`readinto1`: what one socket read brings),
         from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
         three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
-        and a warm start on two cores is bound by what its receivers cost."""
+        and a warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
+        goes from the socket through a pipe into the file (agent.relay.splicing) instead."""
         start, unrecorded, end = r.pos, 0, r.end
         view = memoryview(self._buffer())
+        pipe = Pipe(_READ) if isinstance(r, _Whole) and r.mapped is not None else None
+        batch = pipe.capacity if pipe is not None else len(view)
         held = 0
         since = 0.0
 
         def write() -> None:
             nonlocal unrecorded, held
             if held:
-                r.take(view[:held])
+                if pipe is not None:
+                    assert isinstance(r, _Whole)
+                    r.take_from(pipe)
+                else:
+                    r.take(view[:held])
                 r.received += held
                 unrecorded += held
                 held = 0
@@ -321,14 +355,27 @@ class RelayReceiver:
                 named = resp.getheader(NEXT_HEADER, "") if resp.status == 503 else ""
                 return resp.status, 0, {h.strip() for h in named.split(",") if h.strip()}
             fp = resp.fp  # the body after the headers; read to `end` here, the connection closed after
+            sock = conn.sock.fileno()
+            if pipe is not None:
+                # What the reader took off the socket with the headers goes into the file from memory.
+                early = fp.read(min(len(fp.peek()), end - r.pos))
+                if early:
+                    r.take(memoryview(early))
+                    r.received += len(early)
+                    unrecorded += len(early)
             while r.pos + held < end:
                 if not held:
                     since = time.monotonic()
-                got = fp.readinto1(view[held : min(len(view), end - r.pos)])
-                if not got:  # closed before the range's end: the source cut the stream short
+                want = min(batch - held, end - r.pos - held)
+                if pipe is not None:
+                    got = pipe.fill(sock, want, self.stall)
+                else:
+                    got = fp.readinto1(view[held : held + want])
+                if got == 0:  # closed before the range's end: the source cut the stream short
                     raise http.client.IncompleteRead(b"", end - r.pos - held)
-                held += got
-                if held < len(view) and time.monotonic() - since < _WRITE_WITHIN and r.pos + held < end:
+                held += got or 0
+                full = got is None or held >= batch
+                if not full and time.monotonic() - since < _WRITE_WITHIN and r.pos + held < end:
                     continue
                 write()
                 if r.cancelled:
@@ -342,6 +389,8 @@ class RelayReceiver:
             return 0, r.pos - start, set()
         finally:
             conn.close()
+            if pipe is not None:
+                pipe.close()
             if r.pos > start:
                 r.record()
 

@@ -100,7 +100,9 @@ def test_nodes_receive_a_blob_while_its_holder_still_pulls_it_from_the_origin(on
 
 
 @pytest.mark.timeout(120)
-def test_a_receiver_writes_relayed_bytes_as_they_come_not_a_block_at_a_time(tmp_path, tracker, make_agent):
+def test_a_receiver_writes_relayed_bytes_as_they_come_not_a_block_at_a_time(
+    tmp_path, tracker, make_agent, receive_path
+):
     """A node relays only what it has written, so what a receiver holds back, every node below it in the
     tree waits for. Read a MiB at a time, a hop cost 2 s on a 0.5 MB/s stream, and at 16 nodes the last
     one, three hops down, finished 6 s after its sources (bench.scaling, cold). A receiver stays a small
@@ -132,6 +134,7 @@ def test_a_receiver_writes_relayed_bytes_as_they_come_not_a_block_at_a_time(tmp_
         # (measured at 1 and at 1.5 MB/s).
         median = lags[len(lags) // 2]
         assert median < 320 * 1024, f"b behind a by {median} bytes on the median"
+        receive_path.assert_taken()
 
 
 @pytest.mark.timeout(150)
@@ -238,7 +241,7 @@ def test_a_source_that_joined_while_the_tracker_was_down_is_announced_once_it_is
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("metainfo", ["unknown", "known"])
 def test_a_holder_killed_mid_stream_leaves_its_receivers_to_finish_from_where_they_are(
-    tmp_path, one_shard, tracker, make_agent, metainfo
+    tmp_path, one_shard, tracker, make_agent, metainfo, receive_path
 ):
     shard, blob = shard_blob(one_shard)
     if metainfo == "known":  # the taker-over first looks for a seeder with a torrent on the relayed file
@@ -263,6 +266,7 @@ def test_a_holder_killed_mid_stream_leaves_its_receivers_to_finish_from_where_th
     assert_ready(job_b, one_shard, 90)
     # b took the lease over and asked the origin only for what it did not have (plus what a had in flight).
     assert one_shard.hub.egress_bytes - egress_at_kill < SHARD - killed_at + 2 * MiB
+    receive_path.assert_taken()
 
 
 @pytest.mark.timeout(150)

@@ -149,7 +149,7 @@ def test_a_seed_relays_a_whole_blob_to_one_agent_at_a_time_and_to_agents_only(on
 
 @pytest.mark.timeout(150)
 def test_a_hung_seed_leaves_the_receiver_to_bittorrent_from_the_others(
-    tmp_path, one_shard, tracker, make_agent, caplog
+    tmp_path, one_shard, tracker, make_agent, caplog, receive_path
 ):
     """A seed that offers the blob and then answers nothing (a stopped process: its sockets accept, nothing
     reads them): the receiver gives up on it after the relay's stall time and takes the blob by BitTorrent
@@ -181,7 +181,7 @@ def test_a_hung_seed_leaves_the_receiver_to_bittorrent_from_the_others(
 
 @pytest.mark.timeout(150)
 def test_a_seed_with_a_corrupt_copy_costs_the_receiver_one_stream_not_its_bytes(
-    one_shard, tracker, make_agent, caplog
+    one_shard, tracker, make_agent, caplog, receive_path
 ):
     """A seed's file changed on disk after it was verified (a bad disk, a hand edit): what it relays fails
     the receiver's sha256, which drops it and takes the blob by BitTorrent (whose piece hashes refuse the
@@ -205,6 +205,7 @@ def test_a_seed_with_a_corrupt_copy_costs_the_receiver_one_stream_not_its_bytes(
     status = fetch_and_wait(b, one_shard.repo_id)
     assert_snapshot_verifies(status["snapshot"], one_shard)
     assert "relayed bytes fail the blob's sha256" in caplog.text  # b took bad's stream, then dropped it
+    receive_path.assert_taken()
     # BitTorrent brought the blob, or the trust rule gave up on it: on loopback libtorrent's ban of bad does
     # not hold (SwarmSettings.allow_multiple_connections_per_ip), so bad can reconnect and serve its bad
     # piece again until b has had nothing from peers for a while (seen in CI, 1 run in many).
