@@ -12,7 +12,8 @@ the same bytes into a new file with plain 1-MiB writes and to sha256 them once, 
 can do (it also takes them off a socket). On this VM writing fresh page-cache pages costs ten times as
 much when memory has just churned as on a quiet machine, so the receiver is read against the floor of
 the same moment; and right before each transfer the bench writes and deletes a file twice the shard's
-size (`prime`), so that every receiver writes into pages freed a moment before.
+size (`prime`), so that every receiver writes into pages freed a moment before; `--no-prime` leaves the
+machine's memory as the runs before left it.
 
 `--bittorrent`: both agents run with `--no-relay-seeds`, so the shard goes by BitTorrent (libtorrent on
 both sides) instead: the same figures for that path, with the part of each agent's CPU that its
@@ -115,7 +116,7 @@ def prime(directory: Path, size_mib: int) -> None:
     floor(directory, 2 * size_mib)
 
 
-def one_run(checkout: Path, size_mib: int, bittorrent: bool) -> Run:
+def one_run(checkout: Path, size_mib: int, bittorrent: bool, primed: bool = True) -> Run:
     """One fetch by agents of `checkout`, over the relay or (`bittorrent`) by BitTorrent."""
     extra = ("--no-relay-seeds",) if bittorrent else ()
     os.environ["PYTHONPATH"] = str(checkout)  # the agents' `agent` entry point imports that tree
@@ -134,7 +135,8 @@ def one_run(checkout: Path, size_mib: int, bittorrent: bool) -> Run:
                 time.sleep(12)  # a's offer announced (at the tracker's interval), b settled
                 assert a.proc is not None and b.proc is not None
                 pa, pb = a.proc.pid, b.proc.pid
-                prime(tmp, size_mib)
+                if primed:
+                    prime(tmp, size_mib)
                 bt0 = native_threads(pa), native_threads(pb)
                 seed0, recv0, t0 = cpu(pa), cpu(pb), time.monotonic()
                 fetch(b, o.repo_id)
@@ -163,7 +165,7 @@ def aria2c_argv(directory: Path, torrent: Path, *options: str) -> list[str]:
     ]
 
 
-def aria2c_run(size_mib: int, timeout: float = 300) -> Run:
+def aria2c_run(size_mib: int, primed: bool = True, timeout: float = 300) -> Run:
     """One aria2c seeding the shard to another on loopback, announced to the real tracker."""
     with tempfile.TemporaryDirectory(prefix="ws-relay-cpu-") as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
@@ -189,7 +191,8 @@ def aria2c_run(size_mib: int, timeout: float = 300) -> Run:
                 raise SystemExit("the aria2c seed did not take its copy as complete")
             time.sleep(0.2)
         time.sleep(2)  # its announce answered
-        prime(tmp, size_mib)
+        if primed:
+            prime(tmp, size_mib)
         seed0, kids0, t0 = cpu(seed.pid), resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
         done = subprocess.run(
             aria2c_argv(tmp / "received", torrent, "--seed-time=0"),
@@ -233,15 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each checkout (default 3)")
     ap.add_argument("--checkout", type=Path, default=None, help="also measure the agents of this checkout")
     ap.add_argument("--bittorrent", action="store_true", help="the shard by BitTorrent, not the relay")
+    ap.add_argument(
+        "--no-prime", action="store_true", help="no write and delete before each transfer (memory as it is)"
+    )
     args = ap.parse_args(argv)
     checkouts = {"this tree": HERE}
     if args.checkout is not None:
         checkouts[str(args.checkout)] = args.checkout.resolve()
     measure = {
-        name: functools.partial(one_run, path, args.size, args.bittorrent) for name, path in checkouts.items()
+        name: functools.partial(one_run, path, args.size, args.bittorrent, not args.no_prime)
+        for name, path in checkouts.items()
     }
     if args.bittorrent and shutil.which("aria2c"):
-        measure["aria2c"] = functools.partial(aria2c_run, args.size)
+        measure["aria2c"] = functools.partial(aria2c_run, args.size, not args.no_prime)
     elif args.bittorrent:
         print("aria2c is not installed (./dev installs it): no aria2c row", file=sys.stderr)
     runs: dict[str, list[Run]] = {name: [] for name in measure}
