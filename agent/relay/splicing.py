@@ -68,11 +68,14 @@ class Pipe:
         seconds) into the pipe: their count, 0 at the stream's end, None when the pipe takes no more
         (`drain` it). A pipe holds `capacity` bytes at most, and fewer when the socket hands it pieces
         smaller than a page (each takes a page's slot). TimeoutError when no byte came."""
+        take = min(most, self.capacity - self.held)
+        if take <= 0:
+            return None  # a splice of nothing would read as the stream's end
         room = select.poll()
         room.register(sock, select.POLLIN)
         for _ in range(_RETRIES):
             try:
-                n = os.splice(sock, self.w, min(most, self.capacity - self.held), flags=os.SPLICE_F_NONBLOCK)
+                n = os.splice(sock, self.w, take, flags=os.SPLICE_F_NONBLOCK)
             except BlockingIOError:
                 if self.held and room.poll(0):
                     return None  # the socket has bytes and the pipe no room (or they came just now)

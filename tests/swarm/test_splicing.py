@@ -90,6 +90,7 @@ def test_a_pipe_takes_no_more_than_asked_and_gives_up_on_a_quiet_socket(tmp_path
         assert taken == pipe.held == 4096
         assert pipe.drain(fd, 0) == 4096
         assert receiver.recv(20_000) == b"x" * (10_000 - 4096)
+        assert pipe.fill(receiver.fileno(), 0, stall=5) is None  # no room asked for: not the stream's end
         started = time.monotonic()
         with pytest.raises(TimeoutError):
             pipe.fill(receiver.fileno(), 4096, stall=0.3)  # connected, sending nothing
