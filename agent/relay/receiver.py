@@ -321,8 +321,7 @@ class RelayReceiver:
         goes from the socket through a pipe into the file (agent.relay.splicing) instead."""
         start, unrecorded, end = r.pos, 0, r.end
         view = memoryview(self._buffer())
-        pipe = Pipe(_READ) if isinstance(r, _Whole) and r.mapped is not None else None
-        batch = pipe.capacity if pipe is not None else len(view)
+        pipe: Pipe | None = None
         held = 0
         since = 0.0
 
@@ -356,13 +355,15 @@ class RelayReceiver:
                 return resp.status, 0, {h.strip() for h in named.split(",") if h.strip()}
             fp = resp.fp  # the body after the headers; read to `end` here, the connection closed after
             sock = conn.sock.fileno()
-            if pipe is not None:
+            if isinstance(r, _Whole) and r.mapped is not None:  # only for a body: many asks end in a 503
+                pipe = Pipe(_READ)
                 # What the reader took off the socket with the headers goes into the file from memory.
                 early = fp.read(min(len(fp.peek()), end - r.pos))
                 if early:
                     r.take(memoryview(early))
                     r.received += len(early)
                     unrecorded += len(early)
+            batch = pipe.capacity if pipe is not None else len(view)
             while r.pos + held < end:
                 if not held:
                     since = time.monotonic()
