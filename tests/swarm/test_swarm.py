@@ -224,16 +224,25 @@ def test_the_verified_prefix_holds_only_bytes_readable_from_the_file(tmp_path, s
         leecher.read_ahead(ih, seen, 8 * MiB)  # as the HF endpoint asks for what its reader waits for
         end = leecher.verified_prefix(ih)
         if end > seen:
-            # A prefix > 0 means the file is there; renamed if the blob was finished meanwhile.
-            with open(path if path.exists() else dest / blob.blob_id, "rb") as fh:
-                fh.seek(seen)
-                got = fh.read(end - seen)
+            got = _read_either(path, dest / blob.blob_id, seen, end - seen)
             if got != blob.data[seen:end]:
                 wrong.append((seen, end))
             seen, reads = end, reads + 1
     assert leecher.status(ih).state == "seeding"
     assert reads >= 8, f"the prefix grew {reads} times: too few looks to prove anything"
     assert wrong == [], f"read back other bytes than the blob's in {wrong}"
+
+
+def _read_either(incomplete, done, offset, size):
+    """A prefix > 0 means the file is there, under its .incomplete name or, if the blob was finished
+    meanwhile, its own: the rename can fall between any look and the open, so the open decides."""
+    try:
+        fh = open(incomplete, "rb")
+    except FileNotFoundError:
+        fh = open(done, "rb")
+    with fh:
+        fh.seek(offset)
+        return fh.read(size)
 
 
 def test_bad_input_is_one_line_error(tmp_path, swarms):
