@@ -8,11 +8,18 @@ against the file's sha256.
 
   recv                  into one 1-MiB buffer, nothing else (the socket's copy)
   recv+sha256           the same, each buffer hashed
-  recv+write+sha256     each buffer written into a new file and hashed: what the relay receiver does
+  recv+write+sha256     each buffer written into a new file and hashed, a `recv` for what the socket has
+  polled+write+sha256   the same from a socket with a timeout, polled before each `recv`: how the relay
+                        receiver read into its buffer before
+  batch+write+sha256    the same, a buffer per `recv` (MSG_WAITALL): the relay receiver's way into a file
+                        on tmpfs (agent.relay.batches)
   mmap+sha256           received straight into a shared map of the new file (64-MiB windows, populated
                         up front, the file reserved with posix_fallocate), hashed from the map
   splice+sha256         socket -> pipe -> file in the kernel, hashed from a read-only map: the relay
                         receiver's way into a file that is not on tmpfs (agent.relay.splicing)
+
+--rate paces the sender, as a shaped link or a source that relays as it receives does: then a `recv` for
+what the socket has brings a few segments, and the receiver's loop turns many times a MiB.
 
 Where the file lives matters: --dir is a tmpfs by default (bench.swarm's caches), where a write is the
 copy into fresh pages, dear on this VM (`bench.page_cost`).
@@ -20,6 +27,7 @@ copy into fresh pages, dear on this VM (`bench.page_cost`).
 Usage:
   .venv/bin/python -m bench.receive_cost
   .venv/bin/python -m bench.receive_cost --size 1024 --runs 5 --dir /dev/shm
+  .venv/bin/python -m bench.receive_cost --size 512 --runs 5 --rate 120
 """
 
 from __future__ import annotations
@@ -37,14 +45,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.relay.batches import BatchReader
 from agent.relay.splicing import Pipe
 
 _BUF = 1 << 20
 _WINDOW = 64 << 20
+_PACE = 64 << 10
+"""Bytes a paced sender sends at once (--rate)."""
 
 
-def _recv(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash | None, write: bool) -> int:
+def _recv(
+    sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash | None, write: bool, polled: bool = False
+) -> int:
     view = memoryview(bytearray(_BUF))
+    if polled:
+        sock.settimeout(60)  # Python then polls the socket before each recv
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if write else -1
     got = 0
     try:
@@ -63,6 +78,26 @@ def _recv(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash | Non
     finally:
         if write:
             os.close(fd)
+    return got
+
+
+def _batches(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash) -> int:
+    """The relay receiver's way into a file on tmpfs (agent.relay.batches): a buffer a `recv`."""
+    view = memoryview(bytearray(_BUF))
+    reader = BatchReader(sock, within=0.02, stall=60)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    got = 0
+    try:
+        while got < size:
+            n = reader.read_into(view[: min(_BUF, size - got)])
+            if n == 0:
+                break
+            if n:
+                os.pwrite(fd, view[:n], got)
+                hasher.update(view[:n])
+                got += n
+    finally:
+        os.close(fd)
     return got
 
 
@@ -134,13 +169,16 @@ WAYS: dict[str, Way] = {
     "recv": lambda s, n, p: (_recv(s, n, p, None, write=False), None),
     "recv+sha256": _hashed(lambda s, n, p, h: _recv(s, n, p, h, write=False)),
     "recv+write+sha256": _hashed(lambda s, n, p, h: _recv(s, n, p, h, write=True)),
+    "polled+write+sha256": _hashed(lambda s, n, p, h: _recv(s, n, p, h, write=True, polled=True)),
+    "batch+write+sha256": _hashed(_batches),
     "mmap+sha256": _hashed(_mmap),
     "splice+sha256": _hashed(_splice),
 }
 
 
-def one_transfer(src: Path, dst: Path, way: Way) -> tuple[float, int, str | None]:
-    """(CPU seconds of the receiving thread, bytes taken, their sha256) of `src` sent over loopback."""
+def one_transfer(src: Path, dst: Path, way: Way, rate: float = 0) -> tuple[float, int, str | None]:
+    """(CPU seconds of the receiving thread, bytes taken, their sha256) of `src` sent over loopback (at
+    `rate` bytes a second, in `_PACE` pieces; 0: as fast as loopback takes it)."""
     size = src.stat().st_size
     with socket.create_server(("127.0.0.1", 0)) as server:
         failure: list[BaseException] = []
@@ -149,7 +187,13 @@ def one_transfer(src: Path, dst: Path, way: Way) -> tuple[float, int, str | None
             try:
                 conn, _ = server.accept()
                 with conn, src.open("rb") as f:
-                    conn.sendfile(f)
+                    if not rate:
+                        conn.sendfile(f)
+                        return
+                    start, sent = time.monotonic(), 0
+                    while sent < size:
+                        sent += os.sendfile(conn.fileno(), f.fileno(), sent, min(_PACE, size - sent))
+                        time.sleep(max(0.0, start + sent / rate - time.monotonic()))
             except OSError as exc:
                 failure.append(exc)
 
@@ -179,7 +223,9 @@ def make_source(path: Path, size: int) -> str:
     return hasher.hexdigest()
 
 
-def measure(directory: Path, size: int, runs: int, ways: list[str]) -> dict[str, list[float]]:
+def measure(
+    directory: Path, size: int, runs: int, ways: list[str], rate: float = 0
+) -> dict[str, list[float]]:
     """CPU seconds per GiB of each way, one figure per run; every result checked against the source."""
     spent: dict[str, list[float]] = {name: [] for name in ways}
     with tempfile.TemporaryDirectory(prefix="ws-receive-cost-", dir=directory) as d:
@@ -187,16 +233,17 @@ def measure(directory: Path, size: int, runs: int, ways: list[str]) -> dict[str,
         digest = make_source(src, size)
         for i in range(runs):
             for name in ways[:: 1 if i % 2 == 0 else -1]:
-                cpu, got, hashed = one_transfer(src, dst, WAYS[name])
+                cpu, got, hashed = one_transfer(src, dst, WAYS[name], rate)
                 if got != size or hashed not in (None, digest):
                     raise SystemExit(f"{name}: took {got} of {size} bytes, sha256 {hashed} against {digest}")
                 spent[name].append(cpu / (size / 2**30))
     return spent
 
 
-def print_table(spent: dict[str, list[float]], size: int, directory: Path) -> None:
+def print_table(spent: dict[str, list[float]], size: int, directory: Path, rate: float = 0) -> None:
     runs = len(next(iter(spent.values())))
-    where = f"{size >> 20} MiB over loopback into {directory}"
+    paced = f" at {rate / 1e6:g} MB/s" if rate else ""
+    where = f"{size >> 20} MiB over loopback{paced} into {directory}"
     print(f"{where}; CPU-s per GiB of the receiving thread, {runs} runs")
     base = statistics.median(spent["recv+write+sha256"]) if "recv+write+sha256" in spent else None
     print("| way | median | min–max | ÷ recv+write+sha256 |")
@@ -213,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path("/dev/shm"), help="for the files (default /dev/shm)")
     ap.add_argument("--size", type=int, default=1024, help="MiB per transfer (default 1024)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each way (default 3)")
+    ap.add_argument("--rate", type=float, default=0, help="MB/s the sender keeps to (default: unpaced)")
     ap.add_argument("--ways", default=",".join(WAYS), help=f"comma-separated, of: {', '.join(WAYS)}")
     args = ap.parse_args(argv)
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
@@ -223,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     free = os.statvfs(args.dir).f_bavail * os.statvfs(args.dir).f_frsize
     if free < 3 * size:
         raise SystemExit(f"{args.dir} has {free >> 20} MiB free; --size {args.size} needs {3 * args.size}")
-    print_table(measure(args.dir, size, args.runs, ways), size, args.dir)
+    rate = args.rate * 1e6
+    print_table(measure(args.dir, size, args.runs, ways, rate), size, args.dir, rate)
     return 0
 
 

@@ -34,6 +34,7 @@ from agent.core.hashing import BlobHasher, BlobHashes
 from agent.core.parts import PartSink
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
+from agent.relay.batches import BatchReader
 from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory
 from agent.relay.splicing import Pipe, worth_splicing
 
@@ -314,7 +315,7 @@ class RelayReceiver:
         """From one source, [r.pos, r.end): (its status, bytes taken, the nodes it says it streams to); status
         0 when the source could not be reached or broke off.
 
-        The body goes from the socket straight into one buffer (`readinto1`: what one socket read brings),
+        The body goes from the socket straight into one buffer, a batch per `recv` (agent.relay.batches),
         from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
         three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
         and a warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
@@ -353,28 +354,33 @@ class RelayReceiver:
             if resp.status != 206 or not resp.getheader("content-range", "").startswith(f"bytes {r.pos}-"):
                 named = resp.getheader(NEXT_HEADER, "") if resp.status == 503 else ""
                 return resp.status, 0, {h.strip() for h in named.split(",") if h.strip()}
-            fp = resp.fp  # the body after the headers; read to `end` here, the connection closed after
+            # The body after the headers is read to `end` here, the connection closed after. What the
+            # response's reader took off the socket with the headers goes into the file first.
+            early = resp.fp.read(min(len(resp.fp.peek()), end - r.pos))
+            if early:
+                r.take(memoryview(early))
+                r.received += len(early)
+                unrecorded += len(early)
             sock = conn.sock.fileno()
+            reader: BatchReader | None = None
             if isinstance(r, _Whole) and r.mapped is not None:  # only for a body: many asks end in a 503
                 pipe = Pipe(_READ)
-                # What the reader took off the socket with the headers goes into the file from memory.
-                early = fp.read(min(len(fp.peek()), end - r.pos))
-                if early:
-                    r.take(memoryview(early))
-                    r.received += len(early)
-                    unrecorded += len(early)
+            else:
+                reader = BatchReader(conn.sock, _WRITE_WITHIN, self.stall)
             batch = pipe.capacity if pipe is not None else len(view)
             while r.pos + held < end:
                 if not held:
                     since = time.monotonic()
                 want = min(batch - held, end - r.pos - held)
-                if pipe is not None:
-                    got = pipe.fill(sock, want, self.stall)
+                if reader is not None:
+                    got = reader.read_into(view[held : held + want])
                 else:
-                    got = fp.readinto1(view[held : held + want])
+                    assert pipe is not None
+                    got = pipe.fill(sock, want, self.stall)
                 if got == 0:  # closed before the range's end: the source cut the stream short
                     raise http.client.IncompleteRead(b"", end - r.pos - held)
                 held += got or 0
+                # None: the pipe is full, or the reader's wait ran out (what it holds is written now).
                 full = got is None or held >= batch
                 if not full and time.monotonic() - since < _WRITE_WITHIN and r.pos + held < end:
                     continue

@@ -26,3 +26,9 @@ def test_a_copy_that_does_not_hash_to_the_file_stops_the_bench(tmp_path, monkeyp
     monkeypatch.setattr(receive_cost, "make_source", zeros)
     with pytest.raises(SystemExit, match="sha256"):
         receive_cost.measure(tmp_path, 1 << 20, runs=1, ways=["recv+write+sha256"])
+
+
+def test_a_paced_sender_delivers_the_whole_file_and_the_table_says_its_rate(tmp_path, capsys):
+    spent = receive_cost.measure(tmp_path, 2 << 20, runs=1, ways=["polled+write+sha256"], rate=50e6)
+    receive_cost.print_table(spent, 2 << 20, tmp_path, rate=50e6)
+    assert "over loopback at 50 MB/s" in capsys.readouterr().out
