@@ -192,7 +192,10 @@ def one_transfer(src: Path, dst: Path, way: Way, rate: float = 0) -> tuple[float
                         return
                     start, sent = time.monotonic(), 0
                     while sent < size:
-                        sent += os.sendfile(conn.fileno(), f.fileno(), sent, min(_PACE, size - sent))
+                        n = os.sendfile(conn.fileno(), f.fileno(), sent, min(_PACE, size - sent))
+                        if not n:
+                            return  # the file ended early: the receiver reports the bytes short
+                        sent += n
                         time.sleep(max(0.0, start + sent / rate - time.monotonic()))
             except OSError as exc:
                 failure.append(exc)
