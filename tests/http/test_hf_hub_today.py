@@ -26,6 +26,7 @@ from agent.hub.ratelimit import RateLimits
 from agent.hub.records import RequestRecord
 from agent.origin import location as origin_location
 from tests.support.cluster import Origin, model_origin
+from tests.support.procs import loop_until
 
 SMALL = "config.json"
 GATED = "acme/gated"
@@ -267,7 +268,9 @@ def test_a_shard_that_outlives_its_signed_url_still_downloads_through_the_endpoi
         hub = origin.hub
         assert Path(got).read_bytes() == origin.files[shard]
         assert took > 2.0, took  # the download did outlive its first URL
-        # One fetch, not one that failed and a client's retry that resumed it.
+        # One fetch, not one that failed and a client's retry that resumed it. The client has its last
+        # byte once the blob is checked; the job is done a moment later, when the snapshot is linked.
+        loop_until(lambda: all(j.done for j in agent.jobs.all()), timeout=30, what="the fetch to end")
         assert [j.status().to_json()["phase"] for j in agent.jobs.all()] == ["Ready"]
         refused = [r for r in hub.requests if r.bucket == "cdn" and r.status == 403]
         heads = [

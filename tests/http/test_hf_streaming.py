@@ -15,6 +15,7 @@ import pytest
 from huggingface_hub import constants, hf_hub_download
 
 from tests.support.cluster import Origin, model_origin
+from tests.support.procs import loop_until
 
 MiB = 2**20
 
@@ -89,6 +90,7 @@ def test_a_corrupt_origin_byte_cuts_the_response_and_the_clients_retry_gets_the_
         assert any("Trying to resume download" in m for m in messages), messages
         # ... because the agent's end-to-end check failed and discarded the blob.
         assert any("does not match the origin's sha256" in m for m in messages), messages
+        loop_until(lambda: all(j.done for j in agent.jobs.all()), timeout=30, what="the fetches to end")
         jobs = sorted(agent.jobs.all(), key=lambda j: j.status().created)
         assert [j.status().phase for j in jobs] == ["Failed", "Ready"]
 
@@ -131,6 +133,8 @@ def test_clients_share_one_fetch_and_one_leaving_early_cancels_nothing(tmp_path,
         assert results["one"] == data and results["two"] == data
         assert results["tail"] == data[-3 * MiB :]
         assert origin.hub.egress_bytes < 1.05 * len(data) + MiB  # fetched once, not once per client
+        # The clients have their last bytes once the blob is checked; the job ends a moment later.
+        loop_until(lambda: all(j.done for j in agent.jobs.all()), timeout=30, what="the fetch to end")
         assert [j.status().phase for j in agent.jobs.all()] == ["Ready"] * len(agent.jobs.all())
 
 
