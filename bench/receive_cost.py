@@ -15,8 +15,9 @@ against the file's sha256.
                         on tmpfs (agent.relay.batches)
   mmap+sha256           received straight into a shared map of the new file (64-MiB windows, populated
                         up front, the file reserved with posix_fallocate), hashed from the map
-  splice+sha256         socket -> pipe -> file in the kernel, hashed from a read-only map: the relay
-                        receiver's way into a file that is not on tmpfs (agent.relay.splicing)
+  splice+sha256         socket -> pipe -> file in the kernel, a pipe's worth a wait (SO_RCVLOWAT), hashed
+                        from a read-only map: the relay receiver's way into a file that is not on tmpfs
+                        (agent.relay.splicing)
 
 --rate paces the sender, as a shaped link or a source that relays as it receives does: then a `recv` for
 what the socket has brings a few segments, and the receiver's loop turns many times a MiB.
@@ -49,6 +50,8 @@ from agent.relay.batches import BatchReader
 from agent.relay.splicing import Pipe
 
 _BUF = 1 << 20
+_WITHIN = 0.02
+"""Seconds the relay receiver lets received bytes wait before it writes them (agent.relay.receiver)."""
 _WINDOW = 64 << 20
 _PACE = 64 << 10
 """Bytes a paced sender sends at once (--rate)."""
@@ -84,7 +87,7 @@ def _recv(
 def _batches(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash) -> int:
     """The relay receiver's way into a file on tmpfs (agent.relay.batches): a buffer a `recv`."""
     view = memoryview(bytearray(_BUF))
-    reader = BatchReader(sock, within=0.02, stall=60)
+    reader = BatchReader(sock, within=_WITHIN, stall=60)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     got = 0
     try:
@@ -129,9 +132,11 @@ def _mmap(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash) -> i
 
 
 def _splice(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash) -> int:
-    """The relay receiver's way into a file off tmpfs (agent.relay.splicing): a pipe, a map to hash from."""
+    """The relay receiver's way into a file off tmpfs (agent.relay.splicing): a pipe that waits for a
+    pipe's worth (or `_WITHIN`), a map to hash from; the socket non-blocking, as the receiver's is."""
+    sock.settimeout(60)
     fd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-    pipe = Pipe(_BUF)
+    pipe = Pipe(sock, _BUF, stall=60)
     got = 0
     try:
         os.ftruncate(fd, size)
@@ -139,10 +144,10 @@ def _splice(sock: socket.socket, size: int, dst: Path, hasher: hashlib._Hash) ->
             view = memoryview(whole)
             try:
                 while got < size:
-                    n = pipe.fill(sock.fileno(), size - got - pipe.held, stall=60)
+                    n = pipe.fill(size - got - pipe.held, wait=_WITHIN)
                     if n == 0:
                         break
-                    if n is None or pipe.held >= pipe.capacity or got + pipe.held == size:
+                    if pipe.held and (n is None or pipe.held >= pipe.capacity or got + pipe.held == size):
                         moved = pipe.drain(fd, got)
                         hasher.update(view[got : got + moved])
                         got += moved

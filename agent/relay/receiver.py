@@ -319,7 +319,8 @@ class RelayReceiver:
         from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
         three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
         and a warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
-        goes from the socket through a pipe into the file (agent.relay.splicing) instead."""
+        goes from the socket through a pipe into the file instead, a pipe's worth a wait
+        (agent.relay.splicing)."""
         start, unrecorded, end = r.pos, 0, r.end
         view = memoryview(self._buffer())
         pipe: Pipe | None = None
@@ -361,10 +362,9 @@ class RelayReceiver:
                 r.take(memoryview(early))
                 r.received += len(early)
                 unrecorded += len(early)
-            sock = conn.sock.fileno()
             reader: BatchReader | None = None
             if isinstance(r, _Whole) and r.mapped is not None:  # only for a body: many asks end in a 503
-                pipe = Pipe(_READ)
+                pipe = Pipe(conn.sock, _READ, self.stall)
             else:
                 reader = BatchReader(conn.sock, _WRITE_WITHIN, self.stall)
             batch = pipe.capacity if pipe is not None else len(view)
@@ -376,11 +376,11 @@ class RelayReceiver:
                     got = reader.read_into(view[held : held + want])
                 else:
                     assert pipe is not None
-                    got = pipe.fill(sock, want, self.stall)
+                    got = pipe.fill(want, since + _WRITE_WITHIN - time.monotonic())
                 if got == 0:  # closed before the range's end: the source cut the stream short
                     raise http.client.IncompleteRead(b"", end - r.pos - held)
                 held += got or 0
-                # None: the pipe is full, or the reader's wait ran out (what it holds is written now).
+                # None: the pipe is full, or the wait ran out (what is held is written now).
                 full = got is None or held >= batch
                 if not full and time.monotonic() - since < _WRITE_WITHIN and r.pos + held < end:
                     continue

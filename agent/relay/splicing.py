@@ -18,13 +18,15 @@ import errno
 import fcntl
 import os
 import select
+import socket
+import sys
+import termios
+import time
 from pathlib import Path
 
 _F_SETPIPE_SZ = 1031
 _F_GETPIPE_SZ = 1032
 _TMPFS = {"tmpfs", "ramfs"}
-_RETRIES = 10_000
-"""Splices a `fill` tries: each after the socket said it has bytes (a bound, not a wait)."""
 
 
 def worth_splicing(path: Path) -> bool:
@@ -52,9 +54,11 @@ def mount_type(path: Path) -> str:
 
 
 class Pipe:
-    """Up to `capacity` bytes on their way from a socket to a file (one stream's; `close` it)."""
+    """Up to `capacity` bytes on their way from the socket `sock` to a file (one stream's; `close` it);
+    `stall` seconds without a byte from the socket is a TimeoutError."""
 
-    def __init__(self, want: int) -> None:
+    def __init__(self, sock: socket.socket, want: int, stall: float) -> None:
+        self.source, self.sock, self.stall = sock, sock.fileno(), stall
         self.r, self.w = os.pipe()
         try:
             fcntl.fcntl(self.w, _F_SETPIPE_SZ, want)
@@ -62,29 +66,54 @@ class Pipe:
             pass  # above /proc/sys/fs/pipe-max-size: the pipe's own size, a batch is smaller
         self.capacity: int = fcntl.fcntl(self.w, _F_GETPIPE_SZ)
         self.held = 0
+        self.heard = time.monotonic()
+        self._room = select.poll()
+        self._room.register(self.sock, select.POLLIN)
+        self._low = 1  # the kernel's SO_RCVLOWAT until a fill waits
 
-    def fill(self, sock: int, most: int, stall: float) -> int | None:
-        """Up to `most` bytes of what the non-blocking socket `sock` has (waiting for some up to `stall`
-        seconds) into the pipe: their count, 0 at the stream's end, None when the pipe takes no more
-        (`drain` it). A pipe holds `capacity` bytes at most, and fewer when the socket hands it pieces
-        smaller than a page (each takes a page's slot). TimeoutError when no byte came."""
+    def fill(self, most: int, wait: float) -> int | None:
+        """Up to `most` bytes of what the socket has into the pipe: their count, 0 at the stream's end,
+        None when the pipe takes no more or no byte came within `wait` seconds (`drain` it, if it holds
+        any). A pipe holds `capacity` bytes at most, and fewer when the socket hands it pieces smaller
+        than a page (each takes a page's slot).
+
+        When the socket has nothing, the call waits for a pipe's worth of bytes (or what `most` says is
+        left, if less), `wait` seconds at most (SO_RCVLOWAT: the kernel wakes the poll only then): a
+        receiver that keeps up with a paced source otherwise turns its loop for every few segments."""
         take = min(most, self.capacity - self.held)
         if take <= 0:
             return None  # a splice of nothing would read as the stream's end
-        room = select.poll()
-        room.register(sock, select.POLLIN)
-        for _ in range(_RETRIES):
-            try:
-                n = os.splice(sock, self.w, take, flags=os.SPLICE_F_NONBLOCK)
-            except BlockingIOError:
-                if self.held and room.poll(0):
-                    return None  # the socket has bytes and the pipe no room (or they came just now)
-                if not room.poll(stall * 1000):
-                    raise TimeoutError(f"no byte for {stall:.0f}s") from None
-                continue  # bytes came after the splice looked
-            self.held += n
-            return n
-        raise OSError(errno.EIO, "an empty pipe takes nothing from a socket that has bytes")
+        n = self._splice(take)
+        if n is None:
+            if self.held and self._queued():
+                return None  # the socket has bytes and the pipe no slot for them
+            # A whole pipe's worth, or the rest of the stream when it is less: the same value from call to
+            # call, so that the socket option is set once a stream, not once a wait.
+            low = self.capacity if most + self.held >= self.capacity else most
+            if low != self._low:
+                self.source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, low)
+                self._low = low
+            ready = bool(self._room.poll(max(0.0, wait) * 1000))
+            n = self._splice(take)
+            if n is None:
+                if ready and not self.held:
+                    raise OSError(errno.EIO, "an empty pipe takes nothing from a socket that has bytes")
+                if not ready and time.monotonic() - self.heard > self.stall:
+                    raise TimeoutError(f"no byte for {self.stall:.0f}s")
+                return None  # the socket has bytes and the pipe no room, or the wait ran out
+        self.held += n
+        self.heard = time.monotonic()
+        return n
+
+    def _queued(self) -> int:
+        """Bytes waiting in the socket (whatever its SO_RCVLOWAT)."""
+        return int.from_bytes(fcntl.ioctl(self.sock, termios.FIONREAD, bytes(4)), sys.byteorder, signed=True)
+
+    def _splice(self, take: int) -> int | None:
+        try:
+            return os.splice(self.sock, self.w, take, flags=os.SPLICE_F_NONBLOCK)
+        except BlockingIOError:
+            return None
 
     def drain(self, fd: int, offset: int) -> int:
         """All the pipe holds into `fd` from `offset` on (a blocking write): the count."""

@@ -1,5 +1,6 @@
-"""agent.relay.splicing: bytes from a real loopback TCP socket into a file through a pipe, and the file
-system probe that decides whether a receiver splices."""
+"""agent.relay.splicing: bytes from a real loopback TCP socket into a file through a pipe (a pipe's worth a
+wait when the source is slower than the receiver), and the file system probe that decides whether a
+receiver splices."""
 
 from __future__ import annotations
 
@@ -61,12 +62,12 @@ def test_a_pipe_moves_a_stream_into_the_file_at_its_offset_and_sees_its_end(tmp_
     head = b"already here"  # an earlier stream's bytes: the pipe writes after them, not over them
     path.write_bytes(head)
     fd = os.open(path, os.O_RDWR)
-    pipe = Pipe(MiB)
+    pipe = Pipe(receiver, MiB, stall=5)
     try:
         assert pipe.capacity >= 64 * 1024
         pos = len(head)
         while True:
-            got = pipe.fill(receiver.fileno(), pipe.capacity, stall=5)
+            got = pipe.fill(pipe.capacity, wait=5)
             if not got:
                 break
             assert pipe.held == got <= pipe.capacity
@@ -82,18 +83,19 @@ def test_a_pipe_takes_no_more_than_asked_and_gives_up_on_a_quiet_socket(tmp_path
     sender, receiver = connected
     sender.sendall(b"x" * 10_000)  # more than asked for: the rest stays in the socket
     fd = os.open(tmp_path / "blob", os.O_RDWR | os.O_CREAT, 0o600)
-    pipe = Pipe(MiB)
+    pipe = Pipe(receiver, MiB, stall=0.3)
     try:
         taken = 0
         while taken < 4096:
-            taken += pipe.fill(receiver.fileno(), 4096 - taken, stall=5)
+            taken += pipe.fill(4096 - taken, wait=5) or 0
         assert taken == pipe.held == 4096
         assert pipe.drain(fd, 0) == 4096
         assert receiver.recv(20_000) == b"x" * (10_000 - 4096)
-        assert pipe.fill(receiver.fileno(), 0, stall=5) is None  # no room asked for: not the stream's end
+        assert pipe.fill(0, wait=5) is None  # no room asked for: not the stream's end
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            pipe.fill(receiver.fileno(), 4096, stall=0.3)  # connected, sending nothing
+            for _ in range(100):  # connected, sending nothing: each wait runs out, then the stall
+                assert pipe.fill(4096, wait=0.05) is None
         assert 0.25 < time.monotonic() - started < 5
     finally:
         pipe.close()
@@ -109,19 +111,82 @@ def test_a_pipe_full_of_small_pieces_says_so_and_takes_the_rest_once_drained(tmp
     for i in range(200):
         sender.send(bytes([i]) * 100)
         time.sleep(0.0005)  # one segment each
-    sender.shutdown(socket.SHUT_WR)
     fd = os.open(tmp_path / "blob", os.O_RDWR | os.O_CREAT, 0o600)
-    pipe = Pipe(64 * 1024)
+    pipe = Pipe(receiver, 64 * 1024, stall=5)
     answers: list[int | None] = []
     pos = 0
+    started = time.monotonic()
     try:
         while len(answers) < 1000 and (not answers or answers[-1] != 0):
-            answers.append(pipe.fill(receiver.fileno(), pipe.capacity, stall=5))
+            answers.append(pipe.fill(pipe.capacity, wait=2))
             if answers[-1] is None or answers[-1] == 0:
                 pos += pipe.drain(fd, pos)
+            if pos + pipe.held == 20_000:
+                sender.shutdown(socket.SHUT_WR)  # the end, once all of it is taken: no earlier wake-up
+        took = time.monotonic() - started
     finally:
         pipe.close()
         os.close(fd)
     assert None in answers, f"the pipe never filled up: {answers}"
     assert answers[-1] == 0 and pos == 20_000
+    assert took < 1.5, "a full pipe is to be drained at once, not after a wait"
     assert (tmp_path / "blob").read_bytes() == b"".join(bytes([i]) * 100 for i in range(200))
+
+
+def test_a_source_slower_than_the_receiver_fills_the_pipe_in_a_wait_or_two(tmp_path, connected):
+    """A paced source: 1 MiB in 16 sends 5 ms apart. Each fill that finds the socket empty waits for a
+    pipe's worth (or `wait`), so the MiB comes in a few fills, not one per send."""
+    sender, receiver = connected
+    data = hashlib.shake_256(b"paced").digest(MiB)
+
+    def send() -> None:
+        for i in range(0, MiB, 64 * 1024):
+            sender.sendall(data[i : i + 64 * 1024])
+            time.sleep(0.005)
+
+    threading.Thread(target=send, daemon=True).start()
+    fd = os.open(tmp_path / "blob", os.O_RDWR | os.O_CREAT, 0o600)
+    pipe = Pipe(receiver, MiB, stall=5)
+    fills = pos = 0
+    try:
+        while pos + pipe.held < MiB and fills < 100:
+            fills += 1
+            if pipe.fill(MiB - pos - pipe.held, wait=5) is None or pipe.held >= pipe.capacity:
+                pos += pipe.drain(fd, pos)
+        pos += pipe.drain(fd, pos)
+    finally:
+        pipe.close()
+        os.close(fd)
+    assert (tmp_path / "blob").read_bytes() == data
+    assert fills <= 4, f"{fills} fills for 16 sends"
+
+
+def test_a_fill_waits_for_more_only_up_to_its_wait(connected):
+    sender, receiver = connected
+    pipe = Pipe(receiver, MiB, stall=30)
+    try:
+        threading.Timer(0.3, sender.sendall, (b"y" * 100,)).start()
+        started = time.monotonic()
+        got = None
+        for _ in range(50):  # a loaded machine may send it late
+            got = pipe.fill(MiB, wait=1.5)
+            if got is not None:
+                break
+        took = time.monotonic() - started
+        # Fewer bytes than it waits for wake no poll: the fill takes them when its wait runs out.
+        assert got == 100 and took >= 1.4
+    finally:
+        pipe.close()
+
+
+def test_a_fill_asked_for_the_last_bytes_returns_once_they_came(connected):
+    """At a stream's end a fill waits only for what is left, not for a pipe's worth."""
+    sender, receiver = connected
+    pipe = Pipe(receiver, MiB, stall=30)
+    try:
+        threading.Timer(0.05, sender.sendall, (b"z" * 1000,)).start()
+        started = time.monotonic()
+        got = pipe.fill(1000, wait=5)
+        assert got == 1000 and time.monotonic() - started < 2.5
+    finally:
+        pipe.close()
