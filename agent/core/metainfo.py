@@ -19,8 +19,8 @@ _LARGE_BLOB = 1024**3
 def piece_length_for(size: int) -> int:
     """A power of two in [256 KiB, 16 MiB]: at most ~2000 pieces; 16 MiB from 1 GiB up.
 
-    Multi-GB shards get 16 MiB pieces (the default range chunk), so a range request maps onto
-    whole pieces and a 5 GB shard has ~300 pieces, not thousands (libtorrent's per-piece costs).
+    Multi-GB shards get 16 MiB pieces, a whole number of the origin engine's range chunks (4 MiB by
+    default), and a 5 GB shard has ~300 pieces, not thousands (libtorrent's per-piece costs).
     Smaller blobs keep the metainfo under ~40 KB of hashes while pieces stay small enough to share.
     """
     if size < 0:
