@@ -371,12 +371,12 @@ class RelayReceiver:
             while r.pos + held < end:
                 if not held:
                     since = time.monotonic()
-                want = min(batch - held, end - r.pos - held)
+                left = end - r.pos - held
                 if reader is not None:
-                    got = reader.read_into(view[held : held + want])
+                    got = reader.read_into(view[held : held + min(batch - held, left)])
                 else:
                     assert pipe is not None
-                    got = pipe.fill(want, since + _WRITE_WITHIN - time.monotonic())
+                    got = pipe.fill(left, since + _WRITE_WITHIN - time.monotonic())
                 if got == 0:  # closed before the range's end: the source cut the stream short
                     raise http.client.IncompleteRead(b"", end - r.pos - held)
                 held += got or 0

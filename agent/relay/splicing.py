@@ -72,13 +72,13 @@ class Pipe:
         self._low = 1  # the kernel's SO_RCVLOWAT until a fill waits
 
     def fill(self, most: int, wait: float) -> int | None:
-        """Up to `most` bytes of what the socket has into the pipe: their count, 0 at the stream's end,
-        None when the pipe takes no more or no byte came within `wait` seconds (`drain` it, if it holds
-        any). A pipe holds `capacity` bytes at most, and fewer when the socket hands it pieces smaller
-        than a page (each takes a page's slot).
+        """Of the `most` bytes the stream has left to send, what the socket has and the pipe takes: their
+        count, 0 at the stream's end, None when the pipe takes no more or no byte came within `wait`
+        seconds (`drain` it, if it holds any). A pipe holds `capacity` bytes at most, and fewer when the
+        socket hands it pieces smaller than a page (each takes a page's slot).
 
-        When the socket has nothing, the call waits for a pipe's worth of bytes (or what `most` says is
-        left, if less), `wait` seconds at most (SO_RCVLOWAT: the kernel wakes the poll only then): a
+        When the socket has nothing, the call waits for a pipe's worth of bytes (or the rest of the
+        stream, if less), `wait` seconds at most (SO_RCVLOWAT: the kernel wakes the poll only then): a
         receiver that keeps up with a paced source otherwise turns its loop for every few segments."""
         take = min(most, self.capacity - self.held)
         if take <= 0:
@@ -89,7 +89,7 @@ class Pipe:
                 return None  # the socket has bytes and the pipe no slot for them
             # A whole pipe's worth, or the rest of the stream when it is less: the same value from call to
             # call, so that the socket option is set once a stream, not once a wait.
-            low = self.capacity if most + self.held >= self.capacity else most
+            low = min(self.capacity, most)
             if low != self._low:
                 self.source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, low)
                 self._low = low

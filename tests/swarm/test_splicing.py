@@ -134,31 +134,39 @@ def test_a_pipe_full_of_small_pieces_says_so_and_takes_the_rest_once_drained(tmp
 
 
 def test_a_source_slower_than_the_receiver_fills_the_pipe_in_a_wait_or_two(tmp_path, connected):
-    """A paced source: 1 MiB in 16 sends 5 ms apart. Each fill that finds the socket empty waits for a
-    pipe's worth (or `wait`), so the MiB comes in a few fills, not one per send."""
+    """A paced source: the stream's 1 MiB in 16 sends 5 ms apart, the first already there. Each fill that
+    finds the socket empty waits for a pipe's worth or, holding some, for the rest of the stream, so the
+    MiB comes in a few fills, not one per send, and as soon as its last send."""
     sender, receiver = connected
     data = hashlib.shake_256(b"paced").digest(MiB)
+    piece = 64 * 1024
+    sender.sendall(data[:piece])
+    pipe = Pipe(receiver, MiB, stall=5)
+    while not pipe._queued():
+        time.sleep(0.001)
 
     def send() -> None:
-        for i in range(0, MiB, 64 * 1024):
-            sender.sendall(data[i : i + 64 * 1024])
+        for i in range(piece, MiB, piece):
             time.sleep(0.005)
+            sender.sendall(data[i : i + piece])
 
     threading.Thread(target=send, daemon=True).start()
     fd = os.open(tmp_path / "blob", os.O_RDWR | os.O_CREAT, 0o600)
-    pipe = Pipe(receiver, MiB, stall=5)
     fills = pos = 0
+    started = time.monotonic()
     try:
         while pos + pipe.held < MiB and fills < 100:
             fills += 1
             if pipe.fill(MiB - pos - pipe.held, wait=5) is None or pipe.held >= pipe.capacity:
                 pos += pipe.drain(fd, pos)
         pos += pipe.drain(fd, pos)
+        took = time.monotonic() - started
     finally:
         pipe.close()
         os.close(fd)
     assert (tmp_path / "blob").read_bytes() == data
     assert fills <= 4, f"{fills} fills for 16 sends"
+    assert took < 2.5, "the rest of the stream wakes the fill; it does not wait for a pipe's worth"
 
 
 @pytest.mark.parametrize(("most", "wait", "woken"), [(MiB, 1.5, False), (100, 5.0, True)])
