@@ -87,8 +87,8 @@ class Pipe:
         if n is None:
             if self.held and self._queued():
                 return None  # the socket has bytes and the pipe no slot for them
-            # A whole pipe's worth, or the rest of the stream when it is less: the same value from call to
-            # call, so that the socket option is set once a stream, not once a wait.
+            # A whole pipe's worth, or the rest of the stream when it is less: the same value from wait to
+            # wait until the stream's last pipe's worth, so the option is set about once a stream.
             low = min(self.capacity, most)
             if low != self._low:
                 self.source.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, low)
