@@ -305,8 +305,8 @@ def make_test_model_command(
             metavar="BYTES", help="Evict LRU blobs to keep the cache under this size.")
 @env_option("--cache-max-disk-percent", section=EVICTION,
             type=click.FloatRange(1, 100), default=85.0, show_default=True,
-            metavar="PERCENT", help="Evict LRU blobs while the cache filesystem is fuller than this "
-                                    "(100 = off).")
+            metavar="PERCENT", help="Evict LRU blobs while the cache's filesystem (all of it, as df "
+                                    "counts) is fuller than this (100 = off).")
 @env_option("--pin", "pins", section=EVICTION,
             multiple=True, metavar="REPO[@REV]", help="Never evict this model (repeatable).")
 @env_option("--kube", section=KUBE,

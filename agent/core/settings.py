@@ -552,8 +552,9 @@ class OpsSettings:
     """Most bytes of blobs kept in the hub cache (--cache-max-bytes); None = no size limit."""
 
     cache_max_disk_percent: float | None = 85.0
-    """Evict while the cache filesystem is fuller than this percent (--cache-max-disk-percent; 100 = off):
-    85 by default, so requests can never fill the node's disk until the kubelet evicts workloads."""
+    """Evict while the cache's filesystem is fuller than this percent (--cache-max-disk-percent; 100 = off):
+    85 by default, so requests can never fill the node's disk until the kubelet evicts workloads. It counts
+    the whole filesystem (what `df` shows), other files on it too, not the cache alone."""
 
     pins: tuple[str, ...] = ()
     """`REPO[@REV]` entries never evicted (--pin, repeatable); no @REV pins every revision of the repo."""

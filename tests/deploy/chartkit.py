@@ -38,6 +38,18 @@ CREDENTIALS_DIR = "/etc/weightswarm/credentials"
 
 Objects = dict[tuple[str, str], dict[str, Any]]
 
+IMAGE = "registry.example.com/weightswarm"
+"""The image every render names unless a test says otherwise: the chart has no default (none is published),
+and the README's and the examples' reference is this one."""
+
+
+def with_image(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with `image.repository` set to `IMAGE` where the test left it out."""
+    image = values.get("image", {})
+    if "repository" in image:
+        return values
+    return {**values, "image": {**image, "repository": IMAGE}}
+
 
 def render_text(
     chart: Any,
@@ -46,6 +58,7 @@ def render_text(
     namespace: str = NAMESPACE,
     api_versions: Sequence[str] = (),
 ) -> dict[str, str]:
+    values = with_image(values)
     if not api_versions:
         return dict(chart.render(values, name=release, namespace=namespace, is_install=True))
     # Chart.render does not forward api_versions, but the native call it wraps takes them (the same

@@ -19,6 +19,7 @@ from tests.deploy.chartkit import (
     CHART,
     CRD_GROUPS,
     EXAMPLE,
+    IMAGE,
     NAMESPACE,
     TRACKER,
     VAP_API,
@@ -480,3 +481,28 @@ def test_vllm_example_is_valid_and_uses_the_pods_socket(chart: Any) -> None:
     assert {e["name"]: e["value"] for e in vllm["env"]} == {"HF_HUB_CACHE": "/models", "HF_HUB_OFFLINE": "1"}
     assert mounts_of(vllm)["models"] == {"name": "models", "mountPath": "/models", "readOnly": True}
     assert "weightswarm-run" not in mounts_of(vllm)  # only the init container asks for models
+
+
+def test_the_image_must_be_named_and_is_named_one_way_everywhere(chart: Any) -> None:
+    """No image is published: an install that does not name one fails at once, saying what to do, rather
+    than pulling a reference that does not exist; the README, the chart's README and the examples give one
+    and the same reference, the one the README's build command tags."""
+    with pytest.raises(helm.HelmError, match=r"image.repository is empty: no weightswarm image is published"):
+        render(chart, {"image": {"repository": ""}})
+    version = chart.metadata["appVersion"]
+    agent_spec = pod_spec(render(chart, {}), "DaemonSet", "ws-weightswarm-agent")
+    assert container(agent_spec, "agent")["image"] == f"{IMAGE}:{version}"
+    # A registry host (it has a dot), any path, then the image's name, with or without a tag.
+    reference = r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)+(?::\d+)?(?:/[\w.-]+)*/weightswarm(?::[\w.-]+)?"
+    root = CHART.parents[1]
+    texts = [root / "README.md", CHART / "README.md", *sorted((CHART / "examples").glob("*.yaml"))]
+    references = {
+        (path.name, match)
+        for path in texts
+        for match in re.findall(reference, path.read_text())
+    }
+    assert references, "no image reference found"
+    assert {ref.split(":")[0] for _, ref in references} == {IMAGE}, references
+    tagged = {ref for _, ref in references if ":" in ref}
+    assert tagged == {f"{IMAGE}:{version}"}, tagged
+    assert f"docker build -t {IMAGE}:{version} ." in (root / "README.md").read_text()

@@ -38,6 +38,9 @@ def test_admission_policy_follows_the_cluster_or_the_value(
     assert bool(found) is created
     note = notes(chart, {"admissionPolicy": {"enabled": enabled}}, [VAP_API] if served else [])
     assert ("no ValidatingAdmissionPolicy" in note) is not created
+    # The note gives the reason that applies: the value, or a cluster that does not serve the API.
+    assert ("admissionPolicy.enabled=false" in note) is (enabled is False)
+    assert ("does not serve" in note) is (not created and enabled is not False)
 
 
 def test_admission_policy_binds_the_agent_updates_of_pods(chart: Any) -> None:

@@ -50,10 +50,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "weightswarm.image" -}}
+{{- $repo := required "image.repository is empty: no weightswarm image is published; build the repository's Dockerfile, push it to your registry and set image.repository (the repository's README, \"Kubernetes and vLLM\")" .Values.image.repository -}}
 {{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{ $repo }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end }}
 
