@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -157,6 +158,32 @@ def write_atomic(target: Path, data: bytes, fsync: bool = True) -> None:
         raise
 
 
+NODE_KEY_BYTES = 32
+
+
+def node_key(path: Path) -> bytes:
+    """A random per-node key kept at `path` (mode 0600), made on first use; a file that is no such key
+    is replaced (what was keyed with the old one no longer matches: fail closed)."""
+    try:
+        key = path.read_bytes()
+        if len(key) == NODE_KEY_BYTES:
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+            return key
+        log.warning("%s is not a %d-byte key: a new one replaces it (older records no longer match)",
+                    path, NODE_KEY_BYTES)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    key = secrets.token_bytes(NODE_KEY_BYTES)
+    try:
+        write_atomic(path, key)  # mkstemp's temp file is 0600, and os.replace keeps its mode
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}; check --state-dir") from None
+    return key
+
+
 @dataclass(frozen=True)
 class StateDir:
     """The agent's own state directory (`--state-dir`): the one place that names what is in it."""
@@ -186,6 +213,10 @@ class StateDir:
     @property
     def entitlement_key(self) -> Path:
         return self.root / "entitlements.key"
+
+    @property
+    def labels_key(self) -> Path:
+        return self.root / "labels.key"
 
     @property
     def listings(self) -> Path:

@@ -164,7 +164,7 @@ class Daemon:
             )
             self.ops = NodeOps(
                 s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model,
-                self.fetcher.arrivals, self.fetcher.holder_stall,
+                self.fetcher.arrivals, self.fetcher.holder_stall, self._is_public,
             )
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(
@@ -397,6 +397,10 @@ class Daemon:
             job.fail(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self.ops.job_finished(job)
+
+    def _is_public(self, repo_id: str) -> bool:
+        """The origin last reported the repo public (a fresh entitlement record)."""
+        return repo_id in self._fetch.entitlements.public_repos()
 
     def _public_torrents(self) -> set[str]:
         """Infohashes of the held blobs of models the origin last reported public (--interop-public).

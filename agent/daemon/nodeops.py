@@ -32,8 +32,9 @@ from agent.cache.eviction import (
     remove_model,
     scan_cache,
 )
-from agent.cache.layout import RepoCache, StateDir
+from agent.cache.layout import RepoCache, StateDir, node_key
 from agent.core.errors import RefusedError, WeightswarmError
+from agent.core.modelnames import ModelNames
 from agent.core.plan import FetchPlan
 from agent.core.settings import Settings
 from agent.fetch.jobs import Job, JobTable, RequestModel
@@ -58,6 +59,13 @@ _CACHE_BYTES_EVERY = 10.0
 """Seconds a scrape reuses the cache size (walking a big cache on every scrape is wasted I/O)."""
 
 
+def label_key(settings: Settings) -> bytes:
+    """The key of hidden model labels: the cluster's passkey where there is one (one label per model on
+    every node), else this node's own (agent.core.modelnames says why)."""
+    passkey = settings.daemon.tracker_passkey
+    return passkey.encode() if passkey else node_key(StateDir(settings.state_dir).labels_key)
+
+
 class NodeOps:
     def __init__(
         self,
@@ -69,8 +77,10 @@ class NodeOps:
         request_model: RequestModel,
         arrivals: Arrivals,
         relay_stall: float,
+        public: Callable[[str], bool],
     ) -> None:
-        """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.relay.routes)."""
+        """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.relay.routes);
+        `public`: whether the origin last reported a repo public (agent.fetch.entitlement)."""
         self.settings = settings
         self._arrivals = arrivals
         self._relay_stall = relay_stall
@@ -78,7 +88,9 @@ class NodeOps:
         self._swarm = swarm
         self._seeder = seeder
         self._tracker = tracker
-        self.metrics = AgentMetrics()
+        self.names = ModelNames(label_key(settings), public)
+        """The one naming of models in metrics and INFO logs (agent.core.modelnames)."""
+        self.metrics = AgentMetrics(self.names)
         self.usage = UsageLog(StateDir(settings.state_dir).usage)
         self.readers = BlobReaders()
         self.extra_pins: set[str] = set()
@@ -121,7 +133,7 @@ class NodeOps:
 
     def job_finished(self, job: Job) -> None:
         status = job.status()
-        self.metrics.observe_job(status)
+        self.metrics.observe_job(status, job.key.source)
         if status.phase == "Ready":
             self.usage.touch(f.blob_id for f in status.files if f.blob_id)
 
@@ -157,7 +169,7 @@ class NodeOps:
     def admin_routers(self) -> list[APIRouter]:
         """The admin channel's own routes: metrics and the admin operations."""
         admin = AdminOps(remove=self._remove, forget=self._seeder.forget, publish=self._publish)
-        return [metrics_router(self.metrics), admin_router(admin)]
+        return [metrics_router(self.metrics, admin=True), admin_router(admin)]
 
     def network_routers(self) -> list[APIRouter]:
         """The network listener's: metrics (unless turned off) and the HF-compatible endpoint last

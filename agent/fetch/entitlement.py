@@ -28,15 +28,14 @@ import hashlib
 import hmac
 import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.cache.layout import StateDir, is_commit, write_atomic
-from agent.core.errors import ConfigError, RefusedError
+from agent.cache.layout import StateDir, is_commit, node_key, write_atomic
+from agent.core.errors import RefusedError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,6 @@ Not a setting: it is part of the trust model (docs/security.md), not a tuning kn
 MAX_TOKENS_PER_REPO = 256
 """Token entries kept per repo (the HF endpoint's clients each bring their own); the oldest go first."""
 
-_KEY_BYTES = 32
 _VERSION = 1
 
 Grant = Literal["public", "token"]
@@ -67,7 +65,7 @@ class Entitlements:
         self._path = state.entitlements
         self._clock = clock
         self._lock = threading.Lock()
-        self._key = _load_key(state)
+        self._key = node_key(state.entitlement_key)
         self._repos: dict[str, dict[str, Any]] = _load(self._path)
 
     def __repr__(self) -> str:  # the key stays out of reprs
@@ -169,29 +167,6 @@ def _stamp(value: object) -> bool:
 
 def _empty() -> dict[str, Any]:
     return {"public": None, "revisions": {}, "tokens": {}}
-
-
-def _load_key(state: StateDir) -> bytes:
-    """The node's HMAC key, made on first use; without it the records cannot be matched (fail closed)."""
-    path = state.entitlement_key
-    try:
-        key = path.read_bytes()
-        if len(key) == _KEY_BYTES:
-            if path.stat().st_mode & 0o077:
-                path.chmod(0o600)
-            return key
-        log.warning("%s is not a %d-byte key: a new one replaces it (older records no longer match)",
-                    path, _KEY_BYTES)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    key = secrets.token_bytes(_KEY_BYTES)
-    try:
-        write_atomic(path, key)  # mkstemp's temp file is 0600, and os.replace keeps its mode
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror}; check --state-dir") from None
-    return key
 
 
 def _load(path: Path) -> dict[str, dict[str, Any]]:

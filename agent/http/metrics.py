@@ -18,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.core.modelnames import ModelNames
+
 if TYPE_CHECKING:
     from agent.fetch.jobs import JobStatus
 
@@ -106,11 +108,38 @@ class _StateCollector(Collector):
         )
 
 
-class AgentMetrics:
-    """The agent's metrics. `bind_state` once the swarm exists; the rest can be used from the start."""
+class _LabelCollector(Collector):
+    """Which hidden label is which model: on the admin socket only (agent.core.modelnames)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: ModelNames) -> None:
+        self._names = names
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(
+            "weightswarm_agent_model_label",
+            "1 for each hidden model label this agent used, with the model it stands for (node-local).",
+            labels=["model", "name"],
+        )
+        for label, name in sorted(self._names.known().items()):
+            family.add_metric([label, name], 1)
+        yield family
+
+
+class AgentMetrics:
+    """The agent's metrics. `bind_state` once the swarm exists; the rest can be used from the start.
+
+    Every series with a `model` label takes it from `names` (agent.core.modelnames): a model the origin
+    does not report public is a hidden label on every channel."""
+
+    def __init__(self, names: ModelNames) -> None:
+        self.names = names
         self.registry = CollectorRegistry(auto_describe=True)
+        self.admin_registry = CollectorRegistry(auto_describe=False)
+        """What only the admin socket adds: the hidden labels' names."""
+        self.admin_registry.register(_LabelCollector(names))
         r = self.registry
         self.bytes = Counter(
             "weightswarm_agent_fetched_bytes",
@@ -179,8 +208,8 @@ class AgentMetrics:
     ) -> None:
         self.registry.register(_StateCollector(swarm, cache_bytes, jobs, lambda: self.preheat_counts()))
 
-    def observe_job(self, status: JobStatus) -> None:
-        """One finished fetch job: bytes by source, duration, outcome."""
+    def observe_job(self, status: JobStatus, source: str = "") -> None:
+        """One finished fetch job (`source`: its bucket URL, if any): bytes by source, duration, outcome."""
         if status.phase == "Ready":
             self.fetches.labels("ready").inc()
             self.bytes.labels("peer").inc(status.bytes_from_peers)
@@ -189,7 +218,7 @@ class AgentMetrics:
             end = status.finished or time.time()
             took = max(0.0, end - status.created)
             self.fetch_duration.observe(took)
-            model = f"{status.repo_id}@{status.revision}"
+            model = self.names.label(status.repo_id, status.revision, source)
             by_source = {
                 "origin": status.bytes_from_origin,
                 "peers": status.bytes_from_peers,
@@ -205,15 +234,17 @@ class AgentMetrics:
             self.fetches.labels("failed").inc()
             self.fetch_failures.inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, admin: bool = False) -> bytes:
+        out = generate_latest(self.registry)
+        return out + generate_latest(self.admin_registry) if admin else out
 
 
-def metrics_router(metrics: AgentMetrics) -> APIRouter:
+def metrics_router(metrics: AgentMetrics, admin: bool = False) -> APIRouter:
+    """`GET /metrics`; `admin`: the node-local channel, which also says which hidden label is which model."""
     router = APIRouter()
 
     @router.get("/metrics")
     def get_metrics(_request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.render(admin), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -1,6 +1,8 @@
 """The hub's view of a directory: repos, their files, blob ids and commits.
 
-`root/<org>/<name>/` holds the files of a repo's `main` branch. A commit is a sha1 over
+`root/<org>/<name>/` holds the files of a repo's `main` branch, and `root/<org>/<name>/.refs/<ref>/` those
+of a ref the Hub makes itself (`.refs/pr/1/` is `refs/pr/1`, a pull request's head; `.refs/convert/parquet/`
+is `refs/convert/parquet`). A commit is a sha1 over
 the sorted (path, git oid) pairs, so editing a file moves `main` to a new commit. Every
 commit reported while the process runs stays resolvable: its file list (path, size,
 mtime, blob ids) is kept in memory. The bytes are still read from the working files, so
@@ -32,7 +34,12 @@ LFS_SUFFIXES = frozenset(
     ".parquet .pb .pickle .pkl .pt .pth .rar .safetensors .tar .tflite .tgz .wasm .xz .zip .zst".split()
 )
 
-SKIPPED_NAMES = frozenset({".git", ".refs.json"})
+REFS_DIR = ".refs"
+_HUB_REF = re.compile(r"^refs/(pr/[1-9][0-9]{0,8}|convert/[a-z][a-z0-9_-]{0,63})$")
+"""The refs the Hub itself makes: a pull request's head (`refs/pr/N`), a conversion (`refs/convert/parquet`,
+`refs/convert/duckdb`). Nothing else maps to a folder, so no revision names a path outside `.refs/`."""
+
+SKIPPED_NAMES = frozenset({".git", ".refs.json", REFS_DIR})
 """Top-level entries of a repo directory that are never repo files."""
 
 INCOMPLETE_SUFFIX = ".incomplete"
@@ -185,10 +192,12 @@ class RepoStore:
         self._hashes[key] = result
         return result
 
-    def head(self, repo_id: str) -> Snapshot | None:
-        """The current `main` of a repo (re-scanned now), or None if there is no such repo."""
+    def head(self, repo_id: str, ref: str | None = None) -> Snapshot | None:
+        """The current `main` of a repo, or of a Hub-made `ref` (re-scanned now); None if there is none."""
         directory = self.repo_dir(repo_id)
-        if directory is None:
+        if directory is not None and ref is not None:
+            directory = directory.joinpath(REFS_DIR, *ref.split("/")[1:]) if _HUB_REF.match(ref) else None
+        if directory is None or not directory.is_dir():
             return None
         with self._lock:
             files: dict[str, RepoFile] = {}
@@ -207,9 +216,12 @@ class RepoStore:
             return snapshot
 
     def resolve(self, repo_id: str, revision: str) -> Snapshot | None:
-        """`main` or a commit this process has reported; None for an unknown revision."""
+        """`main`, a Hub-made ref (`refs/pr/N`, `refs/convert/NAME`) or a commit this process has
+        reported; None for an unknown revision."""
         if revision == "main":
             return self.head(repo_id)
+        if revision.startswith("refs/"):
+            return self.head(repo_id, revision)
         if is_commit(revision):
             with self._lock:
                 known = self._commits.get((repo_id, revision))

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from agent.cache.layout import check_revision
 from agent.core.errors import AnnotationError, ConfigError
 from agent.fetch.jobs import JobStatus
 from agent.origin.bucket_url import split_bucket_url
@@ -161,13 +162,12 @@ def _check_revision(entry: str, revision: str) -> str:
         return revision.lower()  # commits are lower-case hex in the cache layout (snapshots/<commit>)
     if len(revision) > MAX_REVISION_LENGTH:
         raise AnnotationError(entry, f"revision longer than {MAX_REVISION_LENGTH} characters")
-    if (
-        not _REVISION.match(revision)
-        or ".." in revision
-        or "//" in revision
-        or revision.endswith(("/", ".", ".lock"))
-    ):
-        raise AnnotationError(entry, "revision must be a branch, tag or 40-hex commit")
+    try:
+        check_revision(revision)  # the cache's own rule: it becomes `refs/<revision>`, as huggingface_hub's
+    except ConfigError:
+        raise AnnotationError(entry, "revision must be a branch, tag, refs/pr/N or 40-hex commit") from None
+    if not _REVISION.match(revision):
+        raise AnnotationError(entry, "revision must be a branch, tag, refs/pr/N or 40-hex commit")
     return revision
 
 

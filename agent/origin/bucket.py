@@ -256,10 +256,34 @@ def listed_object(meta: Any, what: str) -> BucketObject | None:
     return BucketObject(path, int(meta["size"]), str(meta.get("e_tag") or ""), meta.get("version"))
 
 
+_STATUS = re.compile(r"status code: (\d{3})|status: (\d{3})")
+_CODE = re.compile(r"<Code>([\w.-]{1,64})</Code>|\"code\"\s*:\s*\"?([\w.-]{1,64})")
+_MESSAGE = re.compile(r"<Message>([^<]{1,300})</Message>|\"message\"\s*:\s*\"([^\"]{1,300})\"")
+_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|GOOG)[A-Z0-9]{12,}\b")
+
+
+def store_reason(text: str, fallback: str) -> str:
+    """What a store's error says a person may read: the status, and the body's error code and message
+    only. The rest of a body (S3's names the access key id, the string it signed, request ids; a body
+    may even begin with the key id) and any URL's query never reach a job error, a pod's status or a log."""
+    status = _STATUS.search(text)
+    if status is None:  # no answer at all (a refused connection, a timeout): obstore's own words
+        first = text.splitlines()[0] if text else fallback
+        return _KEY_ID.sub("[key id]", re.sub(r"\?\S*", "", first))[:300]
+    parts = [f"HTTP {status.group(1) or status.group(2)}"]
+    code, message = _CODE.search(text), _MESSAGE.search(text)
+    if code:
+        parts.append(code.group(1) or code.group(2))
+    out = " ".join(parts)
+    if message:
+        out += f": {(message.group(1) or message.group(2)).strip()}"
+    return _KEY_ID.sub("[key id]", out)
+
+
 def _mapped(exc: Exception, what: str) -> Exception:
     """obstore's errors as ours: refused credentials, a missing bucket, a passing failure (retried)."""
     text = str(exc)
-    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    first = store_reason(text, type(exc).__name__)
     if isinstance(exc, obx.PermissionDeniedError | obx.UnauthenticatedError) or _ACCESS.search(text):
         return AuthError(f"{what}: the store refused this node's credentials ({first})")
     if isinstance(exc, obx.NotFoundError) or "NoSuchBucket" in text:

@@ -535,7 +535,8 @@ def exported_metric_names() -> set[str]:
     """Every series name the agent's /metrics can have: the families its registry collects (the
     scrape-time collectors bound to empty state) with their exposition suffixes."""
     metrics = importlib.import_module("agent.http.metrics")
-    agent_metrics = metrics.AgentMetrics()
+    names = importlib.import_module("agent.core.modelnames").ModelNames(b"k", lambda _repo: False)
+    agent_metrics = metrics.AgentMetrics(names)
     snapshot = metrics.SwarmSnapshot(
         **{
             f.name: 0
