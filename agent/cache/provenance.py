@@ -69,14 +69,12 @@ class Provenance:
 
     def record(self, origin: str, plan: FetchPlan) -> None:
         """The plan's files are in place, fetched from `origin`."""
-        data = self._load(plan.repo_id)
-        commits = data.get("commits") if isinstance(data.get("commits"), dict) else {}
-        entry = commits.get(plan.commit) if isinstance(commits.get(plan.commit), dict) else {}
-        files = entry.get("files") if isinstance(entry.get("files"), dict) else {}
+        commits: dict[str, Any] = _dict(self._load(plan.repo_id).get("commits"))
+        files: dict[str, Any] = _dict(_dict(commits.get(plan.commit)).get("files"))
         files.update({e.path: [e.blob_id, e.size] for e in plan.files if e.content_known})
         paths = sorted(set(plan.all_paths) | set(files))
         commits[plan.commit] = {"paths": paths, "files": files, "at": time.time()}
-        newest = sorted(commits, key=lambda c: commits[c].get("at", 0) if isinstance(commits[c], dict) else 0)
+        newest = sorted(commits, key=lambda c: _stamp(_dict(commits[c]).get("at")))
         for old in newest[: max(0, len(newest) - MAX_COMMITS)]:
             del commits[old]
         out = {"version": _VERSION, "origin": clean_origin(origin), "commits": commits}
@@ -105,3 +103,11 @@ class Provenance:
                     and is_blob_id(value[0]) and isinstance(value[1], int) and value[1] >= 0):
                 known[str(path)] = (value[0], value[1])
         return [str(p) for p in paths], known
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _stamp(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0

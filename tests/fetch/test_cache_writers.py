@@ -42,10 +42,9 @@ def test_two_agent_fetch_processes_into_one_cache_take_turns_per_blob(tmp_path):
     size = sum(len(b) for b in files.values())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    hub = subprocess.Popen(
-        [str(BIN / "agent"), "serve-hub", str(tmp_path / "origin"), "--port", str(port), "--rate-total", "8MB"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    argv = [str(BIN / "agent"), "serve-hub", str(tmp_path / "origin"), "--port", str(port)]
+    argv += ["--rate-total", "8MB"]
+    hub = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         loop_until(lambda: _reachable(url), timeout=30, what="agent serve-hub")
         dirs = ["--cache-dir", str(tmp_path / "hub"), "--state-dir", str(tmp_path / "st"), "--agent", "off"]
@@ -54,7 +53,7 @@ def test_two_agent_fetch_processes_into_one_cache_take_turns_per_blob(tmp_path):
         runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 for _ in range(2)]
         outs = [r.communicate(timeout=120) for r in runs]
-        for r, (out, err) in zip(runs, outs, strict=True):
+        for r, (_out, err) in zip(runs, outs, strict=True):
             assert r.returncode == 0, err
         snaps = {out.strip().splitlines()[-1] for out, _err in outs}
         assert len(snaps) == 1 and snapshot_contents(Path(snaps.pop())) == files
@@ -77,7 +76,9 @@ def test_agent_fetch_waits_for_huggingface_hub_downloading_the_same_blob(tmp_pat
     root = tmp_path / "origin"
     files = model(root, total=16 * MiB, shards=2)
     shard = shards(files)[0]
-    for srv in serve(root, rate_total=RATE):
+    served = serve(root, rate_total=RATE)
+    srv = next(served)
+    try:
         settings = settings_for(tmp_path, srv.url)
         hf_done = threading.Event()
 
@@ -99,6 +100,8 @@ def test_agent_fetch_waits_for_huggingface_hub_downloading_the_same_blob(tmp_pat
         gets = [r for r in srv.requests if r.method == "GET" and r.path.endswith(shard)]
         sent = sum(_span(r.range, len(files[shard])) for r in gets)
         assert sent == len(files[shard]), [r.range for r in gets]
+    finally:
+        served.close()
 
 
 def _span(header: str | None, size: int) -> int:
