@@ -20,6 +20,7 @@ The agent's state lives in `state_dir`, never inside the hub cache (`StateDir` o
     <state_dir>/usage.json                last use per blob id (agent.cache.eviction)
     <state_dir>/entitlements.json         repos this node proved it may read (agent.fetch.entitlement)
     <state_dir>/entitlements.key          the key of the token HMACs in it (mode 0600)
+    <state_dir>/origins/<repo>.json       where a repo came from, its commits' files (agent.cache.provenance)
 
 Every file others may read appears through `os.replace` of a fully written temp file.
 """
@@ -221,6 +222,10 @@ class StateDir:
     @property
     def listings(self) -> Path:
         return self.root / "listings"
+
+    @property
+    def origins(self) -> Path:
+        return self.root / "origins"
 
     def sidecar(self, blob_id: str) -> Path:
         return self.digests / f"{check_blob_id(blob_id)}.json"

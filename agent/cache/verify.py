@@ -12,6 +12,7 @@ is unlinked from every repo that shares it and linked back into each of them onc
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 from collections.abc import Callable
@@ -36,6 +37,8 @@ class BlobCheck:
     problem: str = ""
     uses: list[tuple[str, str]] = field(default_factory=list)
     """(commit, path) of every snapshot entry that points at this blob."""
+    dropped_refs: list[str] = field(default_factory=list)
+    """The refs removed with the entries of a blob that could not be fetched again (`drop_entries`)."""
 
 
 def _select(settings: Settings, ref: str | None) -> list[tuple[CachedRepo, set[str] | None]]:
@@ -161,7 +164,28 @@ def repair(
         ok, problem = rehash(cache, check.blob_id)
         if not ok:
             check.problem = problem
+            drop_entries(cache, check)
             still.append(check)
         else:
             check.ok, check.problem = True, ""
     return still
+
+
+def drop_entries(cache: RepoCache, check: BlobCheck) -> None:
+    """Remove the snapshot entries that name the gone blob, and every ref to their commits: a reader
+    (huggingface_hub with HF_HUB_OFFLINE, vLLM) then finds the revision missing, not a path to nothing.
+    The blob, its partial and its state are removed too."""
+    cache.blob_path(check.blob_id).unlink(missing_ok=True)
+    cache.discard_partial(check.blob_id)
+    commits = set()
+    for commit, path in check.uses:
+        entry = cache.snapshot_file(commit, path)
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
+        commits.add(commit)
+    if not cache.refs_dir.is_dir():
+        return
+    for ref in sorted(cache.refs_dir.rglob("*")):
+        if ref.is_file() and ref.read_text().strip() in commits:
+            ref.unlink(missing_ok=True)
+            check.dropped_refs.append(ref.relative_to(cache.refs_dir).as_posix())

@@ -226,7 +226,7 @@ def verify_command(
             still = repair(
                 settings,
                 bad,
-                _refetcher(settings, client),
+                _refetcher(settings, client, explicit_origin=bool(origin), token=token),
                 forget=client.forget_blob if client is not None else None,
             )
         finally:
@@ -235,23 +235,48 @@ def verify_command(
         click.echo(f"repaired {len(bad) - len(still)} of {len(bad)} corrupt blob(s)")
         bad = still
     for check in bad:
-        click.echo(f"still corrupt: {check.repo_id} {check.blob_id} ({check.problem})", err=True)
+        click.echo(_still_bad(settings, check), err=True)
     if bad:
         raise SystemExit(EXIT_INTEGRITY)
 
 
-def _refetcher(settings: Settings, client: Any) -> Any:
+def _still_bad(settings: Settings, check: Any) -> str:
+    """One line: the blob, and what was removed with it and how to get it back."""
+    from agent.cache.provenance import Provenance
+
+    line = f"still corrupt: {check.repo_id} {check.blob_id} ({check.problem})"
+    commits = sorted({c for c, _p in check.uses})
+    if not commits:
+        return line
+    origin = Provenance(settings.state_dir).origin_of(check.repo_id)
+    again = f"agent fetch {check.repo_id} --revision {commits[0]}" + (f" --origin {origin}" if origin else "")
+    refs = f" and refs {', '.join(check.dropped_refs)}" if check.dropped_refs else ""
+    return f"{line}; its snapshot entries{refs} are removed: `{again}` brings them back"
+
+
+def _refetcher(settings: Settings, client: Any, explicit_origin: bool, token: str | None) -> Any:
+    """Fetch again from where each repo came from (agent.cache.provenance), unless --origin says where."""
+    from agent.cache.provenance import Provenance
     from agent.core.progress import Progress
+    from agent.origin.bucket_url import is_bucket_url
 
     def refetch(repo_id: str, commit: str, paths: list[str]) -> None:
+        recorded = None if explicit_origin else Provenance(settings.state_dir).origin_of(repo_id)
         if client is not None:
             from agent.http.client import fetch_via_agent
 
-            fetch_via_agent(client.url, repo_id, commit, paths, (), Progress(quiet=True))
-        else:
-            from agent.fetch.engine import fetch_snapshot
+            # The daemon fetches from its own origin; a bucket model names its bucket.
+            source = recorded if recorded and is_bucket_url(recorded) else ""
+            fetch_via_agent(client.url, repo_id, commit, paths, (), Progress(quiet=True), source=source)
+            return
+        from agent.fetch.engine import fetch_snapshot
 
-            fetch_snapshot(settings, repo_id, commit, paths)
+        s = settings
+        if recorded and recorded != settings.origin.endpoint:
+            # $HF_TOKEN is for $HF_ENDPOINT: another origin gets only a token given with --token.
+            there = dataclasses.replace(settings.origin, endpoint=recorded, token=token)
+            s = dataclasses.replace(settings, origin=there)
+        fetch_snapshot(s, repo_id, commit, paths)
 
     return refetch
 

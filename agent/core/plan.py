@@ -4,6 +4,7 @@ fill the plan's blobs; the engine installs them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class FetchPlan:
     """Every path at the commit, including ones --include/--exclude left out (for index checks)."""
     from_tracker: bool = False
     """Planned from the tracker's manifest (the origin could not): the tracker has it already."""
+    from_cache: bool = False
+    """Planned from what the cache holds (the origin could not be asked): nothing to publish."""
 
     def identified(self, content_ids: dict[str, str]) -> FetchPlan:
         """This plan with the content ids a download learnt (listing id -> sha256) in place."""
@@ -49,7 +52,7 @@ class FetchPlan:
             FileEntry(e.path, e.size, content_ids[e.blob_id], e.is_lfs) if not e.content_known else e
             for e in self.files
         )
-        return FetchPlan(self.repo_id, self.revision, self.commit, files, self.all_paths, self.from_tracker)
+        return dataclasses.replace(self, files=files)
 
 
 @dataclass(frozen=True)

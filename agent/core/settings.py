@@ -2,8 +2,8 @@
 
 No other module reads `os.environ`; `from_env_defaults` is the one place that maps the
 Hugging Face environment variables (`HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN`,
-`HF_TOKEN_PATH`) onto defaults, as `huggingface_hub` does. `WEIGHTSWARM_<OPTION>` variables are
-handled by the CLI layer (every option has one).
+`HF_TOKEN_PATH`, `HF_HUB_OFFLINE`) onto defaults, as `huggingface_hub` does. `WEIGHTSWARM_<OPTION>`
+variables are handled by the CLI layer (every option has one).
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
 def default_origin(env: Mapping[str, str]) -> str:
     """`$HF_ENDPOINT`, else https://huggingface.co."""
     return (env.get("HF_ENDPOINT") or DEFAULT_ORIGIN).rstrip("/")
+
+
+def default_offline(env: Mapping[str, str]) -> bool:
+    """`$HF_HUB_OFFLINE` (else `$TRANSFORMERS_OFFLINE`) set to a true value, as huggingface_hub reads them
+    ("1", "ON", "YES", "TRUE")."""
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def default_token(env: Mapping[str, str]) -> str | None:
@@ -91,6 +98,10 @@ class OriginSettings:
 
     user_agent: str = "weightswarm/0.1"
     """User-Agent sent to the origin."""
+
+    offline: bool = False
+    """`HF_HUB_OFFLINE=1` (as huggingface_hub): never ask the origin; a revision complete in the cache
+    is served from it, anything else fails at once. Default off."""
 
 
 @dataclass(frozen=True)
@@ -603,7 +614,9 @@ class Settings:
         state_dir = Path(str(given.pop("state_dir", default_state_dir(env)))).expanduser()
         origin = given.pop("origin", None)
         if origin is None:
-            origin = OriginSettings(endpoint=default_origin(env), token=default_token(env))
+            origin = OriginSettings(
+                endpoint=default_origin(env), token=default_token(env), offline=default_offline(env)
+            )
         fetch = given.pop("fetch", None) or FetchSettings()
         if given:
             raise TypeError(f"unknown settings: {sorted(given)}")

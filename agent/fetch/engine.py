@@ -16,15 +16,18 @@ completed stay installed for the next run.
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
+import dataclasses
 import logging
 import shutil
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath
+from agent.cache.layout import BlobDigest, RepoCache, check_repo_id, safe_relpath, same_file
 from agent.cache.listings import ListingIds
+from agent.cache.locks import blob_lock
+from agent.cache.provenance import Provenance
 from agent.core.errors import (
     AuthError,
     CacheError,
@@ -37,8 +40,8 @@ from agent.core.hashing import BlobHashes
 from agent.core.plan import FetchPlan, FetchResult, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import Settings
+from agent.fetch.cached import cached_plan, filter_files, plan_or_cached
 from agent.fetch.safetensors import check_index, check_safetensors
-from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
 from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
@@ -51,21 +54,6 @@ _FATAL = (AuthError, CacheError, DiskSpaceError)
 
 class _Skipped(Exception):
     """A file not started because an earlier file hit a `_FATAL` error."""
-
-
-def _matches(path: str, patterns: Sequence[str]) -> bool:
-    # As huggingface_hub's filter_repo_objects: a pattern ending in "/" means everything below it.
-    return any(fnmatch.fnmatch(path, p + "*" if p.endswith("/") else p) for p in patterns)
-
-
-def filter_files(
-    files: Sequence[RemoteFile], include: Sequence[str] = (), exclude: Sequence[str] = ()
-) -> list[RemoteFile]:
-    return [
-        f
-        for f in files
-        if (not include or _matches(f.path, include)) and not (exclude and _matches(f.path, exclude))
-    ]
 
 
 def plan_from_origin(
@@ -142,12 +130,21 @@ class FetchEngine:
         self.source = source
         self.progress = progress
         self._abort = False
+        self.found: set[str] = set()
+        """Blobs another writer of the cache installed while this run waited for their lock."""
 
     def run(self, plan: FetchPlan) -> FetchResult:
         cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, plan.repo_id)
-        cache.prepare()
         listings = ListingIds(self.settings.state_dir)
         plan = listings.resolve(plan)
+        if in_place(cache, plan):
+            # Nothing to write (the cache may be mounted read-only): the ref is moved where it can be, as
+            # huggingface_hub does.
+            with contextlib.suppress(OSError):
+                cache.write_ref(plan.revision, plan.commit)
+            size = sum({e.blob_id: e.size for e in plan.files}.values())
+            return FetchResult(cache.snapshot_dir(plan.commit), plan.commit, plan.files, 0, size, ())
+        cache.prepare()
         unique: dict[str, FileEntry] = {}
         for entry in plan.files:
             unique.setdefault(entry.blob_id, entry)
@@ -200,13 +197,14 @@ class FetchEngine:
 
         self._check_indexes(plan, cache)
         cache.write_ref(plan.revision, plan.commit)
+        found_bytes = sum(e.size for e in missing if e.blob_id in self.found)
         return FetchResult(
             snapshot_path=cache.snapshot_dir(plan.commit),
             commit=plan.commit,
             files=plan.files,
             bytes_from_origin=self.source.bytes_received,
-            bytes_cached=cached_bytes + self.source.bytes_resumed,
-            downloaded=tuple(e.path for e in missing),
+            bytes_cached=cached_bytes + self.source.bytes_resumed + found_bytes,
+            downloaded=tuple(e.path for e in missing if e.blob_id not in self.found),
         )
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
@@ -215,8 +213,15 @@ class FetchEngine:
             raise _Skipped()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
-            hashes = self.source.fetch_blob(plan, entry, cache, fp)
-            install_downloaded(cache, entry, hashes, self.settings.fetch.verify_safetensors)
+            # The lock huggingface_hub takes too (agent.cache.locks): another writer of this cache
+            # downloading the blob finishes it while this one waits, then this one links it.
+            with blob_lock(cache.cache_dir, cache.repo_id, entry.blob_id):
+                if entry.content_known and cache.adopt_blob(entry.blob_id, entry.size):
+                    self.found.add(entry.blob_id)
+                    fp.finish()
+                    return entry.blob_id
+                hashes = self.source.fetch_blob(plan, entry, cache, fp)
+                install_downloaded(cache, entry, hashes, self.settings.fetch.verify_safetensors)
         except BaseException as exc:
             self._abort = self._abort or isinstance(exc, _FATAL)
             fp.fail()
@@ -231,6 +236,16 @@ class FetchEngine:
         for entry in plan.files:
             if entry.path.endswith(".safetensors.index.json"):
                 check_index(cache.snapshot_file(plan.commit, entry.path), entry.path, present, plan.all_paths)
+
+
+def in_place(cache: RepoCache, plan: FetchPlan) -> bool:
+    """Every file of the plan linked in its snapshot to a complete blob of its content id."""
+    return all(
+        e.content_known
+        and cache.blob_is_complete(e.blob_id, e.size)
+        and same_file(cache.snapshot_file(plan.commit, e.path), cache.blob_path(e.blob_id))
+        for e in plan.files
+    )
 
 
 def install_downloaded(cache: RepoCache, entry: FileEntry, hashes: BlobHashes, check: bool) -> None:
@@ -286,12 +301,23 @@ def fetch_snapshot(
     f = settings.fetch
     client = open_origin(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
-        plan = plan_from_origin(client, repo_id, revision, include, exclude)
+        cached = cached_plan(settings, repo_id, revision, include, exclude)
+        plan = plan_or_cached(
+            settings.origin,
+            client,
+            cached,
+            lambda origin, _cached: plan_from_origin(origin, repo_id, revision, include, exclude),
+            f"{repo_id}@{revision}",
+        )
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
         engine = FetchEngine(settings, source, progress or Progress(quiet=True))
-        return engine.run(plan)
+        result = engine.run(plan)
+        if not plan.from_cache:
+            fetched = dataclasses.replace(plan, files=result.files)
+            Provenance(settings.state_dir).record(client.endpoint, fetched)
+        return result
     finally:
         client.close()
 

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 
 from agent.cache.layout import RepoCache, StateDir
 from agent.cache.listings import ListingIds
+from agent.cache.locks import blob_lock
+from agent.cache.provenance import Provenance
 from agent.core.errors import AuthError, NotFoundError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.bucket import BucketIndex, unknown
+from agent.fetch.cached import cached_plan, plan_or_cached
 from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import STAGES, Job, JobFile
@@ -96,7 +99,12 @@ class SwarmFetchEngine(FetchEngine):
         self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
-            self.source.fetch_blob(plan, entry, cache, fp)
+            # As FetchEngine: a CLI or huggingface_hub writing the blob into this cache finishes it first.
+            with blob_lock(cache.cache_dir, cache.repo_id, entry.blob_id):
+                if not cache.adopt_blob(entry.blob_id, entry.size):
+                    self.source.fetch_blob(plan, entry, cache, fp)
+                else:
+                    self.found.add(entry.blob_id)
         except BaseException:
             fp.fail()
             raise
@@ -144,16 +152,24 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
     key = job.key
     # Planning asks the origin without patience (an unavailable origin sends it to the tracker's
     # manifest at once); only when neither can plan it does the job wait for the origin.
-    plan = client.patiently(lambda: plan_fetch(
-        client,
-        ctx.tracker,
-        key.repo_id,
-        key.revision,
-        key.include,
-        key.exclude,
-        entitlements=ctx.entitlements,
-        publisher_key=settings.daemon.publisher_public_key,
-    ))
+    # A revision the cache holds whole is served from it when the origin cannot be asked (one quick
+    # try, not the retries and the patience): a node that holds a model starts its pods through an outage.
+    cached = cached_plan(settings, key.repo_id, key.revision, key.include, key.exclude)
+
+    def ask(origin: Origin, standby: bool) -> FetchPlan:
+        return plan_fetch(
+            origin,
+            None if standby else ctx.tracker,
+            key.repo_id,
+            key.revision,
+            key.include,
+            key.exclude,
+            entitlements=ctx.entitlements,
+            publisher_key=settings.daemon.publisher_public_key,
+        )
+
+    what = f"{key.repo_id}@{key.revision}"
+    plan = client.patiently(lambda: plan_or_cached(client.settings, client, cached, ask, what))
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     read_here: set[str] = set()
@@ -184,6 +200,8 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
         # Every blob is verified against the ids the commit was planned by: the next listing of the same
         # objects (a new commit that changed others) is planned by content here, whoever reads the rest.
         ListingIds(settings.state_dir).learnt(listed, plan)
+    if not plan.from_cache:
+        Provenance(settings.state_dir).record(client.endpoint, dataclasses.replace(plan, files=result.files))
     _publish_manifest(ctx, plan)
     job.finish(str(result.snapshot_path))
 
@@ -207,7 +225,9 @@ def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
     not after a fetch that --include/--exclude narrowed: a commit's manifest is written once, so a
     partial one would stand for the whole commit forever."""
     tracker = ctx.tracker
-    if tracker is None or plan.from_tracker or {e.path for e in plan.files} != plan.all_paths:
+    if tracker is None or plan.from_tracker or plan.from_cache:
+        return
+    if {e.path for e in plan.files} != plan.all_paths:
         return
     held = ctx.held_blobs()
     files = [

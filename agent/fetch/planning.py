@@ -24,7 +24,8 @@ from agent.cache.layout import check_blob_id, is_commit, safe_relpath
 from agent.core.errors import AuthError, NotFoundError, OriginError, RateLimitedError, TrackerError
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.signing import verified_published_manifest
-from agent.fetch.engine import filter_files, plan_from_origin
+from agent.fetch.cached import filter_files
+from agent.fetch.engine import plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
