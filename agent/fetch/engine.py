@@ -19,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -281,8 +281,12 @@ def fetch_snapshot(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Progress | None = None,
+    before_exit: list[Callable[[], None]] | None = None,
 ) -> FetchResult:
-    """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified."""
+    """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified.
+
+    `before_exit`: a list the caller runs if the process must exit mid-fetch (Ctrl-C); the fetch puts
+    the saving of its resume records there."""
     f = settings.fetch
     client = open_origin(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
@@ -290,6 +294,8 @@ def fetch_snapshot(
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
+        if before_exit is not None:
+            before_exit.append(source.save_records)
         engine = FetchEngine(settings, source, progress or Progress(quiet=True))
         return engine.run(plan)
     finally:
