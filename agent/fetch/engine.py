@@ -294,8 +294,15 @@ def fetch_snapshot(
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
+
+        def save_records() -> None:
+            # Every open blob's record as of now: all it wrote resumes, not only up to the last periodic
+            # record (`RECORD_EVERY` a blob, 4 MiB: a whole small fetch).
+            for save in list(source.savers.values()):
+                save()
+
         if before_exit is not None:
-            before_exit.append(source.save_records)
+            before_exit.append(save_records)
         engine = FetchEngine(settings, source, progress or Progress(quiet=True))
         return engine.run(plan)
     finally:

@@ -159,8 +159,7 @@ class OriginSource:
         self._received = 0
         self._resumed = 0
         self._relayed = 0
-        self._open: dict[int, tuple[RepoCache, FetchPlan, BlobJob]] = {}
-        """Blobs being fetched, by id(job): their resume records are saved at once by `save_records`."""
+        self.savers: dict[int, Callable[[], None]] = {}  # per open blob: save its resume record now (Ctrl-C)
 
     @property
     def bytes_received(self) -> int:
@@ -214,8 +213,7 @@ class OriginSource:
             self._save_record(cache, plan, job)
             if shares is not None:
                 shares.bind(job)
-            with self._lock:
-                self._open[id(job)] = (cache, plan, job)
+            self.savers[id(job)] = lambda: self._save_record(cache, plan, job)
             hashes = self._run(plan, cache, job, shares)
         except IntegrityError:
             hopeless = True  # bytes the origin cannot or did not send right: no resume can help
@@ -226,8 +224,7 @@ class OriginSource:
             raise write_failed(cache, entry, exc) from None
         finally:
             if job is not None:
-                with self._lock:
-                    self._open.pop(id(job), None)
+                self.savers.pop(id(job), None)
                 with job.write_lock:
                     job.closed = True
             if space is not None:
@@ -641,14 +638,6 @@ class OriginSource:
         return due
 
     # --- resume records --------------------------------------------------------------------------
-
-    def save_records(self) -> None:
-        """Every open blob's resume record as of now: a process about to exit (Ctrl-C) keeps every byte
-        written, not only those up to the last periodic record (`RECORD_EVERY` a blob)."""
-        with self._lock:
-            open_ = list(self._open.values())
-        for cache, plan, job in open_:
-            self._save_record(cache, plan, job)
 
     def _save_record(self, cache: RepoCache, plan: FetchPlan, job: BlobJob) -> None:
         with job.cond:
