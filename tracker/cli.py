@@ -26,6 +26,9 @@ handle_errors: CommandDecorator = error_handler(TrackerError)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    package_name="weightswarm", prog_name="tracker", message="%(prog)s (weightswarm) %(version)s"
+)
 def main() -> None:
     """weightswarm tracker: BitTorrent tracker, manifest registry and origin leases."""
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from types import FrameType
 
-from agent.core.errors import WeightswarmError
+from agent.core.errors import EXIT_INTERRUPTED, WeightswarmError
 from agent.core.settings import Settings
 from clikit import CommandDecorator, error_handler
 
@@ -42,3 +49,40 @@ def local_agent_url() -> str:
     from agent.http.client import default_agent_url
 
     return default_agent_url(Settings.from_env_defaults().state_dir)
+
+
+@contextlib.contextmanager
+def interruptible(outcome: str) -> Iterator[list[Callable[[], None]]]:
+    """Ctrl-C (SIGINT) or SIGTERM inside: run what was put in the list it yields (saving resume records),
+    say "interrupted: <outcome>" and exit now (130, 143).
+
+    Not through KeyboardInterrupt: the download threads would finish every file in flight first (the
+    executor joins them at exit), tens of seconds on a slow origin, and a second Ctrl-C then went
+    nowhere. Exiting at once keeps what resumes: partial blobs are written in place and their resume
+    records replaced atomically (and saved once more on the way out), so any moment is a consistent one.
+    huggingface_hub stops at once too (its KeyboardInterrupt) and resumes from the `.incomplete` file.
+    """
+    before_exit: list[Callable[[], None]] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield before_exit  # signals reach the main thread only (in-process callers, e.g. tests in threads)
+        return
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        # A second signal while the records are saved exits at once (the default action).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            for step in before_exit:
+                with contextlib.suppress(Exception):
+                    step()
+            sys.stdout.flush()
+            os.write(2, f"\ninterrupted: {outcome}\n".encode())
+        finally:
+            os._exit(EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield before_exit
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

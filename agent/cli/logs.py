@@ -2,8 +2,9 @@
 
 Tokens should never reach a log in the first place (settings keep them out of reprs, errors cut
 response bodies short); the `RedactSecrets` filter is the belt to those braces: it rewrites
-`Authorization: ...`, `Bearer ...`, `hf_...` token shapes and tracker passkeys (`/announce/<passkey>`)
-in every record that is emitted, whatever module produced it (uvicorn, httpx, libraries).
+`Authorization: ...`, `Bearer ...`, `hf_...` token shapes, tracker passkeys (`/announce/<passkey>`) and
+the query string of a signed URL (a CDN's `?X-Amz-Signature=...`, which urllib3 logs at DEBUG with each
+request) in every record that is emitted, whatever module produced it (uvicorn, httpx, libraries).
 """
 
 from __future__ import annotations
@@ -31,10 +32,23 @@ _SECRET_PATTERNS = (
 )
 
 
+_QUERY = re.compile(r"\?[^\s\"'<>]+")
+_SIGNED = re.compile(
+    r"(?i)(?:^|[?&])(?:[\w-]*signature|x-amz-|x-goog-|sig=|key-pair-id|policy=|token=|[\w-]*credential)"
+)
+"""Query parameters of signed URLs: S3 / the Hub's CDN (X-Amz-*), GCS (X-Goog-*), Azure SAS (sig),
+CloudFront (Signature, Policy, Key-Pair-Id), and tokens. The whole query goes: its other parameters
+(expiry, key id) are no use without the signature. Other queries (`?info_hash=`) stay readable."""
+
+
+def _redact_query(match: re.Match[str]) -> str:
+    return "?[REDACTED]" if _SIGNED.search(match.group(0)) else match.group(0)
+
+
 def redact(text: str) -> str:
     for pattern, repl in _SECRET_PATTERNS:
         text = pattern.sub(repl, text)
-    return text
+    return _QUERY.sub(_redact_query, text)
 
 
 class RedactSecrets(logging.Filter):

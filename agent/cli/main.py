@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from agent.cli.common import choose_daemon, handle_errors, local_agent_url, with_origin
+from agent.cli.common import choose_daemon, handle_errors, interruptible, local_agent_url, with_origin
 from agent.cli.ops import register
 from agent.core.settings import DISK_IO, Settings
 from clikit import SectionedCommand, env_option
@@ -37,6 +37,8 @@ FETCH_SECTIONS = (WANTED, CACHE, ORIGIN, DAEMON, OUTPUT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="weightswarm", prog_name="agent",
+                      message="%(prog)s (weightswarm) %(version)s")
 @env_option("--log-level", section=LOGGING,
             default="WARNING", help="Logging level (DEBUG, INFO, WARNING, ERROR).")
 @env_option("--log-format", section=LOGGING,
@@ -50,11 +52,11 @@ def main(log_level: str, log_format: str) -> None:
 
 
 @main.command("fetch", cls=SectionedCommand, sections=FETCH_SECTIONS)
-@click.argument("repo_id")
+@click.argument("repo_id", metavar="REPO_ID[@REV]")
 @env_option("--repo-id", "as_repo_id", section=WANTED, metavar="ORG/NAME",
             help="With a bucket URL (s3://, gs://, az://) for REPO_ID: the repo id it is cached as.")
 @env_option("--revision", section=WANTED,
-            default="main", show_default=True, help="Branch, tag or commit to fetch.")
+            help="Branch, tag or commit to fetch (or REPO_ID@REV) [default: main].")
 @env_option("--include", section=WANTED,
             multiple=True, metavar="GLOB", help="Only files matching (repeatable, fnmatch).")
 @env_option("--exclude", section=WANTED,
@@ -67,6 +69,9 @@ def main(log_level: str, log_format: str) -> None:
             metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
 @env_option("--token", section=ORIGIN,
             metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--origin-timeout", section=ORIGIN, type=click.FloatRange(min=1), metavar="SECONDS",
+            help="Give up on an origin that answers nothing (refused, unknown host, silent) after this "
+                 "long, with exit 8 [60].")
 @env_option("--connections-per-file", section=ORIGIN,
             type=click.IntRange(1, 64), help="Parallel ranges per file [8].")
 @env_option("--files-at-once", section=ORIGIN,
@@ -74,21 +79,37 @@ def main(log_level: str, log_format: str) -> None:
 @env_option("--quiet", section=OUTPUT,
             is_flag=True, default=False, help="No progress output; the snapshot path only.")
 @env_option("--agent", "agent_url", section=DAEMON, metavar="URL",
-            help="Hand the fetch to the agent daemon at URL ('off' = standalone) [default: the local "
-                 "daemon at 127.0.0.1:7470 if it answers and no --cache-dir/--origin is given].")
+            help="Hand the fetch to the agent daemon at URL: its admin socket, unix:///PATH ('off' = "
+                 "standalone) [default: the admin socket of the default state dir, "
+                 "unix://~/.local/state/weightswarm/admin.sock, if it answers and no --cache-dir, "
+                 "--state-dir or --origin is given].")
 @handle_errors
-def fetch_command(repo_id: str, as_repo_id: str | None, revision: str, include: tuple[str, ...],
+def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, include: tuple[str, ...],
                   exclude: tuple[str, ...], cache_dir: Path | None, state_dir: Path | None,
-                  origin: str | None, token: str | None, connections_per_file: int | None,
-                  files_at_once: int | None, quiet: bool, agent_url: str | None) -> None:
+                  origin: str | None, token: str | None, origin_timeout: float | None,
+                  connections_per_file: int | None, files_at_once: int | None, quiet: bool,
+                  agent_url: str | None) -> None:
     """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last.
 
     REPO_ID may be a bucket URL (s3://bucket/prefix, gs://, az://) with --repo-id ORG/NAME: the model
-    stored there in the Hugging Face layout, read with this machine's cloud credentials."""
+    stored there in the Hugging Face layout, read with this machine's cloud credentials.
+
+    Ctrl-C or SIGTERM stops within a second, keeping partial files: the same command resumes them.
+    Handed to the agent daemon, the fetch goes on there; the same command follows it again.
+
+    Exit codes: 0 verified, 2 usage, 3 not found, 4 refused (gated, wrong token), 5 disk full or cache
+    unusable, 6 bad content, 8 origin unreachable or failing, 9 agent daemon unreachable or refusing,
+    130 interrupted (143 on SIGTERM)."""
     from agent.core.progress import Progress, human_bytes
     from agent.origin.bucket_url import is_bucket_url
 
     source = ""
+    if not is_bucket_url(repo_id) and "@" in repo_id:
+        repo_id, _, at_rev = repo_id.partition("@")
+        if revision is not None and revision != at_rev:
+            raise click.UsageError(f"REPO_ID@{at_rev} and --revision {revision} disagree; give one")
+        revision = at_rev or revision
+    revision = revision or "main"
     if is_bucket_url(repo_id):
         if not as_repo_id:
             raise click.UsageError("a bucket URL needs --repo-id ORG/NAME: the id the model is cached as")
@@ -101,8 +122,10 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str, include: 
         from agent.http.client import fetch_via_agent
 
         # The user's token (--token, else $HF_TOKEN) goes with the request: the daemon fetches with it.
-        status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet),
-                                 token=token or settings.origin.token, source=source)
+        with interruptible(f"the agent at {daemon_url} keeps fetching {repo_id}@{revision}; run the same "
+                           "command again to follow it"):
+            status = fetch_via_agent(daemon_url, repo_id, revision, include, exclude, Progress(quiet=quiet),
+                                     token=token or settings.origin.token, source=source)
         click.echo(status["snapshot"])
         return
 
@@ -111,12 +134,15 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str, include: 
     settings = with_origin(settings, source or origin, None if source else token)
     settings = replace(
         settings,
+        origin=replace(settings.origin, answer_within=origin_timeout or settings.origin.answer_within),
         fetch=replace(settings.fetch,
                       connections_per_file=connections_per_file or settings.fetch.connections_per_file,
                       files_at_once=files_at_once or settings.fetch.files_at_once),
     )
     progress = Progress(quiet=quiet)
-    result = fetch_snapshot(settings, repo_id, revision, include, exclude, progress)
+    with interruptible(f"partial files kept in {settings.cache_dir}; run the same command again to "
+                       "resume") as before_exit:
+        result = fetch_snapshot(settings, repo_id, revision, include, exclude, progress, before_exit)
     if not result.downloaded:
         progress.message(f"{repo_id}@{result.commit[:12]}: all {len(result.files)} files already in the "
                          "cache; nothing downloaded")
@@ -223,6 +249,9 @@ def make_test_model_command(
             metavar="URL", help="Hub endpoint [default: $HF_ENDPOINT or https://huggingface.co].")
 @env_option("--token", section=ORIGIN,
             metavar="TOKEN", help="Hub token for gated/private repos [default: $HF_TOKEN].")
+@env_option("--origin-timeout", section=ORIGIN, type=click.FloatRange(min=1), metavar="SECONDS",
+            help="Give up on an origin that answers nothing (refused, unknown host, silent) after this "
+                 "long [60].")
 @env_option("--bucket", "buckets", section=ORIGIN, multiple=True, metavar="URL",
             help="A bucket prefix (s3://, gs://, az://) requests may read models from, with this node's "
                  "cloud credentials (repeatable; none by default).")

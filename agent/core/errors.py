@@ -18,6 +18,12 @@ EXIT_AUTH = 4
 EXIT_DISK = 5
 EXIT_INTEGRITY = 6
 EXIT_TIMEOUT = 7
+EXIT_ORIGIN = 8
+"""The origin could not be reached (refused, unknown host, silent) or kept failing (5xx, 429)."""
+EXIT_AGENT = 9
+"""The agent daemon could not be reached, or refused or failed the request."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT); SIGTERM exits 143, as a shell reports a process ended by either."""
 
 _MAX_SNIPPET = 200
 
@@ -61,6 +67,8 @@ class AuthError(WeightswarmError):
 class RateLimitedError(WeightswarmError):
     """The origin kept answering 429 after the bounded retries."""
 
+    exit_code = EXIT_ORIGIN
+
 
 class BusyError(WeightswarmError):
     """The node, or this client, already has as many fetch jobs running as it may (HTTP 429)."""
@@ -75,10 +83,17 @@ class RefusedError(WeightswarmError):
 class OriginError(WeightswarmError):
     """The origin failed in a way retries did not fix (5xx, dropped connections, bad answers)."""
 
+    exit_code = EXIT_ORIGIN
+
 
 class OriginUnavailableError(OriginError):
     """The origin kept failing in a way that passes (5xx, refused or dropped connections) through the
     bounded retries: a daemon job waits it out (`OriginSettings.patience`)."""
+
+
+class OriginUnansweredError(OriginUnavailableError):
+    """No answer at all to a request: the connection was refused, the host name is unknown, or the server
+    accepted and sent nothing within the read timeout. Its retries stop at `OriginSettings.answer_within`."""
 
 
 class OriginOverloadedError(OriginUnavailableError):
@@ -146,6 +161,8 @@ class TrackerUnavailableError(TrackerError):
 
 class DaemonError(WeightswarmError):
     """The local agent daemon refused or failed a request, or cannot be reached."""
+
+    exit_code = EXIT_AGENT
 
 
 class SwarmError(WeightswarmError):

@@ -1,6 +1,8 @@
 """Progress on stderr: a total line plus one per active file (bytes, bytes/s, ETA).
 
-On a TTY the block is redrawn in place (ANSI cursor-up) at most ~8 times a second; otherwise
+On a TTY the block is redrawn in place (ANSI cursor-up) at most ~8 times a second, every line cut to
+the terminal's width (read at each redraw, so a resize is followed: a line that wrapped would leave
+junk that cursor-up cannot reach), and cleared when the fetch ends; otherwise
 (CI logs, kubectl logs) a plain line per file start/finish and a total line every few seconds,
 so logs stay short. No dependency beyond the standard library. Thread-safe: download workers
 call `FileProgress.advance` from many threads.
@@ -8,7 +10,10 @@ call `FileProgress.advance` from many threads.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import textwrap
 import threading
 import time
 from typing import TextIO
@@ -100,6 +105,8 @@ class Progress:
         self._t0 = time.monotonic()
         self._last_draw = 0.0
         self._drawn_lines = 0
+        self._closed = False
+        """After `close` the block is not drawn again: later messages must not bring back a stale total."""
 
     def set_total(self, total: int) -> None:
         with self._lock:
@@ -107,11 +114,13 @@ class Progress:
             self._t0 = time.monotonic()
 
     def message(self, text: str) -> None:
-        """A plain line (above the bar on a TTY)."""
+        """A plain line (above the bar on a TTY, wrapped to its width)."""
         if self.quiet:
             return
         with self._lock:
             self._clear()
+            if self.tty:
+                text = textwrap.fill(text, self._width(), subsequent_indent="  ", break_on_hyphens=False)
             print(text, file=self.stream, flush=True)
             self._draw(force=True)
 
@@ -126,6 +135,7 @@ class Progress:
     def close(self) -> None:
         with self._lock:
             self._clear()
+            self._closed = True
             if not self.quiet and self.total:
                 print(
                     f"  total {human_bytes(self.done)} in {time.monotonic() - self._t0:.1f}s "
@@ -154,13 +164,34 @@ class Progress:
                 print(line, file=self.stream, flush=True)
             self._draw(force=True)
 
-    def _line(self, label: str, done: int, size: int, started: float) -> str:
+    def _line(self, label: str, done: int, size: int, started: float, width: int = 0) -> str:
+        """`label pct done / size rate ETA`; with `width`, cut to fit it: the label first, then the
+        fields from the right (a 40-column terminal still shows name, percent and bytes)."""
         rate = _rate(done, started) or 0.0
         pct = 100.0 * done / size if size else 100.0
-        return (
-            f"{label[:48]:<48} {pct:5.1f}% {human_bytes(done):>11} / {human_bytes(size):<11} "
-            f"{rate_text(done, started):>13} ETA {_eta(size - done, rate)}"
-        )
+        fields = [f"{pct:5.1f}%", f"{human_bytes(done)} / {human_bytes(size)}", rate_text(done, started),
+                  f"ETA {_eta(size - done, rate)}"]
+        if not width:
+            return f"{label[:48]:<48} {fields[0]} {fields[1]:>25} {fields[2]:>13} {fields[3]}"
+        while fields:
+            right = " ".join(fields)
+            room = width - len(right) - 1
+            if room >= min(12, len(label)):
+                shown = label if len(label) <= room else label[: max(0, room - 1)] + "…"
+                return f"{shown:<{room}} {right}"
+            fields.pop()
+        return label[:width]
+
+    def _width(self) -> int:
+        """Columns a line may use: the terminal's (of this stream, $COLUMNS first as `shutil` has it) less
+        one spare, as a line filling the last column wraps on some terminals."""
+        columns = 0
+        if not os.environ.get("COLUMNS"):
+            try:
+                columns = os.get_terminal_size(self.stream.fileno()).columns
+            except (AttributeError, OSError, ValueError):
+                pass
+        return max(20, (columns or shutil.get_terminal_size().columns) - 1)
 
     def _clear(self) -> None:
         if self.tty and self._drawn_lines:
@@ -168,7 +199,7 @@ class Progress:
             self._drawn_lines = 0
 
     def _draw(self, force: bool = False) -> None:
-        if self.quiet:
+        if self.quiet or self._closed:
             return
         now = time.monotonic()
         interval = _TTY_INTERVAL if self.tty else _PLAIN_INTERVAL
@@ -177,12 +208,14 @@ class Progress:
         if not self.tty and force:
             return  # plain mode: per-file lines are printed by start/finish; totals on the interval
         self._last_draw = now
-        lines = [self._line("total", self.done, self.total, self._t0)]
         if self.tty:
-            lines += [self._line("  " + f.name, f.done, f.size, f.started) for f in self._active[:8]]
+            # One column spare: a line filling the last column wraps on some terminals.
+            width = self._width()
+            lines = [self._line("total", self.done, self.total, self._t0, width)]
+            lines += [self._line("  " + f.name, f.done, f.size, f.started, width) for f in self._active[:8]]
             self._clear()
             self.stream.write("".join(line + "\n" for line in lines))
             self.stream.flush()
             self._drawn_lines = len(lines)
         else:
-            print(lines[0], file=self.stream, flush=True)
+            print(self._line("total", self.done, self.total, self._t0), file=self.stream, flush=True)

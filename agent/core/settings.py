@@ -85,6 +85,11 @@ class OriginSettings:
     max_retries: int = 6
     """Attempts per request (per range) for 429, 5xx and dropped connections before giving up."""
 
+    answer_within: float = 60.0
+    """Seconds a request is tried again while the origin answers nothing at all (refused, unknown host,
+    silent), from its first try; then it fails. Each try waits at most a third of it (connect and read
+    timeouts), so a silent origin is asked three times in the bound, each said at WARNING."""
+
     backoff_base: float = 0.5
     """First retry delay in seconds; doubles per attempt, with full jitter, capped at backoff_max."""
 

@@ -26,6 +26,7 @@ from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.cache.partials import sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.plan import SMALL_FILE_BYTES
+from agent.core.progress import human_bytes
 from agent.core.settings import Settings, default_admin_socket
 from agent.daemon.arenas import limit_malloc_arenas, trim_loop
 from agent.daemon.listeners import (
@@ -387,14 +388,23 @@ class Daemon:
     def _run_job(self, job: Job, token: str | None, lend: bool) -> None:
         if not job.claim():
             return
+        began = time.monotonic()
         try:
             run_fetch_job(self._fetch, job, token, lend)
         except WeightswarmError as exc:
-            log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
+            # An expected failure is one line (no traceback): what the operator reads at INFO or WARNING.
+            log.warning("fetch of %s@%s failed after %.1fs: %s", job.key.repo_id, job.key.revision,
+                        time.monotonic() - began, exc)
             job.fail(str(exc), exc.exit_code)
         except Exception as exc:
             log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
             job.fail(f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            done = job.status()
+            log.info("fetched %s@%s (commit %s) in %.1fs: %s from peers, %s from the origin, %s cached",
+                     job.key.repo_id, job.key.revision, (done.commit or "-")[:12], time.monotonic() - began,
+                     human_bytes(done.bytes_from_peers), human_bytes(done.bytes_from_origin),
+                     human_bytes(done.bytes_from_cache))
         finally:
             self.ops.job_finished(job)
 

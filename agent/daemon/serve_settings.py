@@ -34,6 +34,7 @@ FIELDS: Mapping[str, str] = {
     "upload_rate_limit": "swarm.upload_rate_limit",
     "download_rate_limit": "swarm.download_rate_limit",
     "stall_timeout": "swarm.stall_timeout",
+    "origin_timeout": "origin.answer_within",
     "resume_interval": "swarm.resume_interval",
     "admin_socket": "daemon.admin_socket",
     "pods_socket": "daemon.pods_socket",

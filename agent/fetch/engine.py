@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -296,8 +296,12 @@ def fetch_snapshot(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Progress | None = None,
+    before_exit: list[Callable[[], None]] | None = None,
 ) -> FetchResult:
-    """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified."""
+    """Library entry point: the snapshot of `repo_id@revision` in `settings.cache_dir`, verified.
+
+    `before_exit`: a list the caller runs if the process must exit mid-fetch (Ctrl-C); the fetch puts
+    the saving of its resume records there."""
     f = settings.fetch
     client = open_origin(settings.origin, max_connections=f.connections_per_file * f.files_at_once)
     try:
@@ -312,6 +316,15 @@ def fetch_snapshot(
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
+
+        def save_records() -> None:
+            # Every open blob's record as of now: all it wrote resumes, not only up to the last periodic
+            # record (`RECORD_EVERY` a blob, 4 MiB: a whole small fetch).
+            for save in list(source.savers.values()):
+                save()
+
+        if before_exit is not None:
+            before_exit.append(save_records)
         engine = FetchEngine(settings, source, progress or Progress(quiet=True))
         result = engine.run(plan)
         if not plan.from_cache:

@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.core.errors import DaemonError, WeightswarmError, snippet
 from agent.core.progress import FileProgress, Progress, human_bytes
-from agent.core.settings import HF_TOKEN_HEADER, default_admin_socket
+from agent.core.settings import HF_TOKEN_HEADER, Settings, default_admin_socket
 from agent.core.sockets import SocketPath
 
 _PROBE_TIMEOUT = 0.5
@@ -136,7 +136,12 @@ class AgentClient:
             answer = None
         if status >= 400:
             detail = answer.get("detail") if isinstance(answer, dict) else None
-            raise DaemonError(f"the agent at {self.url} refused {path}: {detail or snippet(content)}")
+            hint = ""
+            if status == 404 and detail == "Not Found" and not self.url.startswith(UNIX):
+                # No such route: the daemon's network listener (probes, metrics, HF endpoint), not its API.
+                hint = (f"; that is the agent's network listener: its API is on the admin socket, "
+                        f"--agent {default_agent_url(Settings.from_env_defaults().state_dir)}")
+            raise DaemonError(f"the agent at {self.url} refused {path}: {detail or snippet(content)}{hint}")
         if answer is None:
             raise DaemonError(f"the agent at {self.url} answered {path} with no JSON: {snippet(content)}")
         return answer

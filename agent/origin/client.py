@@ -24,13 +24,20 @@ from typing import TypeVar
 from urllib.parse import quote, urljoin
 
 import urllib3
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+)
 from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.exceptions import ProtocolError
 
 from agent.cache.layout import is_commit
 from agent.core.errors import (
     OriginError,
     OriginOverloadedError,
+    OriginUnansweredError,
     OriginUnavailableError,
     RateLimitedError,
     snippet,
@@ -74,6 +81,11 @@ class OriginClient:
         self._interrupt = interrupt or threading.Event()
         """Set when the waits of `patiently` must end now (the daemon stopping)."""
         self.endpoint = settings.endpoint.rstrip("/")
+        # A third of the bound at most per try: a silent server is asked three times and said so.
+        self._timeout = urllib3.Timeout(
+            connect=min(settings.connect_timeout, settings.answer_within / 3),
+            read=min(settings.read_timeout, settings.answer_within / 3),
+        )
         self._pool = urllib3.PoolManager(
             num_pools=8,
             # Room for the hedges (agent.origin.hedging) beside the workers' connections: a full pool
@@ -81,7 +93,7 @@ class OriginClient:
             maxsize=2 * max(1, max_connections),
             block=False,
             retries=False,
-            timeout=urllib3.Timeout(connect=settings.connect_timeout, read=settings.read_timeout),
+            timeout=self._timeout,
         )
         self._public: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -112,18 +124,29 @@ class OriginClient:
         return random.uniform(0, min(self.settings.backoff_max, self.settings.backoff_base * 2**attempt))
 
     def retrying(self, what: str, attempt_fn: Callable[[], T]) -> T:
-        """Run `attempt_fn` until it stops raising `Retryable`, at most `max_retries` attempts."""
+        """Run `attempt_fn` until it stops raising `Retryable`, at most `max_retries` attempts; while the
+        origin answers nothing at all, for at most `answer_within` seconds. Every retry of an unanswered
+        request is said at WARNING (the CLI shows warnings): the user sees the wait and why."""
         attempts = max(1, self.settings.max_retries)
+        began = time.monotonic()
         for attempt in range(attempts):
             try:
                 return attempt_fn()
             except Retryable as exc:
+                delay = self.backoff(attempt, exc.delay)
+                unanswered = isinstance(exc.error, OriginUnansweredError)
+                spent = time.monotonic() - began
+                if unanswered and (attempt + 1 >= attempts or spent + delay >= self.settings.answer_within):
+                    raise OriginUnansweredError(
+                        f"{exc.error} ({attempt + 1} {'try' if attempt == 0 else 'tries'} in {spent:.0f}s); "
+                        "check the origin URL "
+                        f"(--origin or HF_ENDPOINT, now {self.endpoint}), or wait longer with "
+                        f"--origin-timeout (now {self.settings.answer_within:g}s)"
+                    ) from None
                 if attempt + 1 >= attempts:
                     raise exc.error from None
-                delay = self.backoff(attempt, exc.delay)
-                # A wait the user would notice is said where they look (the CLI shows warnings).
-                level = logging.WARNING if delay >= _PATIENT_PAUSE else logging.INFO
-                log.log(level, "%s; retry %d/%d in %.2fs", exc.error, attempt + 1, attempts - 1, delay)
+                level = logging.WARNING if delay >= _PATIENT_PAUSE or unanswered else logging.INFO
+                log.log(level, "%s; retry %d of %d in %.1fs", exc.error, attempt + 1, attempts - 1, delay)
                 with self._waiting(exc.error):
                     time.sleep(delay)
         raise AssertionError("unreachable")
@@ -237,7 +260,7 @@ class OriginClient:
             except Urllib3Error as exc:
                 stale = isinstance(exc, ProtocolError) and not fresh_try
                 if not stale:
-                    raise _unavailable(f"{what}: connection to {host_of(url)} failed", exc) from None
+                    raise _unanswered(what, url, exc, self._timeout) from None
         raise AssertionError("unreachable")
 
     def get_json(self, url: str, what: str) -> tuple[object, urllib3.BaseHTTPResponse]:
@@ -338,6 +361,26 @@ class OriginClient:
 
 def _unavailable(what: str, exc: BaseException) -> Retryable:
     return Retryable(OriginUnavailableError(f"{what} ({_reason(exc)})"))
+
+
+def _unanswered(what: str, url: str, exc: BaseException, timeout: urllib3.Timeout) -> Retryable:
+    """A request that got no answer, in words a person can act on (never the URL's query: a signed CDN
+    URL carries credentials)."""
+    host = host_of(url)
+    if isinstance(exc, NameResolutionError):
+        said = f"the host name of {host} is not known (DNS)"
+    elif isinstance(exc, NewConnectionError):  # a ConnectTimeoutError too, but one that came at once
+        cause = "refused the connection" if "refused" in str(exc).lower() else "cannot be connected to"
+        said = f"{host} {cause}"
+    elif isinstance(exc, ConnectTimeoutError):
+        said = f"{host} accepted no connection within {timeout.connect_timeout:g}s"
+    elif isinstance(exc, ReadTimeoutError):
+        said = f"{host} accepted the connection but sent nothing in {timeout.read_timeout:g}s"
+    elif isinstance(exc, ProtocolError):
+        said = f"{host} closed the connection without an answer"
+    else:
+        said = f"no answer from {host} ({_reason(exc)})"
+    return Retryable(OriginUnansweredError(f"{what}: origin not answering: {said}"))
 
 
 def _reason(exc: BaseException) -> str:

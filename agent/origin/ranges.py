@@ -159,6 +159,7 @@ class OriginSource:
         self._received = 0
         self._resumed = 0
         self._relayed = 0
+        self.savers: dict[int, Callable[[], None]] = {}  # per open blob: save its resume record now (Ctrl-C)
 
     @property
     def bytes_received(self) -> int:
@@ -212,6 +213,7 @@ class OriginSource:
             self._save_record(cache, plan, job)
             if shares is not None:
                 shares.bind(job)
+            self.savers[id(job)] = lambda: self._save_record(cache, plan, job)
             hashes = self._run(plan, cache, job, shares)
         except IntegrityError:
             hopeless = True  # bytes the origin cannot or did not send right: no resume can help
@@ -222,6 +224,7 @@ class OriginSource:
             raise write_failed(cache, entry, exc) from None
         finally:
             if job is not None:
+                self.savers.pop(id(job), None)
                 with job.write_lock:
                     job.closed = True
             if space is not None:
