@@ -346,7 +346,7 @@ class RepoCache:
     def _complete_at(self, path: Path, blob_id: str, size: int) -> bool:
         try:
             st = path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # a cache dir under a file: nothing is there
             return False
         if st.st_size != size:
             return False
