@@ -13,6 +13,11 @@ counts once and is one eviction candidate: it is pinned when any repo using it i
 removes it from every repo (only then are its bytes freed). `agent rm` of one repo removes that
 repo's link only; the content stays for the others, and the daemon keeps seeding it from their copy.
 
+A partial blob (`blobs/<id>.incomplete`, a fetch that failed or was killed) counts by the disk it
+holds and is a candidate too, by its mtime, unless its repo is pinned (a running fetch pins it) or its
+blob is protected: after a restart it would otherwise hold its space, uncounted by eviction and unseen
+by `agent ls`, until it aged out, and a model that fits once it goes be refused.
+
 Never evicted: blobs of a pinned model (`--pin REPO[@REV]`, plus whatever the `pins` provider
 returns: running fetch jobs, pods on this node) and blobs held by a `BlobReaders` hold (an HF
 endpoint response in flight).
@@ -39,6 +44,7 @@ from pathlib import Path
 import psutil
 
 from agent.cache.layout import BlobDigest, StateDir, write_atomic
+from agent.cache.partials import INCOMPLETE
 from agent.core.errors import CacheFullError, NotFoundError
 from agent.core.metainfo import infohash
 from agent.core.settings import OpsSettings, Settings
@@ -73,6 +79,9 @@ class CachedRepo:
     inodes: dict[str, Inode] = field(default_factory=dict)
     """Complete blobs: id -> the file's identity (shared with other repos when linked)."""
     partial_bytes: int = 0
+    """Disk held by partial blobs and temp files (allocated blocks: a reservation counts whole)."""
+    partials: dict[str, int] = field(default_factory=dict)
+    """Partial blobs: id -> the disk its `.incomplete` holds."""
     refs: dict[str, str] = field(default_factory=dict)
     """revision -> commit."""
     snapshots: dict[str, CachedSnapshot] = field(default_factory=dict)
@@ -104,7 +113,9 @@ def scan_repo(root: Path) -> CachedRepo | None:
             except FileNotFoundError:
                 continue
             if "." in entry.name:  # *.incomplete, temp files: ours, counted, never linked
-                repo.partial_bytes += st.st_size
+                repo.partial_bytes += st.st_blocks * 512
+                if entry.name.endswith(INCOMPLETE) and not entry.name.startswith("."):
+                    repo.partials[entry.name.removesuffix(INCOMPLETE)] = st.st_blocks * 512
             else:
                 repo.blobs[entry.name] = st.st_size
                 repo.inodes[entry.name] = (st.st_dev, st.st_ino)
@@ -309,6 +320,8 @@ class Removed:
     bytes_freed: int
     shared: tuple[str, ...] = ()
     """Those of `blobs` that other repos still hold (and the node still seeds)."""
+    partials: tuple[str, ...] = ()
+    """Partial blobs removed (their disk is in `bytes_freed`)."""
 
 
 BlobLeaving = Callable[[str, Path | None], None]
@@ -362,9 +375,24 @@ def remove_model(
             gone.append(blob_id)
             if holders(repos, blob_id):
                 kept.append(blob_id)
+    partials: list[str] = []
+    if revision is None:  # partial blobs of a removed repo go too, and say what they held
+        for blob_id, held in sorted(repo.partials.items()):
+            with readers.evicting(blob_id) as claimed:
+                if claimed:
+                    freed += _unlink_partial(repo, blob_id, settings.state_dir, held)
+                    partials.append(blob_id)
     if not repo.snapshots and not repo.blobs and revision is None:
-        shutil.rmtree(repo.root, ignore_errors=True)  # partial blobs of a removed repo go too
-    return Removed(repo_id, tuple(commits), tuple(gone), freed, tuple(kept))
+        shutil.rmtree(repo.root, ignore_errors=True)
+    return Removed(repo_id, tuple(commits), tuple(gone), freed, tuple(kept), tuple(partials))
+
+
+def _unlink_partial(repo: CachedRepo, blob_id: str, state_dir: Path, held: int) -> int:
+    """Delete a repo's partial blob and its resume record; the disk this frees."""
+    (repo.root / "blobs" / (blob_id + INCOMPLETE)).unlink(missing_ok=True)
+    StateDir(state_dir).partial_record(blob_id).unlink(missing_ok=True)
+    repo.partials.pop(blob_id, None)
+    return held
 
 
 # -- the policy -------------------------------------------------------------------------------------
@@ -449,6 +477,14 @@ class Evictor:
                 with contextlib.suppress(OSError):
                     last = home[blob_id].stat().st_mtime
             out.append((last or 0.0, blob_id, sum(sizes.values())))
+        in_use = {parse_ref(pin)[0] for pin in self.pins()}  # a running fetch pins the repo it writes
+        for repo in repos.values():
+            for blob_id, held in repo.partials.items():
+                if repo.repo_id in in_use or blob_id in protect or blob_id in busy:
+                    continue
+                key = blob_id + INCOMPLETE  # keyed by file name: never a complete blob's id
+                with contextlib.suppress(OSError):
+                    out.append((os.stat(repo.root / "blobs" / key).st_mtime, key, held))
         out.sort()
         return out
 
@@ -471,25 +507,19 @@ class Evictor:
         for last, blob_id, size in self.candidates(repos, protect):
             if freed >= need:
                 break
-            with self.readers.evicting(blob_id) as claimed:
-                if not claimed:
-                    continue
-                if self._leaving is not None:
-                    self._leaving(blob_id, None)
-                users = holders(repos, blob_id)
-                for repo in users:
-                    for commit in [c for c, s in repo.snapshots.items() if blob_id in s.files.values()]:
-                        drop_snapshot(repo, commit)
-                    repo.blobs.pop(blob_id, None)
-                    repo.inodes.pop(blob_id, None)
-                    (repo.root / "blobs" / blob_id).unlink(missing_ok=True)
-                forget_blob_state(self.settings.state_dir, blob_id)
-                freed += size
+            if blob_id.endswith(INCOMPLETE):
+                users: list[CachedRepo] | None = self._evict_partial(repos, blob_id.removesuffix(INCOMPLETE))
+            else:
+                users = self._evict_blob(repos, blob_id)
+            if users is None:
+                continue
+            freed += size
             self.usage.forget([blob_id])
             item = Evicted(tuple(r.repo_id for r in users), blob_id, size, last)
             evicted.append(item)
             log.info(
-                "evicted blob %s of %s (%d bytes, last used %s)",
+                "evicted %s %s of %s (%d bytes, last used %s)",
+                "partial blob" if blob_id.endswith(INCOMPLETE) else "blob",
                 blob_id[:12],
                 ", ".join(item.repo_ids),
                 size,
@@ -498,6 +528,29 @@ class Evictor:
             if self._on_evict is not None:
                 self._on_evict(item)
         return evicted
+
+    def _evict_partial(self, repos: dict[str, CachedRepo], blob_id: str) -> list[CachedRepo]:
+        users = [r for r in repos.values() if blob_id in r.partials]
+        for repo in users:
+            _unlink_partial(repo, blob_id, self.settings.state_dir, 0)
+        return users
+
+    def _evict_blob(self, repos: dict[str, CachedRepo], blob_id: str) -> list[CachedRepo] | None:
+        """Remove a complete blob from every repo; None when a reader holds it."""
+        with self.readers.evicting(blob_id) as claimed:
+            if not claimed:
+                return None
+            if self._leaving is not None:
+                self._leaving(blob_id, None)
+            users = holders(repos, blob_id)
+            for repo in users:
+                for commit in [c for c, s in repo.snapshots.items() if blob_id in s.files.values()]:
+                    drop_snapshot(repo, commit)
+                repo.blobs.pop(blob_id, None)
+                repo.inodes.pop(blob_id, None)
+                (repo.root / "blobs" / blob_id).unlink(missing_ok=True)
+            forget_blob_state(self.settings.state_dir, blob_id)
+        return users
 
     def make_room(self, repo_id: str, needed: int, protect: set[str]) -> list[Evicted]:
         """Before a fetch of `needed` new bytes: evict what must go, or refuse with `CacheFullError`

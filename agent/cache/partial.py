@@ -35,7 +35,9 @@ def load_record(cache: RepoCache, entry: FileEntry, chunk: int) -> tuple[set[int
             rec["blob_id"] == entry.blob_id
             and rec["size"] == entry.size
             and rec["chunk_size"] == chunk
-            and incomplete.stat().st_size == entry.size
+            # Shorter when a failed fetch gave back the unwritten rest of its reservation (the file ends
+            # after its furthest written byte; agent.origin.ranges): resumed, and reserved again.
+            and incomplete.stat().st_size <= entry.size
         )
         if ok:
             nchunks = -(-entry.size // chunk)

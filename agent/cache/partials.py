@@ -13,10 +13,12 @@ Some are never resumed, and without this they would hold their space forever:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.cache.layout import StateDir
 
@@ -76,3 +78,32 @@ def _age(path: Path, now: float) -> float:
         return now - path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+def partials_of(repo_dir: Path, state_dir: Path) -> list[dict[str, Any]]:
+    """The partial blobs of one repo folder, for `agent ls`: blob id, the disk it holds (`bytes`), and
+    from its resume record, when there is one, the file's path, listed size and commit ("-" / 0 if not).
+    A failed fetch's partial holds space until it is resumed, evicted, removed (`agent rm`) or swept:
+    the user sees what holds it."""
+    out: list[dict[str, Any]] = []
+    blobs = repo_dir / "blobs"
+    for path in sorted(blobs.glob("*" + INCOMPLETE)) if blobs.is_dir() else []:
+        blob_id = path.name.removesuffix(INCOMPLETE)
+        try:
+            held = path.stat().st_blocks * 512
+        except FileNotFoundError:
+            continue
+        record: dict[str, Any] = {}
+        try:
+            loaded = json.loads(StateDir(state_dir).partial_record(blob_id).read_bytes())
+            record = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            pass
+        out.append({
+            "blob_id": blob_id,
+            "path": str(record.get("path") or "-"),
+            "commit": str(record.get("commit") or "-"),
+            "size": int(record.get("size") or 0),
+            "bytes": held,
+        })
+    return out

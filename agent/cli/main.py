@@ -466,6 +466,11 @@ def ls_command(agent_url: str | None, as_json: bool, cache_dir: Path | None, clu
             rev = by_commit.get(snap["commit"], "-")
             click.echo(f"{m['repo_id']:<40} {rev:<12} {snap['commit'][:12]:<12} "
                        f"{snap['files']:>5} {human_bytes(snap['bytes']):>11} {snap['seeding']:>7}")
+        # A download that did not finish holds disk too: SIZE is what it holds, then the file it is.
+        for p in m.get("partials") or []:
+            listed = f" of {human_bytes(p['size'])}" if p["size"] else ""
+            click.echo(f"{m['repo_id']:<40} {'(partial)':<12} {p['commit'][:12]:<12} {1:>5} "
+                       f"{human_bytes(p['bytes']):>11} {'-':>7}  {p['path']}{listed}")
 
 
 register(main)  # the node-ops commands: rm, verify, publish

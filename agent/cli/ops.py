@@ -75,6 +75,7 @@ def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str,
         finally:
             client.close()
     from agent.cache.eviction import scan_cache
+    from agent.cache.partials import partials_of
 
     settings = _local_settings(cache_dir, None)
     models = []
@@ -89,7 +90,10 @@ def list_models(agent_url: str | None, cache_dir: Path | None) -> list[dict[str,
             }
             for commit, snap in sorted(repo.snapshots.items())
         ]
-        models.append({"repo_id": repo.repo_id, "refs": repo.refs, "snapshots": snapshots})
+        partials = partials_of(repo.root, settings.state_dir)
+        models.append(
+            {"repo_id": repo.repo_id, "refs": repo.refs, "snapshots": snapshots, "partials": partials}
+        )
     return models
 
 
@@ -185,10 +189,14 @@ def rm_command(
         finally:
             client.close()
         snaps, blobs, freed = out["snapshots"], out["blobs"], out["bytes_freed"]
+        partials = out.get("partials") or []
     else:
         removed = remove_model(_local_settings(cache_dir, state_dir), repo_id, rev)
         snaps, blobs, freed = removed.snapshots, removed.blobs, removed.bytes_freed
-    click.echo(f"removed {ref}: {len(snaps)} revision(s), {len(blobs)} blob(s), {human_bytes(freed)} freed")
+        partials = list(removed.partials)
+    unfinished = f", {len(partials)} partial download(s)" if partials else ""
+    what = f"{len(snaps)} revision(s), {len(blobs)} blob(s){unfinished}"
+    click.echo(f"removed {ref}: {what}, {human_bytes(freed)} freed")
 
 
 @click.command("verify")

@@ -107,7 +107,12 @@ class IntegrityError(WeightswarmError):
 
 
 class OriginLengthError(IntegrityError):
-    """The origin lists a file at more bytes than it sends: every answer ends early at the same byte."""
+    """The origin lists a file at more bytes than it sends: its answers end early, at the same byte or
+    each bringing only a little more (agent.origin.headway)."""
+
+
+class OriginStalledError(OriginError):
+    """A blob brought less than the rate floor over a whole window (agent.origin.headway)."""
 
 
 class UnsafePathError(WeightswarmError):

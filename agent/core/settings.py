@@ -108,6 +108,10 @@ class OriginSettings:
     """`HF_HUB_OFFLINE=1` (as huggingface_hub): never ask the origin; a revision complete in the cache
     is served from it, anything else fails at once. Default off."""
 
+    max_json_bytes: int = 64 * MiB
+    """Bytes an API answer of the origin (a revision's file list, a tree page, model info) may have: a
+    hostile origin's endless JSON is refused before it is parsed (the Hub's largest repos list ~2 MB)."""
+
 
 @dataclass(frozen=True)
 class FetchSettings:
@@ -130,6 +134,20 @@ class FetchSettings:
 
     verify_safetensors: bool = True
     """Parse headers of downloaded *.safetensors files and check index json shard lists."""
+
+    origin_min_rate: float = 32 * 1024
+    """Bytes/s a blob must bring over each `origin_rate_window`, or it fails (agent.origin.headway): an
+    origin must not hold a blob's reservation by sending a trickle. Time the origin said "later" (429,
+    5xx) does not count; 32 KiB/s is far below any origin a model is pulled from."""
+
+    origin_rate_window: float = 60.0
+    """Seconds over which a blob's bytes from the origin are measured against `origin_min_rate`, and
+    within which `origin_short_answers` meagre answers end it."""
+
+    origin_short_answers: int = 8
+    """Answers of one blob ending early having brought under 1 MiB each, within `origin_rate_window`,
+    that make the origin's listed length a lie (the partial goes): each answer ending at a new byte must
+    not look like headway."""
 
 
 DEFAULT_API_LISTEN = "127.0.0.1:7470"

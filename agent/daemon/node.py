@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.cache.eviction import repo_id_of, scan_repo
 from agent.cache.layout import RepoCache, StateDir, check_repo_id
-from agent.cache.partials import sweep_partials
+from agent.cache.partials import partials_of, sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
 from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.progress import human_bytes
@@ -445,7 +445,7 @@ class Daemon:
         return self.seeder.held()
 
     def list_models(self) -> list[dict[str, Any]]:
-        """Models in the cache: revisions, snapshots with file counts and sizes, blobs seeded."""
+        """Models in the cache: revisions, snapshots with file counts and sizes, blobs seeded, partials."""
         held = self.held_blobs()
         models: list[dict[str, Any]] = []
         for repo_dir in sorted(self.settings.cache_dir.glob("models--*")):
@@ -468,7 +468,8 @@ class Daemon:
                         "seeding": sum(1 for b in blobs if b in held),
                     }
                 )
-            models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots})
+            partials = partials_of(repo_dir, self.settings.state_dir)
+            models.append({"repo_id": repo_id, "refs": refs, "snapshots": snapshots, "partials": partials})
         return models
 
 

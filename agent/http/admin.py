@@ -58,6 +58,7 @@ def admin_router(ops: AdminOps) -> APIRouter:
             "blobs": list(removed.blobs),
             "bytes_freed": removed.bytes_freed,
             "shared": list(removed.shared),
+            "partials": list(removed.partials),
         }
 
     @router.post("/blobs/{blob_id}/forget")

@@ -81,6 +81,11 @@ class Faults:
     Content-Length, Content-Range) while it sends only the bytes it has and then closes the connection:
     an origin that lies about a length."""
 
+    answer_bytes: int | None = None
+    """Every body of a file in `claimed_sizes` carries at most this many bytes (from wherever its range
+    starts), then the connection closes: an origin that lists a large file and sends a little more on
+    every answer, so that no two answers end at the same byte."""
+
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:

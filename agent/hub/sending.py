@@ -100,6 +100,8 @@ class FileSender(BaseHTTPRequestHandler):
             if isinstance(rng, tuple):
                 self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
             has = max(0, min(end, entry.size - 1) - start + 1)  # less than promised when the size is a lie
+            if faults.answer_bytes is not None and entry.path in faults.claimed_sizes:
+                has = min(has, faults.answer_bytes)
             body = method != "HEAD" and length > 0
             # A body's faults are taken before its headers go out: once they are out the client may ask
             # for the next range, and that request's thread must not take the fault meant for this one.

@@ -15,6 +15,7 @@ import urllib3
 from agent.core.plan import FileEntry
 from agent.core.progress import FileProgress
 from agent.origin.client import read_body_into
+from agent.origin.headway import Headway
 from agent.origin.location import FileLocation
 
 READ_BLOCK = 1 << 20
@@ -66,7 +67,7 @@ class Reader:
     got: int = 0
     """When its current request began, and the bytes it has brought since."""
     short: int = 0
-    """Answers in a row that ended early at the same byte (`_ended_early`)."""
+    """Answers in a row that ended early at the same byte (`OriginSource._short_answer`)."""
     ended_at: int = -1
 
     def start(self) -> None:
@@ -85,6 +86,8 @@ class BlobJob:
     nchunks: int
     done: set[int]
     progress: FileProgress
+    headway: Headway
+    """Whether the blob makes headway (agent.origin.headway), guarded by `cond`."""
     cond: threading.Condition = field(default_factory=threading.Condition)
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held around each pwrite. ext4 (and most filesystems) serialise buffered writes to one inode
@@ -138,6 +141,23 @@ class BlobJob:
                 lo, hi = self.chunk_bounds(idx)
                 total += hi - lo if idx in self.done else self.written.get(idx, 0)
             return total
+
+    def furthest(self) -> int:
+        """The end of the furthest byte written (called under `cond`, or once the workers are done)."""
+        ends = [self.chunk_bounds(i)[1] for i in self.done]
+        ends += [i * self.chunk_size + n for i, n in self.written.items() if n]
+        return max(ends, default=0)
+
+    def give_back(self) -> None:
+        """A blob that failed and may be resumed keeps the bytes it has and gives the rest of its
+        reservation back: the file ends after its furthest written byte (a later fetch reserves the rest
+        again). An origin that listed 10 GiB and then failed held all of it until the partial aged out."""
+        with self.cond:
+            keep = self.furthest()
+        try:
+            os.ftruncate(self.fd, keep)
+        except OSError:
+            pass  # the partial then holds its reservation until it is resumed, evicted or swept
 
     def chunk_bounds(self, idx: int) -> tuple[int, int]:
         start = idx * self.chunk_size

@@ -267,7 +267,7 @@ class OriginClient:
         def attempt() -> tuple[object, urllib3.BaseHTTPResponse]:
             resp = self.request("GET", url, what, {"Accept": "application/json"})
             try:
-                body = resp.read()
+                body = read_capped(resp, self.settings.max_json_bytes, what)
             except Urllib3Error as exc:
                 raise _unavailable(f"{what}: connection dropped", exc) from None
             finally:
@@ -387,6 +387,23 @@ def _reason(exc: BaseException) -> str:
     """A short cause without URLs' query strings (signed CDN URLs carry credentials)."""
     reason = getattr(exc, "reason", None) or exc
     return type(reason).__name__
+
+
+def read_capped(resp: urllib3.BaseHTTPResponse, cap: int, what: str) -> bytes:
+    """A whole API answer of at most `cap` bytes: refused by its Content-Length before a byte is read, or
+    once more than `cap` came (a hostile origin's endless JSON must not fill the agent's memory)."""
+    length = resp.headers.get("Content-Length", "")
+    if length.strip().isdigit() and int(length) > cap:
+        raise OriginError(f"{what}: the origin's answer is {int(length)} bytes, more than the {cap} allowed")
+    parts: list[bytes] = []
+    got = 0
+    while got <= cap:
+        data = resp.read(min(1 << 20, cap + 1 - got))
+        if not data:
+            return b"".join(parts)
+        parts.append(data)
+        got += len(data)
+    raise OriginError(f"{what}: the origin's answer is more than the {cap} bytes allowed")
 
 
 def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:

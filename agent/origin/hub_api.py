@@ -11,7 +11,8 @@ What a request may carry is decided before it gets here: the endpoint checks a c
 adds a client's header other than its Authorization, and no redirect is followed to another host (a
 CDN must not see a client's token).
 
-Every method raises `Unreachable` when the origin cannot be asked (a transport error) or answers 5xx:
+Every method raises `Unreachable` when the origin cannot be asked (a transport error), answers 5xx or
+sends more than `OriginSettings.max_json_bytes`:
 the endpoint then answers from the node's cache where it may. Any other answer, a refusal or a 429
 included, is returned for the endpoint to pass on or to decide by.
 """
@@ -109,14 +110,27 @@ class HubClientApi:
     ) -> Answer:
         query: _Query | None = None if params is None else [*params]
         url, headers = self.endpoint + path, self._headers(authorization)
+        cap = self.settings.max_json_bytes
         try:
-            async with self._client() as client:
-                resp = await client.get(url, params=query, headers=headers)
+            async with (
+                self._client() as client,
+                client.stream("GET", url, params=query, headers=headers) as resp,
+            ):
+                if resp.status_code >= 500:
+                    raise Unreachable(f"HTTP {resp.status_code}")
+                length = resp.headers.get("content-length", "")
+                if length.strip().isdigit() and int(length) > cap:
+                    raise Unreachable(f"an answer of {int(length)} bytes, more than the {cap} allowed")
+                parts: list[bytes] = []
+                got = 0
+                async for data in resp.aiter_raw():
+                    got += len(data)
+                    if got > cap:  # an endless answer is no answer: it never reaches memory whole
+                        raise Unreachable(f"an answer of more than the {cap} bytes allowed")
+                    parts.append(data)
         except httpx.TransportError as exc:
             raise Unreachable(str(exc) or type(exc).__name__) from exc
-        if resp.status_code >= 500:
-            raise Unreachable(f"HTTP {resp.status_code}")
-        return Answer(resp.status_code, resp.headers, resp.content)
+        return Answer(resp.status_code, resp.headers, b"".join(parts))
 
     async def get(self, path: str, params: Sequence[tuple[str, str]], authorization: str | None) -> Answer:
         return await self._get(path, params, authorization)

@@ -42,6 +42,7 @@ from agent.core.errors import (
     IntegrityError,
     OriginError,
     OriginLengthError,
+    OriginStalledError,
     OriginUnavailableError,
     WeightswarmError,
 )
@@ -65,72 +66,17 @@ from agent.origin.chunks import (
     cut_response,
 )
 from agent.origin.client import body_complete, release
+from agent.origin.headway import MEAGRE, SAME_BYTE, Headway
 from agent.origin.hedging import HEDGE_AFTER
 from agent.origin.location import FileLocation
+from agent.origin.share import Share
 
 log = logging.getLogger(__name__)
 
 HASH_BLOCK = 4 << 20
 WRITEBACK_EVERY = 16 << 20
-SHORT_ANSWERS = 3
-"""Answers in a row ending early at the same byte that make an origin's listed length a lie."""
 _TURN_EVERY = 0.1
 """Seconds between looks at whether background work must step aside (`Turn.due`)."""
-
-
-class Share:
-    """A feed's handle on its part [start, end) of the blob (agent.core.parts `PartSink`)."""
-
-    def __init__(
-        self, engine: OriginSource, plan: FetchPlan, cache: RepoCache, job: BlobJob, start: int, end: int
-    ) -> None:
-        self._engine, self._plan, self._cache, self._job = engine, plan, cache, job
-        self.start, self.end = start, end
-        self.entry = job.entry
-        self._unrecorded = 0
-
-    @property
-    def pos(self) -> int:
-        return min(self.end, self._job.extent(self.start))
-
-    @property
-    def cancelled(self) -> bool:
-        return self._job.error is not None or self._job.closed
-
-    def write(self, pos: int, data: bytes | memoryview) -> None:
-        """Raises `Cancelled` once the blob is done with."""
-        job, n = self._job, len(data)
-        with job.write_lock:
-            if job.closed:
-                raise Cancelled()
-            os.pwrite(job.fd, data, pos)
-        with job.cond:
-            if job.error is not None:
-                raise Cancelled()
-            while n and pos < self.end:
-                idx = pos // job.chunk_size
-                start, end = job.chunk_bounds(idx)
-                step = min(n, end - pos)
-                pos += step
-                n -= step
-                if pos >= end:
-                    job.done.add(idx)
-                    job.written.pop(idx, None)
-                else:
-                    job.written[idx] = pos - start
-            job.relayed += len(data)
-            job.cond.notify_all()
-        self._unrecorded += len(data)
-        job.progress.advance(len(data))
-        if self._unrecorded >= RECORD_EVERY or pos >= self.end:
-            self._unrecorded = 0
-            self._engine._save_record(self._cache, self._plan, job)
-
-    def take_over(self) -> None:
-        self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
-
-    def fail(self, exc: BaseException) -> None:
-        self._job.fail(exc)
 
 
 class OriginSource:
@@ -196,11 +142,16 @@ class OriginSource:
             raise CacheError(f"cannot write {incomplete}: {exc.strerror}") from exc
         job: BlobJob | None = None
         space: Reservation | None = None
-        hopeless = False
+        hopeless = finished = False
         try:
             chunk = self.settings.chunk_size
             nchunks = -(-entry.size // chunk)
-            job = BlobJob(entry, location, fd, chunk, nchunks, done, progress, written=written, prefix=prefix)
+            f = self.settings
+            rule = (f.origin_min_rate, f.origin_rate_window, f.origin_short_answers)
+            headway = Headway(*rule, since=time.monotonic())
+            job = BlobJob(
+                entry, location, fd, chunk, nchunks, done, progress, headway, written=written, prefix=prefix
+            )
             space = Reservation(fd, entry.size, on_full=job.fail)
             mine = range(job.nchunks) if shares is None else chunks_of(shares.own, chunk)
             job.pending = [i for i in mine if i not in done]
@@ -215,6 +166,7 @@ class OriginSource:
                 shares.bind(job)
             self.savers[id(job)] = lambda: self._save_record(cache, plan, job)
             hashes = self._run(plan, cache, job, shares)
+            finished = True
         except IntegrityError:
             hopeless = True  # bytes the origin cannot or did not send right: no resume can help
             raise
@@ -229,6 +181,8 @@ class OriginSource:
                     job.closed = True
             if space is not None:
                 space.close()
+            if job is not None and not finished and not hopeless:
+                job.give_back()
             os.close(fd)
             if hopeless:  # its reservation and resume record go with it
                 cache.discard_partial(entry.blob_id)
@@ -279,6 +233,11 @@ class OriginSource:
                 if job.error is None and job.contiguous_end(0) < job.entry.size:
                     job.error = Cancelled()
                 job.cond.notify_all()
+                # A worker blocked on a trickling response would hold the blob (and its file) until its
+                # read timed out: the blob has failed, so its requests close now.
+                reading = [r.resp for rs in job.readers.values() for r in rs if r.resp is not None]
+            for resp in reading:
+                cut_response(resp)
             for t in feeds:
                 t.join()
             while True:  # a feed's `take_over` may have started more
@@ -344,6 +303,7 @@ class OriginSource:
                 while True:
                     if job.error is not None:
                         raise job.error
+                    self._judge(job)
                     avail = job.contiguous_end(pos)
                     if avail > pos:
                         break
@@ -364,6 +324,18 @@ class OriginSource:
                 start_writeback(job.fd, flushed, pos - flushed)
                 flushed = pos
         return hasher.finish()
+
+    def _judge(self, job: BlobJob) -> None:
+        """Fail the blob when it made no headway over a window (agent.origin.headway; called under
+        `cond`). Waiting out an origin that said "later", or stepping aside, does not count."""
+        now = time.monotonic()
+        job.headway.hold(now, bool(job.waiting) or job.pausing or self.client.told_to_wait)
+        why = job.headway.judge(now, job.received + job.relayed)
+        if why is not None:
+            raise OriginStalledError(
+                f"{job.entry.path}: the origin {why}; gave up on it, keeping the {job.furthest()} bytes "
+                "written for a later fetch"
+            )
 
     def _step_aside(self, job: BlobJob) -> None:
         """When background work must step aside: close every range request of the blob now. A worker
@@ -506,7 +478,14 @@ class OriginSource:
                         job.mode = "ranges"
                         job.cond.notify_all()
                 while pos < end:
-                    n = job.write_from(resp, buf, pos, end, reader)
+                    try:
+                        n = job.write_from(resp, buf, pos, end, reader)
+                    except Retryable:
+                        with job.cond:
+                            ours = not (idx in job.done or reader.cut or job.pausing)
+                        if ours:  # the connection dropped mid-answer: an answer ended early too
+                            self._short_answer(job, reader, pos)
+                        raise
                     if not n:
                         break
                     pos += n
@@ -538,7 +517,9 @@ class OriginSource:
             try:
                 self.client.patiently(
                     lambda: self.client.retrying(what, attempt),
-                    moved=lambda: reader.pos,
+                    # Patience restarts on a MiB brought, not on any byte: an origin answering "later"
+                    # between answers of a few bytes each would otherwise hold the blob for ever.
+                    moved=lambda: reader.pos // MEAGRE,
                     pause=lambda seconds: self._wait_out(job, idx, seconds),
                 )
                 return reader.got / max(time.monotonic() - reader.began, 1e-6)
@@ -603,21 +584,29 @@ class OriginSource:
             raise OriginError(f"{job.entry.path}: origin sent more than {size} bytes")
 
     def _ended_early(self, job: BlobJob, reader: Reader, pos: int, asked: str) -> NoReturn:
-        """An answer ended before the bytes it promised: a dropped connection (asked again from `pos`), or,
-        when `SHORT_ANSWERS` answers in a row end at the same byte, an origin that lists more bytes than
-        it has: no retry or resume can bring them (OriginLengthError: the partial file goes)."""
+        """An answer ended before the bytes it promised: a dropped connection (asked again from `pos`), or an
+        origin that lists more bytes than it has (`_short_answer`)."""
+        self._short_answer(job, reader, pos)
+        raise Retryable(OriginUnavailableError(f"{job.entry.path}: body ended at byte {pos} of {asked}"))
+
+    def _short_answer(self, job: BlobJob, reader: Reader, pos: int) -> None:
+        """Count an answer that ended early at `pos`. When `SAME_BYTE` answers of this reader in a row end
+        there, or the blob's meagre answers reach their bound (agent.origin.headway), the origin cannot
+        send what it lists: no retry or resume can bring it (OriginLengthError: the partial file goes)."""
         if reader.ended_at == pos:
             reader.short += 1
         else:
             reader.ended_at, reader.short = pos, 1
+        with job.cond:
+            why = job.headway.short_answer(reader.got, time.monotonic())
         entry = job.entry
-        if reader.short >= SHORT_ANSWERS:
+        if reader.short >= SAME_BYTE:
+            why = f"its answers end at byte {pos} ({reader.short} times in a row, nothing more sent)"
+        if why is not None:
             raise OriginLengthError(
-                f"{entry.path}: the origin lists {entry.size} bytes, but its answers end at byte {pos} "
-                f"({reader.short} times in a row, nothing more sent): it cannot send what it lists; the "
-                "partial file was discarded. Tell the origin's operator, or retry once it is fixed"
+                f"{entry.path}: the origin lists {entry.size} bytes, but {why}: it cannot send what it "
+                "lists; the partial file was discarded. Tell the origin's operator, or retry once it is fixed"
             )
-        raise Retryable(OriginUnavailableError(f"{entry.path}: body ended at byte {pos} of {asked}"))
 
     def _wrote(self, job: BlobJob, idx: int, chunk_written: int, n: int) -> bool:
         """Account for `n` bytes written; True when the resume record is due for an update."""
@@ -647,3 +636,4 @@ class OriginSource:
         # Concurrent workers write whole records via os.replace: the last one wins and each lists
         # only chunks that were written, so any interleaving is safe.
         write_record(cache, plan, job.entry, job.chunk_size, done, written)
+
