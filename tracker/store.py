@@ -98,6 +98,11 @@ class ModelEntry:
     """The publisher role wrote a manifest for it: agent-role writes are refused."""
 
 
+class OverLimitError(Exception):
+    """An announce the store refused, over a `SwarmLimits` limit: nothing of it was stored. The message
+    is the bencoded failure reason the client gets."""
+
+
 # Every method is async so that the Redis store never blocks the event loop.
 
 

@@ -33,12 +33,13 @@ from tracker.errors import (
     QuarantinedMetainfoError,
     StoreUnavailableError,
 )
-from tracker.settings import TrackerSettings
+from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, TrackerSettings
 from tracker.store import (
     AnnounceResult,
     LeaseHolder,
     LeaseState,
     ModelEntry,
+    OverLimitError,
     PeerAddr,
     QuarantineRecord,
     Store,
@@ -54,21 +55,46 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 clocks may differ, or be stepped, and a peer one replica stores would expire at once for another."""
 
 _ANNOUNCE = _NOW + """
-local s, l, a, d, t, ips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+-- pa: this address's entries with this passkey, cls / oth: every entry with this passkey / the other
+-- (members infohash .. peer id, scored by expiry): what the limits count.
+local s, l, a, d, t, ips, pa, cls, oth = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
+  KEYS[8], KEYS[9]
 local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local numwant, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-for _, key in ipairs({s, l}) do
-  local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 1000)
+local max_swarms, max_class, per_address, max_peers =
+  tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local function trim(key, hash, most)
+  -- A bounded step (never a whole key at once): each announce adds at most one member.
+  local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, most or 100)
   if #dead > 0 then
     redis.call('ZREM', key, unpack(dead))
-    redis.call('HDEL', a, unpack(dead))
+    if hash then redis.call('HDEL', hash, unpack(dead)) end
   end
 end
+trim(s, a, 1000)
+trim(l, a, 1000)
+local member = ih .. pid
 if event == 'stopped' then
   redis.call('ZREM', s, pid)
   redis.call('ZREM', l, pid)
   redis.call('HDEL', a, pid)
+  redis.call('ZREM', pa, member)
+  redis.call('ZREM', cls, member)
   return {redis.call('ZCARD', s), redis.call('ZCARD', l), {}}
+end
+local held = redis.call('ZSCORE', pa, member)
+if not held or tonumber(held) <= now then
+  -- A new entry for this address and passkey: refused, storing nothing, over a limit.
+  if redis.call('EXISTS', s) == 0 and redis.call('EXISTS', l) == 0 then
+    trim(t)
+    if redis.call('ZCARD', t) >= max_swarms then return {-1, 'swarms', {}} end
+  end
+  trim(pa)
+  trim(cls)
+  trim(oth)
+  local class = redis.call('ZCARD', cls)
+  if class >= max_class or class + redis.call('ZCARD', oth) >= max_peers then return {-1, 'peers', {}} end
+  if redis.call('ZCARD', pa) >= per_address then return {-1, 'address', {}} end
 end
 local mine, other = l, s
 if seeder == '1' then mine, other = s, l end
@@ -76,8 +102,10 @@ redis.call('ZREM', other, pid)
 redis.call('ZADD', mine, now + ttl, pid)
 redis.call('HSET', a, pid, addr)
 if event == 'completed' then redis.call('INCR', d) end
-for _, key in ipairs({s, l, a, d}) do redis.call('PEXPIRE', key, ttl) end
 redis.call('ZADD', t, now + ttl, ih)
+redis.call('ZADD', pa, now + ttl, member)
+redis.call('ZADD', cls, now + ttl, member)
+for _, key in ipairs({s, l, a, d, t, pa, cls}) do redis.call('PEXPIRE', key, ttl) end
 if ARGV[8] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
 local out, n = {}, 0
 if numwant > 0 then
@@ -224,6 +252,12 @@ if old then return 0 end
 return 1
 """
 
+_REFUSED = {b"swarms": SWARMS_FULL, b"peers": PEERS_FULL, b"address": ADDRESS_FULL}
+"""The announce script's refusals, as failure reasons."""
+
+_STATS_PAGE = 2000
+"""Swarms whose seeders `stats` counts per round trip."""
+
 _MAX_SLOTS = 64
 """Lease slots probed when reading holders: covers any --max-lease-holders a replica may use."""
 
@@ -259,6 +293,7 @@ class RedisStore(Store):
         self._put_meta = self._r.register_script(_PUT_METAINFO)
         self._quarantine = self._r.register_script(_QUARANTINE)
         self._hold_ms = max(1, int(settings.quarantine_hold * 1000))
+        self._limits = settings.swarm_limits
 
     def _k(self, kind: bytes, key: bytes | str) -> bytes:
         return self._p + kind + b":" + (key.encode() if isinstance(key, str) else key)
@@ -268,6 +303,7 @@ class RedisStore(Store):
         self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
         peer_id, ip, port = peer
+        mine, theirs = (b"agent", b"interop") if agent else (b"interop", b"agent")
         keys = [
             self._k(b"s", infohash),
             self._k(b"l", infohash),
@@ -275,7 +311,12 @@ class RedisStore(Store):
             self._k(b"d", infohash),
             self._p + b"torrents",
             self._p + b"addresses",
+            self._k(b"held:" + mine, ip),
+            self._k(b"entries", mine),
+            self._k(b"entries", theirs),
         ]
+        limits = self._limits
+        per_class, per_address = limits.peers_for(agent)
         args = [
             peer_id,
             ip + port.to_bytes(2, "big"),
@@ -285,8 +326,14 @@ class RedisStore(Store):
             self._ttl_ms,
             infohash,
             b"1" if agent else b"0",
+            limits.swarms_for(agent),
+            per_class,
+            per_address,
+            limits.max_peers,
         ]
         complete, incomplete, flat = await self._announce(keys=keys, args=args)
+        if int(complete) < 0:
+            raise OverLimitError(_REFUSED[_b(incomplete)])
         peers: list[PeerAddr] = []
         for i in range(0, len(flat), 2):
             addr = bytes(flat[i + 1])
@@ -326,13 +373,27 @@ class RedisStore(Store):
         return out
 
     async def stats(self) -> StoreStats:
+        # Live counts by score, and the seeders a page of swarms at a time: never the whole set in this
+        # process's memory, nor one long command in Redis's.
         now = await self._now_ms()
-        key = self._p + b"torrents"
-        await self._r.zremrangebyscore(key, "-inf", now)
-        torrents = [_b(t) for t in await self._r.zrange(key, 0, -1)]
-        counts = await self.scrape(torrents)
-        seeders = sum(c.complete for c in counts.values())
-        return StoreStats(len(torrents), seeders + sum(c.incomplete for c in counts.values()), seeders)
+        live = (f"({now}", "+inf")
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.zcount(self._p + b"torrents", *live)
+            pipe.zcount(self._k(b"entries", b"agent"), *live)
+            pipe.zcount(self._k(b"entries", b"interop"), *live)
+            torrents, agents, interop = await pipe.execute()
+        seeders, start = 0, 0
+        while True:
+            page = await self._r.zrangebyscore(self._p + b"torrents", *live, start=start, num=_STATS_PAGE)
+            if page:
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for ih in page:
+                        pipe.zcount(self._k(b"s", _b(ih)), *live)
+                    seeders += sum(await pipe.execute())
+            if len(page) < _STATS_PAGE:
+                break
+            start += _STATS_PAGE
+        return StoreStats(int(torrents), int(agents) + int(interop), seeders)
 
     async def peer_addresses(self) -> list[bytes]:
         key = self._p + b"addresses"

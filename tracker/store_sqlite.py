@@ -85,7 +85,7 @@ class SqliteStore(Store):
             self._same_clock()
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open SQLite store {path}: {exc}") from None
-        self._peers = self.local_peers = PeerTable(settings.peer_ttl)
+        self._peers = self.local_peers = PeerTable(settings.peer_ttl, settings.swarm_limits)
         self._epoch = secrets.token_hex(8)
         """Peers live in this process's memory: each process is a new epoch."""
         self._quarantine_hold = settings.quarantine_hold
