@@ -257,6 +257,11 @@ class StoreLifecycle(abc.ABC):
         """Totals for the metrics."""
 
     @abc.abstractmethod
+    async def sweep_expired(self) -> None:
+        """Drop expired peers for as long as the tracker runs (never returns), a bounded step at a time
+        with awaits between: no step may hold the event loop (or Redis) for long, whatever the swarms."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release the connection (SQLite file, Redis pool); the store is unusable after."""
 

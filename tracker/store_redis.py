@@ -12,9 +12,11 @@ commit (a commit's files never change) and the write are atomic across replicas.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +35,7 @@ from tracker.errors import (
     QuarantinedMetainfoError,
     StoreUnavailableError,
 )
+from tracker.redis_scripts import ANNOUNCE, NOW, TRIM
 from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, TrackerSettings
 from tracker.store import (
     AnnounceResult,
@@ -47,89 +50,9 @@ from tracker.store import (
     SwarmCounts,
 )
 
-_NOW = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-"""
-"""Lua: `now`, in ms, by Redis's clock. Every expiry and stall age is on that one clock: replicas' own
-clocks may differ, or be stepped, and a peer one replica stores would expire at once for another."""
-
-_ANNOUNCE = _NOW + """
--- pa: this address's entries with this passkey, cls / oth: every entry with this passkey / the other
--- (members infohash .. peer id, scored by expiry): what the limits count.
-local s, l, a, d, t, ips, pa, cls, oth = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
-  KEYS[8], KEYS[9]
-local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local numwant, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local max_swarms, max_class, per_address, max_peers =
-  tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
-local function trim(key, hash, most)
-  -- A bounded step (never a whole key at once): each announce adds at most one member.
-  local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, most or 100)
-  if #dead > 0 then
-    redis.call('ZREM', key, unpack(dead))
-    if hash then redis.call('HDEL', hash, unpack(dead)) end
-  end
-end
-trim(s, a, 1000)
-trim(l, a, 1000)
-local member = ih .. pid
-if event == 'stopped' then
-  redis.call('ZREM', s, pid)
-  redis.call('ZREM', l, pid)
-  redis.call('HDEL', a, pid)
-  redis.call('ZREM', pa, member)
-  redis.call('ZREM', cls, member)
-  return {redis.call('ZCARD', s), redis.call('ZCARD', l), {}}
-end
-local held = redis.call('ZSCORE', pa, member)
-if not held or tonumber(held) <= now then
-  -- A new entry for this address and passkey: refused, storing nothing, over a limit.
-  if redis.call('EXISTS', s) == 0 and redis.call('EXISTS', l) == 0 then
-    trim(t)
-    if redis.call('ZCARD', t) >= max_swarms then return {-1, 'swarms', {}} end
-  end
-  trim(pa)
-  trim(cls)
-  trim(oth)
-  local class = redis.call('ZCARD', cls)
-  if class >= max_class or class + redis.call('ZCARD', oth) >= max_peers then return {-1, 'peers', {}} end
-  if redis.call('ZCARD', pa) >= per_address then return {-1, 'address', {}} end
-end
-local mine, other = l, s
-if seeder == '1' then mine, other = s, l end
-redis.call('ZREM', other, pid)
-redis.call('ZADD', mine, now + ttl, pid)
-redis.call('HSET', a, pid, addr)
-if event == 'completed' then redis.call('INCR', d) end
-redis.call('ZADD', t, now + ttl, ih)
-redis.call('ZADD', pa, now + ttl, member)
-redis.call('ZADD', cls, now + ttl, member)
-for _, key in ipairs({s, l, a, d, t, pa, cls}) do redis.call('PEXPIRE', key, ttl) end
-if ARGV[8] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
-local out, n = {}, 0
-if numwant > 0 then
-  local sources = {s, l}
-  if seeder == '1' then sources = {l} end
-  for _, key in ipairs(sources) do
-    if n >= numwant then break end
-    local ids = redis.call('ZRANDMEMBER', key, numwant - n + 1)
-    for _, id in ipairs(ids) do
-      if id ~= pid and n < numwant then
-        local ad = redis.call('HGET', a, id)
-        if ad then
-          out[#out + 1] = id
-          out[#out + 1] = ad
-          n = n + 1
-        end
-      end
-    end
-  end
-end
-return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
-"""
-
-_LEASE_ACQUIRE = _NOW + """
+_LEASE_ACQUIRE = (
+    NOW
+    + """
 -- KEYS[1]: the blob's progress hash (holder -> '<bytes>:<ms when they last changed>'); the rest: slots.
 local prog, node, ttl, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local stale, progress, reclaim = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
@@ -196,6 +119,7 @@ if stale > 0 then
 end
 return holders(0, 0)
 """
+)
 
 _LEASE_RELEASE = """
 for i = 2, #KEYS do
@@ -255,6 +179,9 @@ return 1
 _REFUSED = {b"swarms": SWARMS_FULL, b"peers": PEERS_FULL, b"address": ADDRESS_FULL}
 """The announce script's refusals, as failure reasons."""
 
+_TRIM_STEP = 1000
+"""Expired members `sweep_expired` drops from each tracker-wide set per script call."""
+
 _STATS_PAGE = 2000
 """Swarms whose seeders `stats` counts per round trip."""
 
@@ -286,12 +213,13 @@ class RedisStore(Store):
             raise StoreUnavailableError(f"cannot reach Redis at {_redact(url)}: {exc}") from None
         self._p = prefix.encode()
         self._ttl_ms = int(settings.peer_ttl * 1000)
-        self._announce = self._r.register_script(_ANNOUNCE)
+        self._announce = self._r.register_script(ANNOUNCE)
         self._lease = self._r.register_script(_LEASE_ACQUIRE)
         self._release = self._r.register_script(_LEASE_RELEASE)
         self._put_manifest = self._r.register_script(_PUT_MANIFEST)
         self._put_meta = self._r.register_script(_PUT_METAINFO)
         self._quarantine = self._r.register_script(_QUARANTINE)
+        self._trim = self._r.register_script(TRIM)
         self._hold_ms = max(1, int(settings.quarantine_hold * 1000))
         self._limits = settings.swarm_limits
 
@@ -400,8 +328,24 @@ class RedisStore(Store):
         await self._r.zremrangebyscore(key, "-inf", await self._now_ms())
         return [_b(a) for a in await self._r.zrange(key, 0, -1)]
 
+    async def sweep_expired(self) -> None:
+        keys = [
+            self._p + b"torrents",
+            self._p + b"addresses",
+            self._k(b"entries", b"agent"),
+            self._k(b"entries", b"interop"),
+        ]
+        log = logging.getLogger("tracker")
+        while True:
+            try:
+                full = int(await self._trim(keys=keys, args=[_TRIM_STEP])) >= _TRIM_STEP
+            except redis.RedisError as exc:  # an outage: the next step tries again
+                log.debug("sweep: %s", exc)
+                full = False
+            await asyncio.sleep(0 if full else 0.5)
+
     async def _now_ms(self) -> int:
-        """Redis's clock, in ms (`_NOW`)."""
+        """Redis's clock, in ms (`tracker.redis_scripts.NOW`)."""
         seconds, micros = await self._r.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
@@ -623,8 +567,6 @@ def _manifest(body: Any) -> dict[str, Any]:
     manifest.setdefault("published", False)
     manifest.setdefault("signature", None)
     return manifest
-
-
 
 
 def _redact(url: str) -> str:
