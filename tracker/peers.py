@@ -218,13 +218,13 @@ class PeerTable:
                 raise OverLimitError(refused)
             swarm = self._swarms[infohash] = _Swarm()
         else:
-            for gone in swarm.sweep(now):
-                ledger.remove(gone)
+            for dead in swarm.sweep(now):
+                ledger.remove(dead)
         if event == "stopped":
             for table in (swarm.seeders, swarm.leechers):
-                gone = table.drop(peer_id)
-                if gone is not None:
-                    ledger.remove(gone)
+                left = table.drop(peer_id)
+                if left is not None:
+                    ledger.remove(left)
             if not swarm.seeders and not swarm.leechers:
                 del self._swarms[infohash]
                 return AnnounceResult(0, 0, [])
