@@ -44,6 +44,8 @@ TRACKER_SECTIONS: dict[str, tuple[str, ...]] = {
     "Credentials": ("token_file", "publisher_token_file", "read_token_file", "announce_passkey_file",
                     "interop_passkey_file", "insecure_no_token"),
     "Swarm": ("trust_announce_ip", "interval", "max_lease_holders"),
+    "Swarm limits (memory)": ("max_swarms", "max_peers", "max_peers_per_address", "interop_max_swarms",
+                              "interop_max_peers", "interop_max_peers_per_address"),
     "Logging": ("log_level",),
 }
 """`tracker serve`'s options by purpose (parameter names); an option missing here is an error."""

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from tracker.settings import TrackerSettings
-from tracker.store import AnnounceResult, LocalPeers, PeerAddr, PeerStore, SwarmCounts
+from tracker.store import AnnounceResult, LocalPeers, OverLimitError, PeerAddr, PeerStore, SwarmCounts
 from wirekit.bencode import bencode
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
@@ -258,12 +258,16 @@ def _request(raw_query: bytes, client_host: str | None, settings: TrackerSetting
 async def announce(
     raw_query: bytes, client_host: str | None, store: PeerStore, settings: TrackerSettings, agent: bool = True
 ) -> tuple[bytes, str]:
-    """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request).
+    """Handle one announce: (bencoded body, event label for metrics; 'error' on a refused request,
+    'limit' when the store refused it, over a `SwarmLimits` limit).
     `agent`: it carried the agents' passkey (not the interop one), so its address is an agent's."""
     req = _request(raw_query, client_host, settings)
     if isinstance(req, bytes):
         return req, "error"
-    result = await store.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
+    try:
+        result = await store.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
+    except OverLimitError as exc:
+        return failure(str(exc)), "limit"
     return announce_response(req, result, settings), req.event or "update"
 
 
@@ -278,7 +282,10 @@ def announce_now(
     req = _request(raw_query, client_host, settings)
     if isinstance(req, bytes):
         return req, "error"
-    result = peers.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
+    try:
+        result = peers.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
+    except OverLimitError as exc:
+        return failure(str(exc)), "limit"
     return announce_response(req, result, settings), req.event or "update"
 
 

@@ -7,7 +7,9 @@ document; in a running tracker the ASGI front in `tracker.app` answers them firs
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -57,10 +59,22 @@ def _lifespan(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state_loss.check()  # the epoch this tracker starts with: a later change is a loss
-        yield
-        await store.close()
+        sweeper = asyncio.create_task(store.sweep_expired(), name="tracker sweep")
+        sweeper.add_done_callback(_sweep_ended)
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+            await store.close()
 
     return lifespan
+
+
+def _sweep_ended(task: asyncio.Task[None]) -> None:
+    """The sweep never returns: its end before shutdown is logged, so peers that stop expiring show."""
+    if not task.cancelled():
+        logging.getLogger("tracker").error("the expired-peer sweep stopped: %r", task.exception())
 
 
 def _answer_errors(app: FastAPI, metrics: Metrics) -> None:

@@ -76,7 +76,7 @@ class TrackerApp:
         try:
             if route == "announce":
                 body, label = await bt.announce(raw_query, host, self.store, self.settings, agent=checked)
-                self.metrics.announces[label].inc()
+                self.metrics.announce(label)
             else:
                 body = await bt.scrape(raw_query, self.store, self.settings)
                 self.metrics.scrapes.inc()
@@ -137,7 +137,7 @@ class TrackerApp:
             try:
                 if route == "announce":
                     body, label = bt.announce_now(raw_query, host, peers, settings, agent=checked)
-                    metrics.announces[label].inc()
+                    metrics.announce(label)
                 else:
                     body = bt.scrape_now(raw_query, peers, settings)
                     metrics.scrapes.inc()

@@ -135,6 +135,49 @@ _path = click.Path(dir_okay=False, path_type=Path)
     help="Seconds a connection has to send a request's headers (from its connect or its last response).",
 )
 @env_option(
+    "--max-swarms",
+    default=100_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Swarms the tracker holds in all; an announce that would start one more is refused (~1.2 KB each).",
+)
+@env_option(
+    "--max-peers",
+    default=500_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Peer entries (one per peer and swarm) in all, both passkeys (~0.4 KB each).",
+)
+@env_option(
+    "--max-peers-per-address",
+    default=50_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Entries one address may hold with the agents' passkey (a node: one per blob it holds, "
+    "plus relay keys).",
+)
+@env_option(
+    "--interop-max-swarms",
+    default=10_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="An interop-passkey announce starts a new swarm only while fewer than this many exist.",
+)
+@env_option(
+    "--interop-max-peers",
+    default=20_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Entries all interop-passkey holders together may hold.",
+)
+@env_option(
+    "--interop-max-peers-per-address",
+    default=1_000,
+    type=click.IntRange(1),
+    show_default=True,
+    help="Entries one address may hold with the interop passkey.",
+)
+@env_option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -159,11 +202,18 @@ def serve(
     max_connections: int,
     max_connections_per_client: int,
     header_timeout: float,
+    max_swarms: int,
+    max_peers: int,
+    max_peers_per_address: int,
+    interop_max_swarms: int,
+    interop_max_peers: int,
+    interop_max_peers_per_address: int,
     log_level: str,
 ) -> None:
     """Run the tracker: announce/scrape, manifest registry, origin leases, /metrics."""
     from servekit.limits import ConnectionLimits
     from tracker.app import create_app
+    from tracker.settings import SwarmLimits
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = TrackerSettings(
@@ -194,6 +244,14 @@ def serve(
             max_connections=max_connections,
             max_per_client=max_connections_per_client,
             header_timeout=header_timeout,
+        ),
+        swarm_limits=SwarmLimits(
+            max_swarms=max_swarms,
+            max_peers=max_peers,
+            max_peers_per_address=max_peers_per_address,
+            interop_max_swarms=interop_max_swarms,
+            interop_max_peers=interop_max_peers,
+            interop_max_peers_per_address=interop_max_peers_per_address,
         ),
     )
     app = create_app(settings)

@@ -57,6 +57,7 @@ class Metrics:
         r = self.registry
         self.announces = {e: Tally() for e in EVENT_LABELS}
         self.scrapes = Tally()
+        self.over_limit = Tally()
         self.latency = {route: Timings() for route in ROUTES}
         r.register(_PerRequest(self))
         refusals = Counter(
@@ -86,6 +87,13 @@ class Metrics:
             "tracker_metainfo_quarantined", "Info dicts removed after a node reported them wrong", registry=r
         )
 
+    def announce(self, label: str) -> None:
+        """Count an announce by its label (`tracker.announce.announce`): 'limit' is an error too."""
+        if label == "limit":
+            self.over_limit.inc()
+            label = "error"
+        self.announces[label].inc()
+
     async def render(self, store: StoreLifecycle) -> bytes:
         """The exposition text, with the swarm gauges refreshed from the store first."""
         stats = await store.stats()
@@ -110,6 +118,11 @@ class _PerRequest:
             announces.add_metric([event], tally.value)
         yield announces
         yield CounterMetricFamily("tracker_scrapes", "Scrape requests handled", value=m.scrapes.value)
+        yield CounterMetricFamily(
+            "tracker_announces_over_limit",
+            "Announces refused over a swarm or peer limit (--max-swarms, --max-peers...): nothing stored",
+            value=m.over_limit.value,
+        )
         latency = HistogramMetricFamily(
             "tracker_request_seconds", "Request latency by route", labels=["route"]
         )

@@ -6,6 +6,7 @@ by the CLI layer, and secrets are read from files here, once, at startup.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,59 @@ from tracker.errors import ConfigError
 
 MiB = 2**20
 _URL_SAFE = re.compile(r"^[A-Za-z0-9._~-]+$")
+
+
+@dataclass(frozen=True)
+class SwarmLimits:
+    """What announces may make the tracker hold: swarms, and peer entries (one per peer and swarm), in
+    all and per announcing address, with a smaller budget for the interop passkey's stock clients so
+    that they cannot crowd out the agents. An announce over a limit gets a bencoded failure reason and
+    stores nothing; a peer already listed always renews. A swarm costs ~1.2 KB of tracker memory, an
+    entry ~0.4 KB (SQLite store); the defaults hold at most ~300 MiB, raise them with the memory."""
+
+    max_swarms: int = 100_000
+    """Swarms (infohashes with a peer) in all. 100,000: one per blob a cluster holds, plus the relay's
+    part and rank keys; an announce that would start one more is refused (--max-swarms)."""
+
+    max_peers: int = 500_000
+    """Peer entries in all, both passkeys (--max-peers). 500,000: e.g. 50 nodes holding 10,000 blobs."""
+
+    max_peers_per_address: int = 50_000
+    """Entries one address may hold with the agents' passkey: a big node announces every blob it holds
+    (many thousands) plus relay and rank keys (--max-peers-per-address)."""
+
+    interop_max_swarms: int = 10_000
+    """An interop-passkey announce starts a new swarm only while fewer than this many exist in all, so
+    agents keep `max_swarms` less this for their own (--interop-max-swarms). Stock clients normally
+    join the agents' swarms of public models, which exist already."""
+
+    interop_max_peers: int = 20_000
+    """Entries all interop-passkey holders together may hold (--interop-max-peers)."""
+
+    interop_max_peers_per_address: int = 1_000
+    """Entries one address may hold with the interop passkey: a stock client seeding a few models
+    (--interop-max-peers-per-address)."""
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1: {value}")
+
+    def swarms_for(self, agent: bool) -> int:
+        """Swarms beyond which an announce with this passkey may start no new one."""
+        return self.max_swarms if agent else min(self.max_swarms, self.interop_max_swarms)
+
+    def peers_for(self, agent: bool) -> tuple[int, int]:
+        """(entries in all, entries per address) this passkey's holders may hold."""
+        if agent:
+            return self.max_peers, self.max_peers_per_address
+        return self.interop_max_peers, self.interop_max_peers_per_address
+
+
+SWARMS_FULL = "tracker full: too many swarms, retry later"
+PEERS_FULL = "tracker full: too many peers, retry later"
+ADDRESS_FULL = "too many swarms announced from this address"
+"""Failure reasons of an announce over a `SwarmLimits` limit (nothing of it is stored)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +182,10 @@ class TrackerSettings:
     keeps a few; a load test or a NAT more), 10 s to send a request's headers, 5 s idle between requests
     (--max-connections, --max-connections-per-client, --header-timeout). Lowered to fit the open-file
     limit less `fd_reserve`."""
+
+    swarm_limits: SwarmLimits = SwarmLimits()
+    """Swarms and peer entries announces may make the tracker hold (SwarmLimits), so a passkey holder
+    announcing fresh infohashes cannot take its memory: 2.06 million swarms took it to 2.4 GB before."""
 
     fd_reserve: int = 256
     """Open files kept for the tracker's own work (the SQLite file, Redis connections, logs) beyond what

@@ -98,6 +98,11 @@ class ModelEntry:
     """The publisher role wrote a manifest for it: agent-role writes are refused."""
 
 
+class OverLimitError(Exception):
+    """An announce the store refused, over a `SwarmLimits` limit: nothing of it was stored. The message
+    is the bencoded failure reason the client gets."""
+
+
 # Every method is async so that the Redis store never blocks the event loop.
 
 
@@ -250,6 +255,11 @@ class StoreLifecycle(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> StoreStats:
         """Totals for the metrics."""
+
+    @abc.abstractmethod
+    async def sweep_expired(self) -> None:
+        """Drop expired peers for as long as the tracker runs (never returns), a bounded step at a time
+        with awaits between: no step may hold the event loop (or Redis) for long, whatever the swarms."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -12,9 +12,11 @@ commit (a commit's files never change) and the write are atomic across replicas.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -33,12 +35,14 @@ from tracker.errors import (
     QuarantinedMetainfoError,
     StoreUnavailableError,
 )
-from tracker.settings import TrackerSettings
+from tracker.redis_scripts import ANNOUNCE, NOW, TRIM
+from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, TrackerSettings
 from tracker.store import (
     AnnounceResult,
     LeaseHolder,
     LeaseState,
     ModelEntry,
+    OverLimitError,
     PeerAddr,
     QuarantineRecord,
     Store,
@@ -46,62 +50,9 @@ from tracker.store import (
     SwarmCounts,
 )
 
-_NOW = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-"""
-"""Lua: `now`, in ms, by Redis's clock. Every expiry and stall age is on that one clock: replicas' own
-clocks may differ, or be stepped, and a peer one replica stores would expire at once for another."""
-
-_ANNOUNCE = _NOW + """
-local s, l, a, d, t, ips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local numwant, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-for _, key in ipairs({s, l}) do
-  local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, 1000)
-  if #dead > 0 then
-    redis.call('ZREM', key, unpack(dead))
-    redis.call('HDEL', a, unpack(dead))
-  end
-end
-if event == 'stopped' then
-  redis.call('ZREM', s, pid)
-  redis.call('ZREM', l, pid)
-  redis.call('HDEL', a, pid)
-  return {redis.call('ZCARD', s), redis.call('ZCARD', l), {}}
-end
-local mine, other = l, s
-if seeder == '1' then mine, other = s, l end
-redis.call('ZREM', other, pid)
-redis.call('ZADD', mine, now + ttl, pid)
-redis.call('HSET', a, pid, addr)
-if event == 'completed' then redis.call('INCR', d) end
-for _, key in ipairs({s, l, a, d}) do redis.call('PEXPIRE', key, ttl) end
-redis.call('ZADD', t, now + ttl, ih)
-if ARGV[8] == '1' then redis.call('ZADD', ips, now + ttl, string.sub(addr, 1, -3)) end
-local out, n = {}, 0
-if numwant > 0 then
-  local sources = {s, l}
-  if seeder == '1' then sources = {l} end
-  for _, key in ipairs(sources) do
-    if n >= numwant then break end
-    local ids = redis.call('ZRANDMEMBER', key, numwant - n + 1)
-    for _, id in ipairs(ids) do
-      if id ~= pid and n < numwant then
-        local ad = redis.call('HGET', a, id)
-        if ad then
-          out[#out + 1] = id
-          out[#out + 1] = ad
-          n = n + 1
-        end
-      end
-    end
-  end
-end
-return {redis.call('ZCARD', s), redis.call('ZCARD', l), out}
-"""
-
-_LEASE_ACQUIRE = _NOW + """
+_LEASE_ACQUIRE = (
+    NOW
+    + """
 -- KEYS[1]: the blob's progress hash (holder -> '<bytes>:<ms when they last changed>'); the rest: slots.
 local prog, node, ttl, mode = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local stale, progress, reclaim = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
@@ -168,6 +119,7 @@ if stale > 0 then
 end
 return holders(0, 0)
 """
+)
 
 _LEASE_RELEASE = """
 for i = 2, #KEYS do
@@ -224,6 +176,15 @@ if old then return 0 end
 return 1
 """
 
+_REFUSED = {b"swarms": SWARMS_FULL, b"peers": PEERS_FULL, b"address": ADDRESS_FULL}
+"""The announce script's refusals, as failure reasons."""
+
+_TRIM_STEP = 1000
+"""Expired members `sweep_expired` drops from each tracker-wide set per script call."""
+
+_STATS_PAGE = 2000
+"""Swarms whose seeders `stats` counts per round trip."""
+
 _MAX_SLOTS = 64
 """Lease slots probed when reading holders: covers any --max-lease-holders a replica may use."""
 
@@ -252,13 +213,15 @@ class RedisStore(Store):
             raise StoreUnavailableError(f"cannot reach Redis at {_redact(url)}: {exc}") from None
         self._p = prefix.encode()
         self._ttl_ms = int(settings.peer_ttl * 1000)
-        self._announce = self._r.register_script(_ANNOUNCE)
+        self._announce = self._r.register_script(ANNOUNCE)
         self._lease = self._r.register_script(_LEASE_ACQUIRE)
         self._release = self._r.register_script(_LEASE_RELEASE)
         self._put_manifest = self._r.register_script(_PUT_MANIFEST)
         self._put_meta = self._r.register_script(_PUT_METAINFO)
         self._quarantine = self._r.register_script(_QUARANTINE)
+        self._trim = self._r.register_script(TRIM)
         self._hold_ms = max(1, int(settings.quarantine_hold * 1000))
+        self._limits = settings.swarm_limits
 
     def _k(self, kind: bytes, key: bytes | str) -> bytes:
         return self._p + kind + b":" + (key.encode() if isinstance(key, str) else key)
@@ -268,6 +231,7 @@ class RedisStore(Store):
         self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
         peer_id, ip, port = peer
+        mine, theirs = (b"agent", b"interop") if agent else (b"interop", b"agent")
         keys = [
             self._k(b"s", infohash),
             self._k(b"l", infohash),
@@ -275,7 +239,12 @@ class RedisStore(Store):
             self._k(b"d", infohash),
             self._p + b"torrents",
             self._p + b"addresses",
+            self._k(b"held:" + mine, ip),
+            self._k(b"entries", mine),
+            self._k(b"entries", theirs),
         ]
+        limits = self._limits
+        per_class, per_address = limits.peers_for(agent)
         args = [
             peer_id,
             ip + port.to_bytes(2, "big"),
@@ -285,8 +254,14 @@ class RedisStore(Store):
             self._ttl_ms,
             infohash,
             b"1" if agent else b"0",
+            limits.swarms_for(agent),
+            per_class,
+            per_address,
+            limits.max_peers,
         ]
         complete, incomplete, flat = await self._announce(keys=keys, args=args)
+        if int(complete) < 0:
+            raise OverLimitError(_REFUSED[_b(incomplete)])
         peers: list[PeerAddr] = []
         for i in range(0, len(flat), 2):
             addr = bytes(flat[i + 1])
@@ -326,21 +301,51 @@ class RedisStore(Store):
         return out
 
     async def stats(self) -> StoreStats:
+        # Live counts by score, and the seeders a page of swarms at a time: never the whole set in this
+        # process's memory, nor one long command in Redis's.
         now = await self._now_ms()
-        key = self._p + b"torrents"
-        await self._r.zremrangebyscore(key, "-inf", now)
-        torrents = [_b(t) for t in await self._r.zrange(key, 0, -1)]
-        counts = await self.scrape(torrents)
-        seeders = sum(c.complete for c in counts.values())
-        return StoreStats(len(torrents), seeders + sum(c.incomplete for c in counts.values()), seeders)
+        live = (f"({now}", "+inf")
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.zcount(self._p + b"torrents", *live)
+            pipe.zcount(self._k(b"entries", b"agent"), *live)
+            pipe.zcount(self._k(b"entries", b"interop"), *live)
+            torrents, agents, interop = await pipe.execute()
+        seeders, start = 0, 0
+        while True:
+            page = await self._r.zrangebyscore(self._p + b"torrents", *live, start=start, num=_STATS_PAGE)
+            if page:
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for ih in page:
+                        pipe.zcount(self._k(b"s", _b(ih)), *live)
+                    seeders += sum(await pipe.execute())
+            if len(page) < _STATS_PAGE:
+                break
+            start += _STATS_PAGE
+        return StoreStats(int(torrents), int(agents) + int(interop), seeders)
 
     async def peer_addresses(self) -> list[bytes]:
         key = self._p + b"addresses"
         await self._r.zremrangebyscore(key, "-inf", await self._now_ms())
         return [_b(a) for a in await self._r.zrange(key, 0, -1)]
 
+    async def sweep_expired(self) -> None:
+        keys = [
+            self._p + b"torrents",
+            self._p + b"addresses",
+            self._k(b"entries", b"agent"),
+            self._k(b"entries", b"interop"),
+        ]
+        log = logging.getLogger("tracker")
+        while True:
+            try:
+                full = int(await self._trim(keys=keys, args=[_TRIM_STEP])) >= _TRIM_STEP
+            except redis.RedisError as exc:  # an outage: the next step tries again
+                log.debug("sweep: %s", exc)
+                full = False
+            await asyncio.sleep(0 if full else 0.5)
+
     async def _now_ms(self) -> int:
-        """Redis's clock, in ms (`_NOW`)."""
+        """Redis's clock, in ms (`tracker.redis_scripts.NOW`)."""
         seconds, micros = await self._r.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
@@ -562,8 +567,6 @@ def _manifest(body: Any) -> dict[str, Any]:
     manifest.setdefault("published", False)
     manifest.setdefault("signature", None)
     return manifest
-
-
 
 
 def _redact(url: str) -> str:

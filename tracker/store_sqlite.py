@@ -14,6 +14,7 @@ single-row statements; running them on the event loop costs less than a thread h
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import sqlite3
@@ -28,7 +29,7 @@ from tracker.errors import (
     StoreUnavailableError,
 )
 from tracker.manifest import same_files
-from tracker.peers import PeerTable
+from tracker.peers import SWEEP_PAUSE, SWEEP_SLICE, PeerTable
 from tracker.settings import TrackerSettings
 from tracker.store import (
     AnnounceResult,
@@ -85,7 +86,7 @@ class SqliteStore(Store):
             self._same_clock()
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"cannot open SQLite store {path}: {exc}") from None
-        self._peers = self.local_peers = PeerTable(settings.peer_ttl)
+        self._peers = self.local_peers = PeerTable(settings.peer_ttl, settings.swarm_limits)
         self._epoch = secrets.token_hex(8)
         """Peers live in this process's memory: each process is a new epoch."""
         self._quarantine_hold = settings.quarantine_hold
@@ -118,6 +119,11 @@ class SqliteStore(Store):
 
     async def peer_addresses(self) -> list[bytes]:
         return self._peers.addresses()
+
+    async def sweep_expired(self) -> None:
+        while True:
+            self._peers.sweep_step(time.monotonic(), SWEEP_SLICE)
+            await asyncio.sleep(SWEEP_PAUSE)
 
     # -- metainfo ------------------------------------------------------------------------
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:

@@ -121,3 +121,35 @@ def test_joins_leaves_and_role_changes_in_any_order_keep_every_live_peer_and_no_
             counts = table.counts(b"h" * 20)
             alive = [s for s, expires in live.values() if expires > clock.now]
             assert (counts.complete, counts.incomplete) == (sum(alive), len(alive) - sum(alive))
+
+
+def test_limits_refuse_new_entries_per_address_per_passkey_and_in_all(clock: Clock) -> None:
+    from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, SwarmLimits
+    from tracker.store import OverLimitError
+
+    limits = SwarmLimits(
+        max_swarms=10, max_peers=12, max_peers_per_address=4, interop_max_swarms=3,
+        interop_max_peers=5, interop_max_peers_per_address=2,
+    )  # fmt: skip
+    table = PeerTable(ttl=100, limits=limits)
+
+    def put(n: int, ip: bytes, agent: bool = True, peer: int = 1) -> str | None:
+        try:
+            table.announce(bytes([n]) * 20, (pid(peer), ip, 6881), False, "", 0, agent)
+        except OverLimitError as exc:
+            return str(exc)
+        return None
+
+    a, b, c = b"\x0a\x00\x00\x01", b"\x0a\x00\x00\x02", b"\x0a\x00\x00\x03"
+    assert [put(n, a, agent=False) for n in range(3)] == [None, None, ADDRESS_FULL]
+    assert [put(n, b, agent=False) for n in (3, 4)] == [None, SWARMS_FULL]  # interop: 3 swarms in all
+    assert [put(n, a) for n in range(10, 15)] == [None, None, None, None, ADDRESS_FULL]  # agents: 4
+    assert put(0, b, agent=False, peer=2) is None and put(1, c, agent=False, peer=3) is None
+    assert put(10, c, agent=False, peer=3) == PEERS_FULL  # interop: 5 entries in all
+    assert put(10, a) is None  # a renewal is never refused
+    assert [put(n, b) for n in range(20, 24)] == [None, None, None, SWARMS_FULL]  # 10 swarms in all
+    assert put(0, c, peer=4) == PEERS_FULL  # 12 entries in all, both passkeys
+    assert bytes([23]) * 20 not in table._swarms  # refused: nothing stored
+    clock.now += 101
+    table.sweep_step(clock.now, 100)  # a round starts at most every ttl / 4: this is one
+    assert put(30, c) is None and len(table._swarms) == 1  # everything expired was swept
