@@ -16,6 +16,7 @@ import secrets
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from agent.cache.eviction import repo_id_of, scan_repo
 from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.cache.partials import sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
+from agent.core.modelnames import ModelNames
 from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.settings import Settings, default_admin_socket
 from agent.daemon.arenas import limit_malloc_arenas, trim_loop
@@ -35,7 +37,7 @@ from agent.daemon.listeners import (
     tcp_listener,
     unix_listener,
 )
-from agent.daemon.nodeops import NodeOps
+from agent.daemon.nodeops import NodeOps, label_key
 from agent.daemon.threadnames import name_os_threads
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
@@ -162,14 +164,16 @@ class Daemon:
             self.relay = (
                 RelayReceiver(relay, self.fetcher.holder_stall, s.origin.connect_timeout) if relay else None
             )
+            self.names = ModelNames(label_key(s), self._is_public)
+            """How metrics and log lines name a model (agent.core.modelnames); asked only once jobs run."""
             self.ops = NodeOps(
                 s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model,
-                self.fetcher.arrivals, self.fetcher.holder_stall, self._is_public,
+                self.fetcher.arrivals, self.fetcher.holder_stall, self.names,
             )
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(
                 s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held,
-                self._turn_of, self.relay, stopping=self._stop,
+                self._turn_of, self.names, self.relay, stopping=self._stop,
             )
             public = self._public_torrents if s.swarm.interop_public else None
             self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)
@@ -200,7 +204,8 @@ class Daemon:
         from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
 
         podsync = PodSync(
-            self.settings.kube, self.request_model, self.ops.pin_for_pods, cache_dir=self.settings.cache_dir
+            self.settings.kube, self.request_model, self.ops.pin_for_pods, self.names,
+            cache_dir=self.settings.cache_dir,
         )
         self.ops.evictor.cannot_fit_hooks.append(podsync.on_cache_full)
         if podsync.fleet is not None:
@@ -387,13 +392,27 @@ class Daemon:
     def _run_job(self, job: Job, token: str | None, lend: bool) -> None:
         if not job.claim():
             return
+        # The job's error is its requester's, and names the model; the log names it as metrics do.
+        scrub = self.names.scrubber(job.key.repo_id, job.key.revision, job.key.source)
         try:
             run_fetch_job(self._fetch, job, token, lend)
+            st = job.status()
+            log.info(
+                "%s: ready in %.1fs, %.1f MiB (origin %.1f, peers %.1f, cache %.1f)",
+                self.names.label(job.key.repo_id, job.key.revision, job.key.source),
+                (st.finished or time.time()) - st.created,
+                sum(f.size for f in st.files) / 2**20,
+                st.bytes_from_origin / 2**20,
+                st.bytes_from_peers / 2**20,
+                st.bytes_from_cache / 2**20,
+            )
         except WeightswarmError as exc:
-            log.warning("fetch of %s@%s failed: %s", job.key.repo_id, job.key.revision, exc)
+            log.warning("%s", scrub(f"fetch of {job.key.repo_id}@{job.key.revision} failed: {exc}"))
             job.fail(str(exc), exc.exit_code)
         except Exception as exc:
-            log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            what = f"{job.key.repo_id}@{job.key.revision}"
+            log.error("%s", scrub(f"fetch of {what} failed unexpectedly\n{trace}"))
             job.fail(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self.ops.job_finished(job)
