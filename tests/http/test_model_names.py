@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 
 import httpx
 import psutil
@@ -156,3 +157,38 @@ def test_info_logs_name_a_gated_repo_by_its_label_and_a_public_one_by_its_name(t
     assert "WARNING agent.daemon.node: fetch of hidden-" in failure, failure
     public = f"{PUBLIC}@no-such-branch"
     assert f"WARNING agent.daemon.node: fetch of {public} failed: {public}" in log
+
+
+SOURCES = {"peers", "origin", "cache"}
+"""Issue 63 item 8: where bytes came from, in every series."""
+MODEL = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+@[^@\s]+|hidden-[0-9a-f]{16}")
+"""A model label: `org/name@rev` (a public repo) or a hidden label, nothing else (no bare `org/name`)."""
+
+
+def test_metrics_speak_one_vocabulary_of_sources_and_model_names(tmp_path, make_hub):
+    write_models(tmp_path / "hub", [SECRET, PUBLIC], total_bytes=2**20, shards=2, seed=3)
+    hub = make_hub(tmp_path / "hub", tokens=[GOOD], gated=[SECRET])
+    daemon = _daemon(tmp_path, Origin.of(hub, SECRET, {}))
+    try:
+        for repo_id in (SECRET, PUBLIC, PUBLIC):  # the second time from the node's cache
+            job = daemon.request_model(repo_id, "main", lend=True)
+            assert job.wait(90) and job.status().phase == "Ready", job.status()
+        text = httpx.get(f"{daemon.api_url}/metrics", timeout=10).text
+    finally:
+        daemon.stop()
+    sources: dict[str, set[str]] = {}
+    models: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "source" in sample.labels:
+                sources.setdefault(family.name.removesuffix("_created"), set()).add(sample.labels["source"])
+            if "model" in sample.labels:
+                assert MODEL.fullmatch(sample.labels["model"]), sample
+                models.add(sample.labels["model"])
+    ready = "weightswarm_agent_time_to_ready_seconds"
+    assert set(sources) == {"weightswarm_agent_fetched_bytes", "weightswarm_agent_model_bytes", ready}
+    assert all(values <= SOURCES for values in sources.values()), sources
+    assert sources["weightswarm_agent_fetched_bytes"] == sources["weightswarm_agent_model_bytes"] == SOURCES
+    assert sources[ready] == {"origin", "cache"}
+    (hidden,) = models - {f"{PUBLIC}@main"}
+    assert hidden.startswith(HIDDEN_PREFIX) and f"{PUBLIC}@main" in models
