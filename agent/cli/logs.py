@@ -98,3 +98,7 @@ def setup_logging(level: str = "WARNING", fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # httpx tells each request at INFO with its URL, and a tracker URL names the model
+    # (`/v1/manifests/org/name/...`), which INFO lines name as metrics do (agent.core.modelnames): its
+    # lines are the operator's opt-in, at DEBUG.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)

@@ -14,6 +14,11 @@ fleet (whoever holds the passkey is an agent, and may list the tracker's models 
 (a standalone node), the node's random key under `--state-dir`. A label is stable while the key is, so
 its series go on across restarts.
 
+A log line of the daemon names a model by its label too: `scrubber` gives one job's function that turns
+its model's name (in any case, as an error or a URL path may spell it, or as its cache folder) into the
+label, for messages built where the name is at hand, and for errors written for the model's requester.
+DEBUG lines are the operator's opt-in and may name it (the HTTP libraries log whole URLs there).
+
 The admin socket serves the same series; its `/metrics` also says which label is which model
 (`weightswarm_agent_model_label`), for the operator on the node, who may see every name.
 """
@@ -22,14 +27,24 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import threading
 from collections.abc import Callable
+from urllib.parse import quote
 
 HIDDEN_PREFIX = "hidden-"
 _DIGITS = 16
 """Hex digits of a hidden label: 64 bits, no collision among any cluster's models."""
 _MAX_KNOWN = 4096
 """Labels remembered for the admin socket's table (the oldest go first): bounded like any series set."""
+
+Scrub = Callable[[str], str]
+"""A text about one model with its name replaced by its label (`ModelNames.scrubber`)."""
+
+
+def as_is(text: str) -> str:
+    """The scrub of a process that may name every model: `agent fetch` on the user's own terminal."""
+    return text
 
 
 class ModelNames:
@@ -59,6 +74,25 @@ class ModelNames:
             while len(self._known) > _MAX_KNOWN:
                 del self._known[next(iter(self._known))]
         return label
+
+    def scrubber(self, repo_id: str, revision: str, source: str = "") -> Scrub:
+        """`text` with `repo_id@revision` (from bucket URL `source`) named as `label` names it, asked anew
+        at each call (the origin's word on the repo may change while a job runs)."""
+        # The repo id with its revision, as a path (`org/name`), URL-encoded (`org%2Fname`) or a cache
+        # folder (`models--org--name`), longest first; another revision stays beside the label (a branch
+        # or commit names nothing).
+        name = f"{repo_id}@{revision}"
+        forms = [source, name, repo_id, quote(repo_id, safe=""), "models--" + repo_id.replace("/", "--")]
+        pattern = re.compile("|".join(re.escape(f) for f in sorted(set(forms) - {""}, key=len, reverse=True)),
+                             re.IGNORECASE)
+
+        def scrub(text: str) -> str:
+            label = self.label(repo_id, revision, source)
+            if label == name:
+                return text
+            return pattern.sub(label, text)
+
+        return scrub
 
     def known(self) -> dict[str, str]:
         """Hidden labels handed out since start -> the model each stands for (node-local readers only)."""

@@ -16,6 +16,7 @@ import secrets
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from agent.cache.eviction import repo_id_of, scan_repo
 from agent.cache.layout import RepoCache, StateDir, check_repo_id
 from agent.cache.partials import partials_of, sweep_partials
 from agent.core.errors import ConfigError, WeightswarmError
+from agent.core.modelnames import ModelNames
 from agent.core.plan import SMALL_FILE_BYTES
 from agent.core.progress import human_bytes
 from agent.core.settings import Settings, default_admin_socket
@@ -36,7 +38,7 @@ from agent.daemon.listeners import (
     tcp_listener,
     unix_listener,
 )
-from agent.daemon.nodeops import NodeOps
+from agent.daemon.nodeops import NodeOps, label_key
 from agent.daemon.threadnames import name_os_threads
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
@@ -163,14 +165,16 @@ class Daemon:
             self.relay = (
                 RelayReceiver(relay, self.fetcher.holder_stall, s.origin.connect_timeout) if relay else None
             )
+            self.names = ModelNames(label_key(s), self._is_public)
+            """How metrics and log lines name a model (agent.core.modelnames); asked only once jobs run."""
             self.ops = NodeOps(
                 s, self.jobs, self.swarm, self.seeder, self.tracker, self.request_model,
-                self.fetcher.arrivals, self.fetcher.holder_stall, self._is_public,
+                self.fetcher.arrivals, self.fetcher.holder_stall, self.names,
             )
             """Metrics, eviction, the HF-compatible endpoint and admin routes (agent.daemon.nodeops)."""
             self._fetch = FetchContext(
                 s, self.fetcher, self.tracker, self.ops.before_fetch, self.seeder.held,
-                self._turn_of, self.relay, stopping=self._stop,
+                self._turn_of, self.names, self.relay, stopping=self._stop,
             )
             public = self._public_torrents if s.swarm.interop_public else None
             self.gate = PeerGate(self.swarm, self.tracker, s.swarm.peer_gate_refresh, public)
@@ -201,7 +205,8 @@ class Daemon:
         from agent.kube.podsync import PodSync  # loads the kubernetes client only when it is used
 
         podsync = PodSync(
-            self.settings.kube, self.request_model, self.ops.pin_for_pods, cache_dir=self.settings.cache_dir
+            self.settings.kube, self.request_model, self.ops.pin_for_pods, self.names,
+            cache_dir=self.settings.cache_dir,
         )
         self.ops.evictor.cannot_fit_hooks.append(podsync.on_cache_full)
         if podsync.fleet is not None:
@@ -389,22 +394,31 @@ class Daemon:
         if not job.claim():
             return
         began = time.monotonic()
+        # The job's error is its requester's, and names the model; the log names it as metrics do.
+        scrub = self.names.scrubber(job.key.repo_id, job.key.revision, job.key.source)
         try:
             run_fetch_job(self._fetch, job, token, lend)
         except WeightswarmError as exc:
             # An expected failure is one line (no traceback): what the operator reads at INFO or WARNING.
-            log.warning("fetch of %s@%s failed after %.1fs: %s", job.key.repo_id, job.key.revision,
-                        time.monotonic() - began, exc)
+            what = f"{job.key.repo_id}@{job.key.revision}"
+            log.warning("%s", scrub(f"fetch of {what} failed after {time.monotonic() - began:.1f}s: {exc}"))
             job.fail(str(exc), exc.exit_code)
         except Exception as exc:
-            log.exception("fetch of %s@%s failed unexpectedly", job.key.repo_id, job.key.revision)
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            what = f"{job.key.repo_id}@{job.key.revision}"
+            log.error("%s", scrub(f"fetch of {what} failed unexpectedly\n{trace}"))
             job.fail(f"internal error: {type(exc).__name__}: {exc}")
         else:
             done = job.status()
-            log.info("fetched %s@%s (commit %s) in %.1fs: %s from peers, %s from the origin, %s cached",
-                     job.key.repo_id, job.key.revision, (done.commit or "-")[:12], time.monotonic() - began,
-                     human_bytes(done.bytes_from_peers), human_bytes(done.bytes_from_origin),
-                     human_bytes(done.bytes_from_cache))
+            log.info(
+                "%s: ready in %.1fs (commit %s): %s from peers, %s from the origin, %s cached",
+                self.names.label(job.key.repo_id, job.key.revision, job.key.source),
+                time.monotonic() - began,
+                (done.commit or "-")[:12],
+                human_bytes(done.bytes_from_peers),
+                human_bytes(done.bytes_from_origin),
+                human_bytes(done.bytes_from_cache),
+            )
         finally:
             self.ops.job_finished(job)
 

@@ -77,10 +77,10 @@ class NodeOps:
         request_model: RequestModel,
         arrivals: Arrivals,
         relay_stall: float,
-        public: Callable[[str], bool],
+        names: ModelNames,
     ) -> None:
         """`relay_stall`: seconds a relay stream waits for new bytes before it ends (agent.relay.routes);
-        `public`: whether the origin last reported a repo public (agent.fetch.entitlement)."""
+        `names`: the one naming of models in metrics and INFO logs (agent.core.modelnames)."""
         self.settings = settings
         self._arrivals = arrivals
         self._relay_stall = relay_stall
@@ -88,9 +88,7 @@ class NodeOps:
         self._swarm = swarm
         self._seeder = seeder
         self._tracker = tracker
-        self.names = ModelNames(label_key(settings), public)
-        """The one naming of models in metrics and INFO logs (agent.core.modelnames)."""
-        self.metrics = AgentMetrics(self.names)
+        self.metrics = AgentMetrics(names)
         self.usage = UsageLog(StateDir(settings.state_dir).usage)
         self.readers = BlobReaders()
         self.extra_pins: set[str] = set()

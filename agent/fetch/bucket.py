@@ -32,6 +32,7 @@ from typing import Any
 from agent.cache.layout import RepoCache, check_blob_id
 from agent.cache.listings import ListingIds
 from agent.core.errors import TrackerError, WaitTimeoutError
+from agent.core.modelnames import Scrub
 from agent.core.plan import FetchPlan
 from agent.core.progress import Progress
 from agent.core.settings import Settings
@@ -87,8 +88,11 @@ class BucketIndex:
         progress: Progress,
         publish_manifest: Callable[[FetchPlan], None],
         stopping: threading.Event,
+        scrub: Scrub,
     ) -> None:
+        """`scrub`: how this job's log lines name its model (agent.core.modelnames)."""
         self.settings = settings
+        self.scrub = scrub
         self.policy = policy
         self.client = client
         self.progress = progress
@@ -115,25 +119,28 @@ class BucketIndex:
             try:
                 manifest = tracker.get_manifest(plan.repo_id, plan.commit)
             except TrackerError as exc:
-                log.warning("%s: no bucket manifest from the tracker (%s); reading it", plan.repo_id, exc)
+                log.warning("%s: no bucket manifest from the tracker (%s); reading it",
+                            self.scrub(plan.repo_id), self.scrub(str(exc)))
                 return self._read_and_share(plan)
             if manifest is not None:
                 ids = ids_from_manifest(plan, manifest)
                 if ids is not None:
-                    log.info("%s@%s: content ids from the tracker's manifest", plan.repo_id, plan.commit[:12])
+                    log.info("%s@%s: content ids from the tracker's manifest",
+                             self.scrub(plan.repo_id), plan.commit[:12])
                     return plan.identified(ids)
                 log.warning("%s@%s: the tracker's manifest does not fit the listing; reading the bucket",
-                            plan.repo_id, plan.commit[:12])
+                            self.scrub(plan.repo_id), plan.commit[:12])
                 return self._read_and_share(plan)
             # Taken over from a holder whose read stopped moving (its heartbeats report the bytes read).
             if leases.try_lease(key, stale=True):
                 return self._read_as_holder(plan, key)
             if time.monotonic() > deadline:
-                log.warning("%s: waited too long for another node's read of the bucket", plan.repo_id)
+                log.warning("%s: waited too long for another node's read of the bucket",
+                            self.scrub(plan.repo_id))
                 return self._read_and_share(plan)
             if not said:
                 log.info("%s@%s: another node is reading the bucket; waiting for its manifest",
-                         plan.repo_id, plan.commit[:12])
+                         self.scrub(plan.repo_id), plan.commit[:12])
                 said = True
             if self.stopping.wait(_POLL):
                 raise WaitTimeoutError(f"{plan.repo_id}: the agent is stopping")

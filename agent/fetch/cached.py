@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from agent.cache.layout import RepoCache, is_blob_id, is_commit, same_file
 from agent.cache.provenance import Provenance
 from agent.core.errors import NotFoundError, OriginError, RateLimitedError
+from agent.core.modelnames import Scrub, as_is
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.settings import OriginSettings, Settings
 from agent.origin.answers import RemoteFile
@@ -117,12 +118,13 @@ def _snapshot_files(cache: RepoCache, commit: str) -> list[RemoteFile] | None:
     return files
 
 
-def served_from_cache(plan: FetchPlan, why: str) -> FetchPlan:
-    """`plan`, said in one line where the user looks (the CLI shows warnings on stderr)."""
-    log.warning(
-        "%s@%s: %s; serving commit %s from the cache (%d files)",
-        plan.repo_id, plan.revision, why, plan.commit[:12], len(plan.files),
-    )
+def served_from_cache(plan: FetchPlan, why: str, scrub: Scrub = as_is) -> FetchPlan:
+    """`plan`, said in one line where the user looks (the CLI shows warnings on stderr; the daemon's log
+    names the model as its metrics do: `scrub`)."""
+    log.warning("%s", scrub(
+        f"{plan.repo_id}@{plan.revision}: {why}; serving commit {plan.commit[:12]} from the cache "
+        f"({len(plan.files)} files)"
+    ))
     return plan
 
 
@@ -138,6 +140,7 @@ def plan_or_cached(
     cached: FetchPlan | None,
     ask: Ask,
     what: str,
+    scrub: Scrub = as_is,
 ) -> FetchPlan:
     """Ask the origin (through `main`, or a quick client when `cached` stands by); the cached plan when
     the origin cannot be asked (unreachable, 5xx, 429, `HF_HUB_OFFLINE`)."""
@@ -146,15 +149,15 @@ def plan_or_cached(
             raise NotFoundError(
                 f"{what} is not complete in the cache, and HF_HUB_OFFLINE is set: unset it to download"
             )
-        return served_from_cache(cached, "HF_HUB_OFFLINE is set")
+        return served_from_cache(cached, "HF_HUB_OFFLINE is set", scrub)
     if cached is None:
         return ask(main, False)
-    planner = open_origin(quick(origin), 1)
+    planner = open_origin(quick(origin), 1, scrub=scrub)
     try:
         return ask(planner, True)
     except NotFoundError:
         return ask(main, False)  # the slow path may still know it (a hub-less model's published manifest)
     except _UNREACHABLE as exc:
-        return served_from_cache(cached, f"the origin cannot be asked ({exc})")
+        return served_from_cache(cached, f"the origin cannot be asked ({exc})", scrub)
     finally:
         planner.close()

@@ -20,6 +20,7 @@ from agent.cache.listings import ListingIds
 from agent.cache.locks import blob_lock
 from agent.cache.provenance import Provenance
 from agent.core.errors import AuthError, NotFoundError, TrackerError
+from agent.core.modelnames import ModelNames, Scrub
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import OriginSettings, Settings
@@ -55,6 +56,8 @@ class FetchContext:
     """blob id -> infohash of what the node seeds (for the manifest it publishes)."""
     turn_of: Callable[[Job], Turn]
     """When the job must step aside for others, and how it waits (preheat work: `JobTable.must_yield`)."""
+    names: ModelNames
+    """How a job's log lines name its model: as the metrics do (agent.core.modelnames)."""
     relay: RelayReceiver | None = None
     """Takes blobs from the nodes relaying them while they arrive (agent.relay.directory); None: off."""
     stopping: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -135,9 +138,10 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
         # A bucket model: read with this node's cloud credentials (agent.origin.bucket), never a hub token.
         origin = dataclasses.replace(origin, endpoint=job.key.source, token=None)
         which = f"this node's credentials for {job.key.source}"
-    client = open_origin(origin, f.connections_per_file * f.files_at_once, interrupt=ctx.stopping)
+    scrub = ctx.names.scrubber(job.key.repo_id, job.key.revision, job.key.source)
+    client = open_origin(origin, f.connections_per_file * f.files_at_once, ctx.stopping, scrub)
     try:
-        _run(ctx, job, client)
+        _run(ctx, job, client, scrub)
     except CdnRefusedError:
         raise  # the origin granted access and its download host refused a signed URL: no token is at fault
     except (AuthError, NotFoundError, NotEntitledError) as exc:
@@ -146,7 +150,7 @@ def run_fetch_job(ctx: FetchContext, job: Job, token: str | None = None, lend: b
         client.close()
 
 
-def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
+def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     settings = ctx.settings
     f = settings.fetch
     key = job.key
@@ -166,16 +170,17 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
             key.exclude,
             entitlements=ctx.entitlements,
             publisher_key=settings.daemon.publisher_public_key,
+            scrub=scrub,
         )
 
     what = f"{key.repo_id}@{key.revision}"
-    plan = client.patiently(lambda: plan_or_cached(client.settings, client, cached, ask, what))
+    plan = client.patiently(lambda: plan_or_cached(client.settings, client, cached, ask, what, scrub))
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     read_here: set[str] = set()
     listed = plan
     if unknown(plan):
-        plan, read_here = _identify(ctx, job, client, plan)
+        plan, read_here = _identify(ctx, job, client, plan, scrub)
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
         if fp.blob_id in read_here:
@@ -202,16 +207,19 @@ def _run(ctx: FetchContext, job: Job, client: Origin) -> None:
         ListingIds(settings.state_dir).learnt(listed, plan)
     if not plan.from_cache:
         Provenance(settings.state_dir).record(client.endpoint, dataclasses.replace(plan, files=result.files))
-    _publish_manifest(ctx, plan)
+    _publish_manifest(ctx, plan, scrub)
     job.finish(str(result.snapshot_path))
 
 
-def _identify(ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan) -> tuple[FetchPlan, set[str]]:
+def _identify(
+    ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan, scrub: Scrub
+) -> tuple[FetchPlan, set[str]]:
     """A bucket plan with its content ids (agent.fetch.bucket), and the blobs this node read to learn them;
     the job shows the read's progress file by file."""
     job.set_plan(plan.commit, [JobFile(e.path, e.size, e.blob_id) for e in plan.files])
     index = BucketIndex(
-        ctx.settings, ctx.fetcher, client, JobProgress(job), lambda p: _publish_manifest(ctx, p), ctx.stopping
+        ctx.settings, ctx.fetcher, client, JobProgress(job), lambda p: _publish_manifest(ctx, p, scrub),
+        ctx.stopping, scrub,
     )
     try:
         return index.identify(plan), index.read_here
@@ -219,7 +227,7 @@ def _identify(ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan) -> t
         job.add_bytes(origin=index.bytes_from_origin)
 
 
-def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
+def _publish_manifest(ctx: FetchContext, plan: FetchPlan, scrub: Scrub) -> None:
     """Tell the tracker what this commit holds (its model list and swarm health use it); not when
     the plan came from its manifest (a published model's is the publisher's alone to write), and
     not after a fetch that --include/--exclude narrowed: a commit's manifest is written once, so a
@@ -237,4 +245,4 @@ def _publish_manifest(ctx: FetchContext, plan: FetchPlan) -> None:
     try:
         tracker.put_manifest(plan.repo_id, plan.commit, plan.revision, files)
     except TrackerError as exc:
-        log.info("manifest of %s@%s not published: %s", plan.repo_id, plan.commit[:12], exc)
+        log.info("%s", scrub(f"manifest of {plan.repo_id}@{plan.commit[:12]} not published: {exc}"))

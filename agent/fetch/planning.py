@@ -22,6 +22,7 @@ from typing import Any
 
 from agent.cache.layout import check_blob_id, is_commit, safe_relpath
 from agent.core.errors import AuthError, NotFoundError, OriginError, RateLimitedError, TrackerError
+from agent.core.modelnames import Scrub, as_is
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.signing import verified_published_manifest
 from agent.fetch.cached import filter_files
@@ -48,11 +49,12 @@ def plan_fetch(
     *,
     entitlements: Entitlements,
     publisher_key: bytes | None,
+    scrub: Scrub = as_is,
 ) -> FetchPlan:
     """The plan for a request running with `client`'s token (module docstring: which source, when).
 
     `publisher_key`: the publisher's Ed25519 public key (PEM) that hub-less manifests must verify
-    with; None refuses them."""
+    with; None refuses them. `scrub`: how the log lines name the model (agent.core.modelnames)."""
     token = client.settings.token
     # A bucket model is planned from its listing alone, with this node's credentials: no fallback to the
     # tracker, and no entitlement record (those are per repo id and hub token: a bucket's yes must not
@@ -70,12 +72,12 @@ def plan_fetch(
     except NotFoundError as exc:
         if fallback is None:
             raise
-        return _published_plan(fallback, repo_id, revision, include, exclude, publisher_key, exc)
+        return _published_plan(fallback, repo_id, revision, include, exclude, publisher_key, exc, scrub)
     except _UNREACHABLE as exc:
         if fallback is None:
             raise
         return _plan_without_origin(
-            fallback, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc
+            fallback, repo_id, revision, include, exclude, entitlements, token, publisher_key, exc, scrub
         )
     if hub:
         entitlements.record(repo_id, revision, plan.commit, public, token)
@@ -97,24 +99,23 @@ def _published_plan(
     exclude: Sequence[str],
     publisher_key: bytes | None,
     origin_exc: NotFoundError,
+    scrub: Scrub,
 ) -> FetchPlan:
     """The origin has no such repo: a hub-less model's published, signature-verified manifest, or the
     origin's answer."""
-    found = _tracker_manifest(tracker, repo_id, revision, None, origin_exc)
+    found = _tracker_manifest(tracker, repo_id, revision, None, origin_exc, scrub)
     if found is None:
         raise origin_exc
     commit, manifest = found
     if manifest.get("published") is not True:
-        log.warning(
-            "%s@%s: the tracker has an agent-written manifest, but the origin does not serve the repo "
-            "to this request (%s); refused",
-            repo_id,
-            revision,
-            origin_exc,
-        )
+        log.warning("%s", scrub(
+            f"{repo_id}@{revision}: the tracker has an agent-written manifest, but the origin does not "
+            f"serve the repo to this request ({origin_exc}); refused"
+        ))
         raise origin_exc
     files = verified_published_manifest(manifest, publisher_key, repo_id, commit)
-    log.info("%s@%s: a published model (signature verified), commit %s", repo_id, revision, commit[:12])
+    what = scrub(f"{repo_id}@{revision}")
+    log.info("%s: a published model (signature verified), commit %s", what, commit[:12])
     return _plan_from_files(repo_id, revision, commit, files, include, exclude)
 
 
@@ -128,11 +129,12 @@ def _plan_without_origin(
     token: str | None,
     publisher_key: bytes | None,
     origin_exc: OriginError | RateLimitedError,
+    scrub: Scrub,
 ) -> FetchPlan:
     """The origin cannot be asked: a published, verified manifest, or the manifest of a repo this
     node recorded the origin's yes for (to anyone, or to this token)."""
     recorded = entitlements.commit_for(repo_id, revision)
-    found = _tracker_manifest(tracker, repo_id, revision, recorded, origin_exc)
+    found = _tracker_manifest(tracker, repo_id, revision, recorded, origin_exc, scrub)
     if found is None:
         raise origin_exc
     commit, manifest = found
@@ -150,14 +152,10 @@ def _plan_without_origin(
             )
         files = [f for f in manifest.get("files", []) if isinstance(f, dict)]
         why = "the origin reported it public" if grant == "public" else "the origin accepted this token"
-    log.info(
-        "%s@%s: the origin cannot be asked (%s); planning commit %s from the tracker's manifest (%s)",
-        repo_id,
-        revision,
-        origin_exc,
-        commit[:12],
-        why,
-    )
+    log.info("%s", scrub(
+        f"{repo_id}@{revision}: the origin cannot be asked ({origin_exc}); planning commit {commit[:12]} "
+        f"from the tracker's manifest ({why})"
+    ))
     return _plan_from_files(repo_id, revision, commit, files, include, exclude)
 
 
@@ -167,6 +165,7 @@ def _tracker_manifest(
     revision: str,
     recorded_commit: str | None,
     origin_exc: Exception,
+    scrub: Scrub,
 ) -> tuple[str, dict[str, Any]] | None:
     """(commit, manifest) of repo@revision at the tracker, or None (the tracker has none or fails).
 
@@ -176,8 +175,9 @@ def _tracker_manifest(
         commit = revision if is_commit(revision) else tracker.resolve(repo_id, revision) or recorded_commit
         manifest = tracker.get_manifest(repo_id, commit) if commit else None
     except TrackerError as exc:
-        log.info("%s@%s: the tracker cannot plan it either (%s); origin: %s", repo_id, revision, exc,
-                 origin_exc)
+        log.info("%s", scrub(
+            f"{repo_id}@{revision}: the tracker cannot plan it either ({exc}); origin: {origin_exc}"
+        ))
         return None
     if commit is None or manifest is None or not is_commit(commit):
         return None

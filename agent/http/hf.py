@@ -152,7 +152,9 @@ class HfEndpoint:
                 asked.origin_path(), asked.params(request.query_params.multi_items()), auth
             )
         except Unreachable as exc:
-            log.warning("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
+            scrub = self.metrics.names.scrubber(asked.repo_id, asked.revision or "main")
+            said = scrub(f"origin unreachable for /api/models/{rest} ({exc})")
+            log.warning("%s; answering from the cache", said)
             return self._local_api(asked, auth)
         # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
         # fields out) and its token; access decisions come from the agent's own requests only.
@@ -255,7 +257,9 @@ class HfEndpoint:
         except Unreachable as exc:
             if local is not None:
                 return local
-            log.warning("origin unreachable for %s/%s (%s) and the file is not cached", repo_id, path, exc)
+            scrub = self.metrics.names.scrubber(repo_id, rev)
+            said = scrub(f"origin unreachable for {repo_id}/{path} ({exc})")
+            log.warning("%s and the file is not cached", said)
             return hub_error(503, f"origin unreachable and {repo_id}/{path} is not in this node's cache")
         except OriginError as exc:
             return hub_error(502, str(exc))

@@ -39,6 +39,9 @@ class SwarmSnapshot:
     """blob id -> peers connected to its torrent."""
 
 
+SOURCES = ("peers", "origin", "cache")
+"""Where a fetch's bytes came from: the one vocabulary of every series' `source` label."""
+
 STAGES = ("queued", "lease", "origin", "peers", "verifying")
 """The stages a running job can be in (agent.fetch.jobs.Stage), each a series of `fetch_stage`."""
 
@@ -143,11 +146,11 @@ class AgentMetrics:
         r = self.registry
         self.bytes = Counter(
             "weightswarm_agent_fetched_bytes",
-            "Bytes of fetched models by where they came from.",
+            "Bytes of fetched models by where they came from (peers, origin, cache).",
             ["source"],
             registry=r,
         )
-        for source in ("peer", "origin", "cache_hit"):
+        for source in SOURCES:
             self.bytes.labels(source)
         self.fetch_duration = Histogram(
             "weightswarm_agent_fetch_duration_seconds",
@@ -212,9 +215,6 @@ class AgentMetrics:
         """One finished fetch job (`source`: its bucket URL, if any): bytes by source, duration, outcome."""
         if status.phase == "Ready":
             self.fetches.labels("ready").inc()
-            self.bytes.labels("peer").inc(status.bytes_from_peers)
-            self.bytes.labels("origin").inc(status.bytes_from_origin)
-            self.bytes.labels("cache_hit").inc(status.bytes_from_cache)
             end = status.finished or time.time()
             took = max(0.0, end - status.created)
             self.fetch_duration.observe(took)
@@ -224,11 +224,12 @@ class AgentMetrics:
                 "peers": status.bytes_from_peers,
                 "cache": status.bytes_from_cache,
             }
-            for source, n in by_source.items():
-                self.model_bytes.labels(model, source).inc(n)
+            for where, n in by_source.items():
+                self.bytes.labels(where).inc(n)
+                self.model_bytes.labels(model, where).inc(n)
             if not status.partial:
                 # Ties (a model of empty files) count as cache: nothing was fetched.
-                main = max(("cache", "peers", "origin"), key=lambda k: by_source[k])
+                main = max(("cache", "peers", "origin"), key=by_source.__getitem__)
                 self.time_to_ready.labels(model, main).observe(took)
         elif status.phase == "Failed":
             self.fetches.labels("failed").inc()

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.cache.layout import is_commit, repo_folder_name
 from agent.core.errors import AnnotationError, WeightswarmError
+from agent.core.modelnames import ModelNames
 from agent.core.settings import KubeSettings
 from agent.fetch.jobs import Job, RequestModel
 from agent.kube.client import ListWatch, describe
@@ -145,8 +146,11 @@ class Fleet:
         cache_dir: Path,
         pod_models: Callable[[], Mapping[ModelRef, Job]],
         on_pins: Callable[[], None],
+        names: ModelNames,
     ) -> None:
+        """`names`: how log lines name a model (agent.core.modelnames)."""
         self._settings = settings
+        self._names = names
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._request_model = request_model
@@ -200,12 +204,15 @@ class Fleet:
             self._preheats[preheat.uid] = preheat
         self._reconcile()
 
+    def _name(self, model: ModelRef) -> str:
+        return self._names.label(model.repo_id, model.revision, model.source)
+
     def _on_gone(self, uid: str) -> None:
         with self._lock:
             preheat = self._preheats.pop(uid, None)
             self._leaving.pop(uid, None)
         if preheat is not None:
-            log.info("ModelPreheat %s (%s) deleted; unpinning it", preheat.name, preheat.model.key)
+            log.info("ModelPreheat %s (%s) deleted; unpinning it", preheat.name, self._name(preheat.model))
         self._reconcile()
 
     def _reconcile(self) -> None:
@@ -244,7 +251,8 @@ class Fleet:
                         source=preheat.model.source,
                     )
                     self._errors.pop(uid, None)
-                    log.info("ModelPreheat %s selects this node: keeping %s", preheat.name, preheat.model)
+                    what = self._name(preheat.model)
+                    log.info("ModelPreheat %s selects this node: keeping %s", preheat.name, what)
                 except WeightswarmError as exc:
                     self._jobs.pop(uid, None)
                     self._errors[uid] = str(exc)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from agent.core.errors import CacheFullError, WeightswarmError
+from agent.core.modelnames import ModelNames
 from agent.core.settings import KubeSettings
 from agent.fetch.jobs import Job, RequestModel
 from agent.kube.requests import FINAL_PHASES, ModelRef, ModelStatus, PodKey, RequestTracker
@@ -47,18 +48,21 @@ class PodSync:
         settings: KubeSettings,
         request_model: RequestModel,
         set_pins: Callable[[set[str]], None],
+        names: ModelNames,
         api_client: Any | None = None,
         cache_dir: Path | None = None,
     ) -> None:
         """`request_model` starts (or joins) a fetch; `set_pins` replaces the models eviction must keep
-        for the pods (and the preheats) on this node. `on_cache_full` is for the evictor's cannot-fit
-        hooks. `cache_dir`: the hub cache, for the fleet side (agent.kube.fleet: ModelPreheats, node
-        labels), which runs when the settings ask for it and a cache is given."""
+        for the pods (and the preheats) on this node; `names`: how log lines name a model (the pods'
+        own annotations and Events name it as the pod did, agent.core.modelnames). `on_cache_full` is for
+        the evictor's cannot-fit hooks. `cache_dir`: the hub cache, for the fleet side (agent.kube.fleet:
+        ModelPreheats, node labels), which runs when the settings ask for it and a cache is given."""
         # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
         from agent.kube.client import PodWatcher, StatusReporter, make_api_client
         from agent.kube.fleet import Fleet
 
         self._settings = settings
+        self._names = names
         self._request_model = request_model
         self._set_pins = set_pins
         self._own_client = api_client is None
@@ -75,7 +79,7 @@ class PodSync:
         self._told: dict[tuple[PodKey, ModelRef], str] = {}
         """The last event sent per (pod, model): Started, Ready or Failed; each is sent once per change."""
         self.fleet = (
-            Fleet(settings, self._api, request_model, cache_dir, self.pod_models, self._update_pins)
+            Fleet(settings, self._api, request_model, cache_dir, self.pod_models, self._update_pins, names)
             if cache_dir is not None and (settings.preheat or settings.node_labels)
             else None
         )
@@ -125,7 +129,7 @@ class PodSync:
             for key in [k for k in self._told if k[0] == pod and k[1] not in models]:
                 del self._told[key]
         self._update_pins()
-        log.info("pod %s asks for %s", pod, ", ".join(m.key for m in models))
+        log.info("pod %s asks for %s", pod, self._named(models))
 
     def on_pod_gone(self, pod: PodKey) -> None:
         removed = self.requests.remove_pod(pod)
@@ -136,7 +140,10 @@ class PodSync:
                 del self._told[key]
         self._update_pins()
         if removed:
-            log.info("pod %s gone; no pod wants %s any more", pod, ", ".join(m.key for m in removed))
+            log.info("pod %s gone; no pod wants %s any more", pod, self._named(removed))
+
+    def _named(self, models: Iterable[ModelRef]) -> str:
+        return ", ".join(self._names.label(m.repo_id, m.revision, m.source) for m in models)
 
     def _start(self, model: ModelRef) -> None:
         try:

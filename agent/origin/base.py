@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 
 import urllib3
 
+from agent.core.modelnames import Scrub
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile
 
@@ -89,5 +90,6 @@ class Origin(Protocol):
     ) -> T: ...
 
 
-OriginFactory = Callable[[OriginSettings, int, "threading.Event | None"], Origin]
-"""Builds an origin from its settings, the most connections it may open and an interrupt event."""
+OriginFactory = Callable[[OriginSettings, int, "threading.Event | None", Scrub], Origin]
+"""Builds an origin from its settings, the most connections it may open, an interrupt event and how its
+log lines name a model (agent.core.modelnames)."""

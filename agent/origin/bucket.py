@@ -45,6 +45,7 @@ from agent.core.errors import (
     OriginError,
     OriginUnavailableError,
 )
+from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile, Retryable
 from agent.origin.bucket_url import split_bucket_url
@@ -99,9 +100,13 @@ class BucketOrigin(OriginClient):
     `settings.endpoint` is the bucket URL; the hub token is never sent to a store."""
 
     def __init__(
-        self, settings: OriginSettings, max_connections: int = 16, interrupt: threading.Event | None = None
+        self,
+        settings: OriginSettings,
+        max_connections: int = 16,
+        interrupt: threading.Event | None = None,
+        scrub: Scrub = as_is,
     ) -> None:
-        super().__init__(dataclasses.replace(settings, token=None), max_connections, interrupt)
+        super().__init__(dataclasses.replace(settings, token=None), max_connections, interrupt, scrub)
         self.url = self.endpoint
         self.scheme, self.bucket, self.prefix = split_bucket_url(self.url)
         store = from_url(

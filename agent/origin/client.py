@@ -42,6 +42,7 @@ from agent.core.errors import (
     RateLimitedError,
     snippet,
 )
+from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
 from agent.origin.answers import (
     REDIRECTS,
@@ -75,9 +76,15 @@ class OriginClient:
     """Talks to one hub endpoint. Thread-safe (urllib3 pools are)."""
 
     def __init__(
-        self, settings: OriginSettings, max_connections: int = 16, interrupt: threading.Event | None = None
+        self,
+        settings: OriginSettings,
+        max_connections: int = 16,
+        interrupt: threading.Event | None = None,
+        scrub: Scrub = as_is,
     ) -> None:
+        """`scrub`: how log lines name the model (a daemon's job: as metrics do, agent.core.modelnames)."""
         self.settings = settings
+        self.scrub = scrub
         self._interrupt = interrupt or threading.Event()
         """Set when the waits of `patiently` must end now (the daemon stopping)."""
         self.endpoint = settings.endpoint.rstrip("/")
@@ -203,7 +210,8 @@ class OriginClient:
                 if left <= 0:
                     raise
                 wait = min(_PATIENT_PAUSE, left)
-                log.warning("%s; asking again in %.0fs (patience %.0fs left)", exc, wait, left)
+                said = self.scrub(str(exc))
+                log.warning("%s; asking again in %.0fs (patience %.0fs left)", said, wait, left)
                 with self._waiting(exc):
                     if self._interrupt.wait(wait) if pause is None else not pause(wait):
                         raise
@@ -297,7 +305,8 @@ class OriginClient:
         commit = sha.lower()
         files = siblings(data, repo_id)
         if files is None:
-            log.info("%s@%s: the revision lists no file metadata; asking for the tree", repo_id, revision)
+            what = self.scrub(f"{repo_id}@{revision}")
+            log.info("%s: the revision lists no file metadata; asking for the tree", what)
             files = self._tree(repo_id, commit)
         return commit, files
 

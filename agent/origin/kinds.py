@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from agent.core.errors import ConfigError
+from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
 from agent.origin.base import Origin, OriginFactory
 from agent.origin.bucket import BucketOrigin
@@ -55,10 +56,14 @@ def _kind(endpoint: str) -> OriginKind:
 
 
 def open_origin(
-    settings: OriginSettings, max_connections: int = 16, interrupt: threading.Event | None = None
+    settings: OriginSettings,
+    max_connections: int = 16,
+    interrupt: threading.Event | None = None,
+    scrub: Scrub = as_is,
 ) -> Origin:
-    """The origin `settings.endpoint` names, as its kind builds it."""
-    return _kind(settings.endpoint).origin(settings, max_connections, interrupt)
+    """The origin `settings.endpoint` names, as its kind builds it; `scrub`: how its log lines name the
+    model (a daemon's job: agent.core.modelnames)."""
+    return _kind(settings.endpoint).origin(settings, max_connections, interrupt, scrub)
 
 
 def open_client_api(settings: OriginSettings) -> ClientApi:

@@ -529,6 +529,9 @@ def test_dashboard_has_a_prometheus_datasource_and_queries_in_every_panel(chart:
         "sum by (phase) (weightswarm_agent_preheats",
     ):
         assert wanted in exprs, wanted
+    # One vocabulary of sources in every query (issue 63 item 8): the agent's words, no `peer`/`cache_hit`.
+    sources = set(re.findall(r'source\s*=~?\s*"([^"]*)"', exprs))
+    assert sources and sources <= {"peers", "origin", "cache"}, sources
 
 
 def exported_metric_names() -> set[str]:

@@ -40,7 +40,7 @@ def test_snapshot_download_through_the_agent_takes_no_file_bytes_from_the_origin
     path = snapshot_download(origin.repo_id, endpoint=b.api_url, cache_dir=tmp_path / "client", token=False)
     same_files(path, origin)
     assert file_requests(origin.hub) == []  # metadata only: model info, the HEAD access checks, listings
-    assert metric(b.api_url, "weightswarm_agent_fetched_bytes_total", source="peer") >= origin.size * 0.99
+    assert metric(b.api_url, "weightswarm_agent_fetched_bytes_total", source="peers") >= origin.size * 0.99
     assert metric(b.api_url, "weightswarm_agent_fetched_bytes_total", source="origin") == 0
     assert metric(b.api_url, "weightswarm_agent_fetch_duration_seconds_count") >= 1
     assert metric(b.api_url, "weightswarm_agent_active_torrents") >= len(origin.files)
