@@ -156,7 +156,8 @@ def test_info_logs_name_a_gated_repo_by_its_label_and_a_public_one_by_its_name(t
     failure = next(line for line in log.splitlines() if "no-such-branch" in line and HIDDEN_PREFIX in line)
     assert "WARNING agent.daemon.node: fetch of hidden-" in failure, failure
     public = f"{PUBLIC}@no-such-branch"
-    assert f"WARNING agent.daemon.node: fetch of {public} failed: {public}" in log
+    assert re.search(rf"WARNING agent.daemon.node: fetch of {re.escape(public)} failed after [0-9.]+s: "
+                     rf"{re.escape(public)}", log), log
 
 
 SOURCES = {"peers", "origin", "cache"}
