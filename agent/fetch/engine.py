@@ -16,10 +16,12 @@ completed stay installed for the next run.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import shutil
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -36,7 +38,7 @@ from agent.core.errors import (
 from agent.core.hashing import BlobHashes
 from agent.core.plan import FetchPlan, FetchResult, FileEntry
 from agent.core.progress import FileProgress, Progress
-from agent.core.settings import Settings
+from agent.core.settings import FetchSettings, Settings
 from agent.fetch.safetensors import check_index, check_safetensors
 from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
@@ -45,6 +47,8 @@ from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)
 
+_LANE_LOOK = 0.5
+"""Seconds between a waiting file's looks at the lane's width."""
 _FATAL = (AuthError, CacheError, DiskSpaceError)
 """Failures that would repeat for every other file: once one happens, files not yet started are skipped."""
 
@@ -134,13 +138,60 @@ class BlobSource(Protocol):
         ...
 
 
-class FetchEngine:
-    """Runs one plan against one source into one cache."""
+class _Lane:
+    """Large files at once, in order: `files_at_once`, or more while the download host allows a file fewer
+    than `connections_per_file` streams (`per_file()`, agent.origin.streams): the stream budget it freed,
+    files_at_once x connections_per_file, goes to more files. On a host that refuses a second stream of a
+    file and caps each one's rate, four files at once would bring half what huggingface_hub's eight do."""
 
-    def __init__(self, settings: Settings, source: BlobSource, progress: Progress) -> None:
+    def __init__(self, fetch: FetchSettings, per_file: Callable[[], int] | None) -> None:
+        self._fetch, self._per_file = fetch, per_file
+        self._cond = threading.Condition()
+        self._running = self._next = 0
+
+    @property
+    def widest(self) -> int:
+        f = self._fetch
+        return f.files_at_once * (f.connections_per_file if self._per_file is not None else 1)
+
+    def width(self) -> int:
+        f = self._fetch
+        if self._per_file is None:
+            return f.files_at_once
+        return min(self.widest, f.files_at_once * f.connections_per_file // max(1, self._per_file()))
+
+    @contextlib.contextmanager
+    def turn(self, ticket: int) -> Iterator[None]:
+        """The `ticket`-th file's turn, once those before it started and the lane has room."""
+        with self._cond:
+            while ticket != self._next or self._running >= self.width():
+                self._cond.wait(_LANE_LOOK)  # a lowered limit widens the lane without a notify
+            self._next += 1
+            self._running += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+
+class FetchEngine:
+    """Runs one plan against one source into one cache. `per_file`: the streams a file may have now, when
+    the source learns download hosts' limits (`_Lane`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: BlobSource,
+        progress: Progress,
+        per_file: Callable[[], int] | None = None,
+    ) -> None:
         self.settings = settings
         self.source = source
         self.progress = progress
+        self.per_file = per_file
         self._abort = False
 
     def run(self, plan: FetchPlan) -> FetchResult:
@@ -175,11 +226,16 @@ class FetchEngine:
             large = [e for e in order if not e.small]
             small = [e for e in order if e.small]
 
-            def lane(entries: list[FileEntry], name: str) -> ThreadPoolExecutor:
-                return ThreadPoolExecutor(max(1, min(self.settings.fetch.files_at_once, len(entries))), name)
+            def pool(entries: list[FileEntry], name: str, most: int) -> ThreadPoolExecutor:
+                return ThreadPoolExecutor(max(1, min(most, len(entries))), name)
 
-            with lane(large, "fetch-file") as large_pool, lane(small, "fetch-small") as small_pool:
-                futures = [(e, large_pool.submit(self._fetch_one, plan, cache, e)) for e in large]
+            lane = _Lane(self.settings.fetch, self.per_file)
+            with (
+                pool(large, "fetch-file", lane.widest) as large_pool,
+                pool(small, "fetch-small", self.settings.fetch.files_at_once) as small_pool,
+            ):
+                run = self._in_lane
+                futures = [(e, large_pool.submit(run, lane, n, plan, cache, e)) for n, e in enumerate(large)]
                 futures += [(e, small_pool.submit(self._fetch_one, plan, cache, e)) for e in small]
                 for entry, fut in futures:
                     exc = fut.exception()
@@ -208,6 +264,10 @@ class FetchEngine:
             bytes_cached=cached_bytes + self.source.bytes_resumed,
             downloaded=tuple(e.path for e in missing),
         )
+
+    def _in_lane(self, lane: _Lane, ticket: int, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
+        with lane.turn(ticket):
+            return self._fetch_one(plan, cache, entry)
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
         """The blob of `entry` installed; returns its content id."""
@@ -290,7 +350,7 @@ def fetch_snapshot(
         # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
-        engine = FetchEngine(settings, source, progress or Progress(quiet=True))
+        engine = FetchEngine(settings, source, progress or Progress(quiet=True), source.streams_per_file)
         return engine.run(plan)
     finally:
         client.close()

@@ -26,6 +26,7 @@ workers (`Share.take_over`).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -50,7 +51,7 @@ from agent.core.parts import Feed, Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
-from agent.origin import hedging
+from agent.origin import hedging, streams
 from agent.origin.answers import CdnRefusedError, Retryable
 from agent.origin.base import Origin
 from agent.origin.chunks import (
@@ -67,6 +68,8 @@ from agent.origin.chunks import (
 from agent.origin.client import body_complete, release
 from agent.origin.hedging import HEDGE_AFTER
 from agent.origin.location import FileLocation
+from agent.origin.share import Share
+from agent.origin.streams import StreamLimits, StreamRefused
 
 log = logging.getLogger(__name__)
 
@@ -76,61 +79,6 @@ SHORT_ANSWERS = 3
 """Answers in a row ending early at the same byte that make an origin's listed length a lie."""
 _TURN_EVERY = 0.1
 """Seconds between looks at whether background work must step aside (`Turn.due`)."""
-
-
-class Share:
-    """A feed's handle on its part [start, end) of the blob (agent.core.parts `PartSink`)."""
-
-    def __init__(
-        self, engine: OriginSource, plan: FetchPlan, cache: RepoCache, job: BlobJob, start: int, end: int
-    ) -> None:
-        self._engine, self._plan, self._cache, self._job = engine, plan, cache, job
-        self.start, self.end = start, end
-        self.entry = job.entry
-        self._unrecorded = 0
-
-    @property
-    def pos(self) -> int:
-        return min(self.end, self._job.extent(self.start))
-
-    @property
-    def cancelled(self) -> bool:
-        return self._job.error is not None or self._job.closed
-
-    def write(self, pos: int, data: bytes | memoryview) -> None:
-        """Raises `Cancelled` once the blob is done with."""
-        job, n = self._job, len(data)
-        with job.write_lock:
-            if job.closed:
-                raise Cancelled()
-            os.pwrite(job.fd, data, pos)
-        with job.cond:
-            if job.error is not None:
-                raise Cancelled()
-            while n and pos < self.end:
-                idx = pos // job.chunk_size
-                start, end = job.chunk_bounds(idx)
-                step = min(n, end - pos)
-                pos += step
-                n -= step
-                if pos >= end:
-                    job.done.add(idx)
-                    job.written.pop(idx, None)
-                else:
-                    job.written[idx] = pos - start
-            job.relayed += len(data)
-            job.cond.notify_all()
-        self._unrecorded += len(data)
-        job.progress.advance(len(data))
-        if self._unrecorded >= RECORD_EVERY or pos >= self.end:
-            self._unrecorded = 0
-            self._engine._save_record(self._cache, self._plan, job)
-
-    def take_over(self) -> None:
-        self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
-
-    def fail(self, exc: BaseException) -> None:
-        self._job.fail(exc)
 
 
 class OriginSource:
@@ -145,8 +93,11 @@ class OriginSource:
         *,
         piece_hashes: bool = True,
         turn: Turn | None = None,
+        limits: StreamLimits | None = None,
     ) -> None:
         self.client = client
+        self.limits = limits or streams.LIMITS
+        """Streams per file each download host allows (agent.origin.streams; the process's by default)."""
         self.settings = settings
         self.turn = turn
         """Background work's turn (None: this fetch never steps aside)."""
@@ -172,6 +123,10 @@ class OriginSource:
     @property
     def bytes_resumed(self) -> int:
         return self._resumed
+
+    def streams_per_file(self) -> int:
+        """Streams a file of this origin may have now (the fetch engine spends its budget by it)."""
+        return self.limits.per_file(self.client.endpoint, self.settings.connections_per_file)
 
     def fetch_blob(
         self,
@@ -263,7 +218,8 @@ class OriginSource:
         self._start_workers(plan, cache, job)
         feeds: list[threading.Thread] = []
         for (start, end), feed in shares.feeds if shares is not None else []:
-            share = Share(self, plan, cache, job, start, end)
+            save = functools.partial(self._save_record, cache, plan, job)
+            share = Share(job, start, end, save, lambda pos, end: self._take_over(plan, cache, job, pos, end))
             t = threading.Thread(
                 target=self._feed, args=(job, feed, share), name=f"feed-{job.entry.path}-{start}", daemon=True
             )
@@ -291,10 +247,13 @@ class OriginSource:
 
     def _start_workers(self, plan: FetchPlan, cache: RepoCache, job: BlobJob) -> None:
         """Workers for the job's pending chunks, up to `connections_per_file` (called without `cond`)."""
+        wanted = self.settings.connections_per_file
         with job.cond:
-            alive = sum(t.is_alive() for t in job.workers)
+            alive = job.streams.workers
             probe = job.mode is None and not alive
-            for i in range(min(self.settings.connections_per_file, len(job.pending)) - alive):
+            limit = self.limits.limit(job.streams.host, wanted) if job.streams.host else wanted
+            for i in range(min(limit, len(job.pending)) - alive):
+                job.streams.workers += 1
                 t = threading.Thread(
                     target=self._worker,
                     args=(plan, cache, job, probe and i == 0),
@@ -378,6 +337,7 @@ class OriginSource:
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: BlobJob, probe: bool) -> None:
         buf = memoryview(bytearray(READ_BLOCK))
         rate = 0.0  # bytes/s at which this worker's connection brought its last chunk (0: none yet)
+        counted = True  # in `job.streams.workers` until it retires
         try:
             if not probe:
                 with job.cond:
@@ -388,6 +348,9 @@ class OriginSource:
             while True:
                 with job.cond:
                     if job.error is not None:
+                        return
+                    if streams.retire(job, self.limits, self.settings.connections_per_file):
+                        counted = False
                         return
                     found = hedging.hedge(job, rate) if job.mode == "ranges" else None
                     idx, hedge = found if found is not None else (None, "")
@@ -408,6 +371,9 @@ class OriginSource:
                     rate = self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge) or rate
                 except ChunkDone:
                     continue
+                except StreamRefused:  # its chunk went back to the queue (`streams.give_back`)
+                    counted = False
+                    return
                 probe = False
                 with job.cond:
                     if job.mode == "stream":
@@ -422,6 +388,7 @@ class OriginSource:
                             cut_response(other.resp)
                     job.cond.notify_all()
                 self._save_record(cache, plan, job)
+                self._start_workers(plan, cache, job)  # a probe of the host may allow one more
         except Cancelled:
             return
         except BaseException as exc:
@@ -429,6 +396,10 @@ class OriginSource:
                 if job.mode is None:
                     job.mode = "failed"
             job.fail(exc)
+        finally:
+            if counted:
+                with job.cond:
+                    job.streams.workers -= 1
 
     def _fetch_chunk(
         self,
@@ -478,9 +449,13 @@ class OriginSource:
                 if job.pausing:
                     raise Paused()  # cut by `_step_aside` (or about to be): no new request now
             url = job.location.url
+            streams.asking(job, url)
             try:
                 resp = self.client.open_range(url, pos, end, what)
-            except CdnRefusedError as exc:
+            except BaseException as exc:
+                streams.refused(job, self.limits, exc, self.client.endpoint)  # others open: StreamRefused
+                if not isinstance(exc, CdnRefusedError):
+                    raise
                 job.location.refused(url, exc)  # a renewed URL, or the refusal raised
                 raise Retryable(exc, delay=0.0) from None  # asked again at once, from `reader.pos`
             job.location.worked(url)
@@ -522,6 +497,7 @@ class OriginSource:
             finally:
                 with job.cond:
                     reader.resp = None
+                    streams.answered(job)
                 release(resp)
 
         while True:
@@ -541,6 +517,10 @@ class OriginSource:
                 return reader.got / max(time.monotonic() - reader.began, 1e-6)
             except Paused:
                 continue
+            except StreamRefused:
+                with job.cond:
+                    streams.give_back(job, idx, reader)
+                raise
             except WeightswarmError:
                 with job.cond:
                     if not job.pausing:
