@@ -47,7 +47,7 @@ from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)
 
-_LANE_LOOK = 0.5
+_LANE_LOOK = 0.1
 """Seconds between a waiting file's looks at the lane's width."""
 _FATAL = (AuthError, CacheError, DiskSpaceError)
 """Failures that would repeat for every other file: once one happens, files not yet started are skipped."""

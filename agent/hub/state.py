@@ -47,6 +47,8 @@ class StreamRecord(NamedTuple):
     streams: int
     """Bodies of `path` to `client` at once with it, itself included."""
     admitted: bool
+    files: int
+    """Files with a body going to `client` once it was admitted (itself included), or as it was refused."""
 
 
 class HubState:
@@ -254,9 +256,10 @@ class HubState:
         with self._lock:
             limit = self.faults.streams_per_file
             admitted = not limit or self._streams[key] < limit
-            record = StreamRecord(time.monotonic(), client, path, self._streams[key] + 1, admitted)
-            self._stream_log.append(record)
             self._streams[key] += admitted
+            files = sum(1 for (c, _), n in self._streams.items() if c == client and n)
+            streams = self._streams[key] + (not admitted)
+            self._stream_log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
         try:
             yield admitted
         finally:
