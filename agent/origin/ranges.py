@@ -9,6 +9,8 @@ crawls at a fraction of a free worker's rate gets a second request for its rest 
 A dropped connection, truncated body or 5xx retries that chunk from the byte it had reached; a server
 that ignores Range (200 instead of 206) is detected on the first request, before any other connection
 opens, and the blob then comes as one sequential stream.
+A download host that refuses one more stream of the file (403, 429, a reset) while others are open sets
+how many streams its files get (agent.origin.streams): the refused chunk goes back to the queue.
 
 Resume: `state_dir/partials/<blob id>.json` lists the chunks fully written, updated
 atomically after each one. Data is written before its chunk is recorded, and both go through
@@ -246,7 +248,8 @@ class OriginSource:
                 self._relayed += job.relayed
 
     def _start_workers(self, plan: FetchPlan, cache: RepoCache, job: BlobJob) -> None:
-        """Workers for the job's pending chunks, up to `connections_per_file` (called without `cond`)."""
+        """Workers for the job's pending chunks, up to `connections_per_file` or the streams per file its
+        download host allows (agent.origin.streams; called without `cond`)."""
         wanted = self.settings.connections_per_file
         with job.cond:
             alive = job.streams.workers
