@@ -4,13 +4,15 @@ What it does:
   1. writes a test model (default 2 GiB in 4 safetensors shards) with `agent make-test-model`;
   2. starts the test hub with `agent serve-hub` in a separate process (so it does not share
      this process's GIL), (a) capped per connection (default 40 MB/s, as a CDN does) and
-     (b) uncapped on loopback;
+     (b) uncapped on loopback, and (c) capped as (a) and allowing one stream per file and client address
+     (`--streams-per-file 1`: a second concurrent range of a file gets a 403, as the Hub's download host
+     was reported to answer in 2026);
   3. into a fresh cache each time, times:
      - `agent fetch` (subprocess, default settings: 8 connections per file, 4 files at once);
      - `huggingface_hub.snapshot_download` (subprocess, default settings: plain HTTP, 8 files at
        once, one connection each; hf_transfer is not installed and HF_HUB_ENABLE_HF_TRANSFER is
-       cleared; hf_xet is installed but unused, since the test hub sends no Xet headers);
-     - `aria2c -x 16 -s 16`, all files from one input file (resolve URLs; aria2c follows the
+       cleared; HF_HUB_DISABLE_XET=1, since the test hub's Xet headers lead to no Xet CAS);
+     - (a, b) `aria2c -x 16 -s 16`, all files from one input file (resolve URLs; aria2c follows the
        302 to the CDN URL), default -j 5 files at once;
      - (b only) `curl -s -L -o`, the files one after another (sequentially), one connection each;
   4. runs the tools interleaved (run 1 of each, then run 2 of each, ...) so a busy neighbour
@@ -20,11 +22,13 @@ What it does:
 `--agent-checkout DIR` times `python -m agent` from another checkout (e.g. an older commit
 unpacked with `git archive`) against the same origin: a before/after of the fetch engine.
 
-Targets (issue 2): (a) agent <= aria2c and >= 3x faster than huggingface_hub; (b) within 1.2x of curl.
+Targets (issue 2): (a) agent <= aria2c and >= 3x faster than huggingface_hub; (b) within 1.2x of curl;
+(issue 63) (c) agent no slower than huggingface_hub.
 
 Usage:
   .venv/bin/python bench/origin_fetch.py                      # 2 GiB, both scenarios
   .venv/bin/python bench/origin_fetch.py --size 512MiB --runs 3
+  .venv/bin/python bench/origin_fetch.py --size 256MiB --shards 8 --runs 1 --scenarios c
   .venv/bin/python bench/origin_fetch.py --workdir /tmp/wsb  # keep the generated model between runs
 """
 
@@ -48,8 +52,10 @@ AGENT = [sys.executable, "-m", "agent"]
 REPO = "bench/model"
 
 
-def start_hub(root: Path, rate_per_connection: str | None) -> tuple[subprocess.Popen[str], str]:
-    cmd = [*AGENT, "serve-hub", str(root), "--port", "0"]
+def start_hub(
+    root: Path, rate_per_connection: str | None, streams: int = 0
+) -> tuple[subprocess.Popen[str], str]:
+    cmd = [*AGENT, "serve-hub", str(root), "--port", "0", "--streams-per-file", str(streams)]
     if rate_per_connection:
         cmd += ["--rate-per-connection", rate_per_connection]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
@@ -130,6 +136,7 @@ def run_agent(work: Path, url: str) -> float:
 
 def run_hf(work: Path, url: str) -> float:
     env = dict(os.environ, HF_ENDPOINT=url, HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_DISABLE_TELEMETRY="1")
+    env["HF_HUB_DISABLE_XET"] = "1"
     env.pop("HF_HUB_ENABLE_HF_TRANSFER", None)
     code = (
         "import sys; from huggingface_hub import snapshot_download; "
@@ -195,6 +202,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--skip-hf", action="store_true", help="skip huggingface_hub (slow when capped)")
     ap.add_argument("--agent-checkout", type=Path, default=None, help="run `agent` from this checkout")
+    ap.add_argument("--scenarios", default="abc", help="which of the scenarios a, b, c to run (default abc)")
     args = ap.parse_args()
     global AGENT_CWD
     if args.agent_checkout is not None:
@@ -207,18 +215,20 @@ def main() -> None:
     origin = scratch / "origin"
     make_model(origin, args.size, args.shards)
     rows = []
-    for label, cap in (
-        (f"(a) capped {args.rate_per_connection}/s per connection", args.rate_per_connection),
-        ("(b) uncapped loopback", None),
+    for label, cap, streams in (
+        (f"(a) capped {args.rate_per_connection}/s per connection", args.rate_per_connection, 0),
+        ("(b) uncapped loopback", None, 0),
+        ("(c) as (a), one stream per file", args.rate_per_connection, 1),
     ):
-        proc, url = start_hub(origin, cap)
+        if label[1] not in args.scenarios:
+            continue
+        proc, url = start_hub(origin, cap, streams)
         try:
             files = files_of(url)
             total = sum(s for _, s in files)
-            tools: dict[str, tuple[object, ...]] = {
-                "agent": (run_agent, url),
-                "aria2c": (run_aria2, url, files),
-            }
+            tools: dict[str, tuple[object, ...]] = {"agent": (run_agent, url)}
+            if not streams:  # aria2c -x 16 is what such a host refuses
+                tools["aria2c"] = (run_aria2, url, files)
             if not args.skip_hf:
                 tools["hf"] = (run_hf, url)
             if cap is None:

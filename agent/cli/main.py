@@ -177,6 +177,9 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, in
 @env_option("--cdn-url-ttl", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
             help="Seconds a signed LFS URL stays valid; a request that starts later gets a 403 "
                  "[default: 3600 in 2026, as the Hub's X-Amz-Expires; 86400 in 2024].")
+@env_option("--streams-per-file", default=0, show_default=True, type=click.IntRange(min=0),
+            help="Bodies of one file the CDN sends one client address at once; one more gets a 403, as the "
+                 "Hub's download host refuses multi-threaded downloads (0 = any number).")
 @env_option("--rate-limits/--no-rate-limits", default=None, envvar="WEIGHTSWARM_RATE_LIMITS",
             help="The Hub's request limits per client and 5-minute window (anonymous IP: 500 api, 3,000 "
                  "resolvers; token: 1,000 / 5,000), 429 with RateLimit headers past them "
@@ -197,6 +200,7 @@ def serve_hub_command(
     cdn_port: int,
     cdn_url_ttl: float | None,
     rate_limits: bool | None,
+    streams_per_file: int,
 ) -> None:
     """Serve a directory as a Hugging Face-compatible hub, e.g. for air-gapped clusters.
 
@@ -212,7 +216,7 @@ def serve_hub_command(
     serve_hub(directory, host=host, port=port, token_file=token_file, gated=gated, private=private,
               rate_total=rate_total, rate_per_connection=rate_per_connection, rate_per_client=rate_per_client,
               access_log=access_log, answers=answers, cdn_port=cdn_port, cdn_url_ttl=cdn_url_ttl,
-              rate_limits=rate_limits)
+              rate_limits=rate_limits, streams_per_file=streams_per_file)
 
 
 @main.command("make-test-model")

@@ -20,7 +20,8 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -39,7 +40,7 @@ from agent.core.errors import (
 from agent.core.hashing import BlobHashes
 from agent.core.plan import FetchPlan, FetchResult, FileEntry
 from agent.core.progress import FileProgress, Progress
-from agent.core.settings import Settings
+from agent.core.settings import FetchSettings, Settings
 from agent.fetch.cached import cached_plan, filter_files, plan_or_cached
 from agent.fetch.safetensors import check_index, check_safetensors
 from agent.origin.base import Origin
@@ -48,6 +49,8 @@ from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)
 
+_LANE_LOOK = 0.1
+"""Seconds between a waiting file's looks at the lane's width."""
 _FATAL = (AuthError, CacheError, DiskSpaceError)
 """Failures that would repeat for every other file: once one happens, files not yet started are skipped."""
 
@@ -122,13 +125,60 @@ class BlobSource(Protocol):
         ...
 
 
-class FetchEngine:
-    """Runs one plan against one source into one cache."""
+class _Lane:
+    """Large files at once, in order: `files_at_once`, or more while the download host allows a file fewer
+    than `connections_per_file` streams (`per_file()`, agent.origin.streams): the stream budget it freed,
+    files_at_once x connections_per_file, goes to more files. On a host that refuses a second stream of a
+    file and caps each one's rate, four files at once would bring half what huggingface_hub's eight do."""
 
-    def __init__(self, settings: Settings, source: BlobSource, progress: Progress) -> None:
+    def __init__(self, fetch: FetchSettings, per_file: Callable[[], int] | None) -> None:
+        self._fetch, self._per_file = fetch, per_file
+        self._cond = threading.Condition()
+        self._running = self._next = 0
+
+    @property
+    def widest(self) -> int:
+        f = self._fetch
+        return f.files_at_once * (f.connections_per_file if self._per_file is not None else 1)
+
+    def width(self) -> int:
+        f = self._fetch
+        if self._per_file is None:
+            return f.files_at_once
+        return min(self.widest, f.files_at_once * f.connections_per_file // max(1, self._per_file()))
+
+    @contextlib.contextmanager
+    def turn(self, ticket: int) -> Iterator[None]:
+        """The `ticket`-th file's turn, once those before it started and the lane has room."""
+        with self._cond:
+            while ticket != self._next or self._running >= self.width():
+                self._cond.wait(_LANE_LOOK)  # a lowered limit widens the lane without a notify
+            self._next += 1
+            self._running += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+
+class FetchEngine:
+    """Runs one plan against one source into one cache. `per_file`: the streams a file may have now, when
+    the source learns download hosts' limits (`_Lane`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: BlobSource,
+        progress: Progress,
+        per_file: Callable[[], int] | None = None,
+    ) -> None:
         self.settings = settings
         self.source = source
         self.progress = progress
+        self.per_file = per_file
         self._abort = False
         self.found: set[str] = set()
         """Blobs another writer of the cache installed while this run waited for their lock."""
@@ -172,11 +222,16 @@ class FetchEngine:
             large = [e for e in order if not e.small]
             small = [e for e in order if e.small]
 
-            def lane(entries: list[FileEntry], name: str) -> ThreadPoolExecutor:
-                return ThreadPoolExecutor(max(1, min(self.settings.fetch.files_at_once, len(entries))), name)
+            def pool(entries: list[FileEntry], name: str, most: int) -> ThreadPoolExecutor:
+                return ThreadPoolExecutor(max(1, min(most, len(entries))), name)
 
-            with lane(large, "fetch-file") as large_pool, lane(small, "fetch-small") as small_pool:
-                futures = [(e, large_pool.submit(self._fetch_one, plan, cache, e)) for e in large]
+            lane = _Lane(self.settings.fetch, self.per_file)
+            with (
+                pool(large, "fetch-file", lane.widest) as large_pool,
+                pool(small, "fetch-small", self.settings.fetch.files_at_once) as small_pool,
+            ):
+                run = self._in_lane
+                futures = [(e, large_pool.submit(run, lane, n, plan, cache, e)) for n, e in enumerate(large)]
                 futures += [(e, small_pool.submit(self._fetch_one, plan, cache, e)) for e in small]
                 for entry, fut in futures:
                     exc = fut.exception()
@@ -206,6 +261,10 @@ class FetchEngine:
             bytes_cached=cached_bytes + self.source.bytes_resumed + found_bytes,
             downloaded=tuple(e.path for e in missing if e.blob_id not in self.found),
         )
+
+    def _in_lane(self, lane: _Lane, ticket: int, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
+        with lane.turn(ticket):
+            return self._fetch_one(plan, cache, entry)
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
         """The blob of `entry` installed; returns its content id."""
@@ -325,7 +384,7 @@ def fetch_snapshot(
 
         if before_exit is not None:
             before_exit.append(save_records)
-        engine = FetchEngine(settings, source, progress or Progress(quiet=True))
+        engine = FetchEngine(settings, source, progress or Progress(quiet=True), source.streams_per_file)
         result = engine.run(plan)
         if not plan.from_cache:
             fetched = dataclasses.replace(plan, files=result.files)

@@ -94,8 +94,15 @@ class SwarmFetchEngine(FetchEngine):
     """The engine with a source that installs blobs itself: no temp file to check and move. Background
     work starts no blob while it must step aside (`turn`)."""
 
-    def __init__(self, settings: Settings, source: SwarmSource, progress: Progress, turn: Turn) -> None:
-        super().__init__(settings, source, progress)
+    def __init__(
+        self,
+        settings: Settings,
+        source: SwarmSource,
+        progress: Progress,
+        turn: Turn,
+        per_file: Callable[[], int] | None = None,
+    ) -> None:
+        super().__init__(settings, source, progress, per_file)
         self.turn = turn
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
@@ -200,7 +207,7 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     turn = ctx.turn_of(job)
     origin = OriginSource(client, f, turn=turn)
     source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_blob, ctx.relay)
-    result = SwarmFetchEngine(settings, source, JobProgress(job), turn).run(plan)
+    result = SwarmFetchEngine(settings, source, JobProgress(job), turn, origin.streams_per_file).run(plan)
     if listed is not plan:
         # Every blob is verified against the ids the commit was planned by: the next listing of the same
         # objects (a new commit that changed others) is planned by content here, whoever reads the rest.

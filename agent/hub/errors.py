@@ -19,12 +19,32 @@ class HttpError(Exception):
         self.headers = headers or {}
 
 
+class CdnBlocked(HttpError):
+    """A refusal by the CDN in front of the bucket (not by S3): CloudFront's HTML error page, `X-Cache: Error
+    from cloudfront`; the body names no expired URL or signature (`S3Error`'s do)."""
+
+    content_type = "text/html"
+
+    def __init__(self, status: int) -> None:
+        reason = {403: "Request blocked", 429: "Too many requests"}.get(status, "Request blocked")
+        super().__init__(status, reason, None, {"X-Cache": "Error from cloudfront"})
+
+    def body(self, request_id: str) -> bytes:
+        return (
+            "<!DOCTYPE HTML><HTML><HEAD><TITLE>ERROR: The request could not be satisfied</TITLE></HEAD>"
+            f"<BODY><H1>{self.status} ERROR</H1><H2>The request could not be satisfied.</H2>{self.message}."
+            f"<BR>Request ID: {escape(request_id)}</BODY></HTML>"
+        ).encode()
+
+
 class S3Error(HttpError):
     """A refusal as an S3 bucket behind CloudFront sends it: an XML `<Error>` body, no X-Error-* headers.
 
     The expired form (`AccessDenied` / `Request has expired` with `X-Amz-Expires`, `Expires`,
     `ServerTime`) is what presigned URLs answer once their time is up (e.g. bnb-chain/node-binary#317,
     expo/xde#128)."""
+
+    content_type = "application/xml"
 
     def __init__(self, status: int, code: str, message: str, fields: dict[str, str] | None = None):
         super().__init__(status, message, code)

@@ -86,6 +86,19 @@ class Faults:
     starts), then the connection closes: an origin that lists a large file and sends a little more on
     every answer, so that no two answers end at the same byte."""
 
+    streams_per_file: int = 0
+    """The CDN's streams of one file to one client address at once (0: any number). One more is refused
+    with `streams_answer`, as the Hub's download host was reported (2026) to refuse "multi-threaded download
+    acceleration": a second concurrent range of one file from one address gets a 403, while
+    huggingface_hub, one stream per file, is served (huggingface/huggingface_hub#2658: "there will still be
+    1 connection per file"). Similar hosts answer aria2c's `-x 16` with 403s (caru-ini/modal-comfyui#11, a
+    CDN in 2026; alexhua/Aria2-Explorer#186, a host allowing one connection) or, as mirrors do, 429s
+    (huggingface/huggingface_hub#2936)."""
+
+    streams_answer: str = "403"
+    """How a stream past `streams_per_file` is refused: "403" (CloudFront's "Request blocked" page), "429",
+    or "reset" (the connection closed without an answer)."""
+
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:

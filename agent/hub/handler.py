@@ -3,12 +3,14 @@ says (the Hub of 2026 or of 2024; `agent.hub.server` describes both)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
@@ -16,7 +18,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from agent.hub import listing
 from agent.hub.access import Refusal
 from agent.hub.cdn import cdn_path, content_disposition, redirect_body, xet_hash
-from agent.hub.errors import HttpError, S3Error, amz_time
+from agent.hub.errors import CdnBlocked, HttpError, S3Error, amz_time
 from agent.hub.faults import TokenBucket
 from agent.hub.records import RequestRecord, bucket_for
 from agent.hub.repos import RepoFile, Snapshot, safe_repo_path
@@ -104,7 +106,7 @@ class Handler(FileSender):
                 self._cdn(method, raw)
             else:
                 self._route(method, raw, query)
-        except S3Error as err:
+        except (S3Error, CdnBlocked) as err:
             self._send_s3_error(err)
         except HttpError as err:
             self._send_error(err)
@@ -383,6 +385,22 @@ class Handler(FileSender):
                 "Check your key and signing method."
             )
             raise S3Error(403, "SignatureDoesNotMatch", message)
+        with self.hub._cdn_stream(self.client_address[0], raw) if method == "GET" else _one() as admitted:
+            if not admitted:
+                return self._refuse_stream()
+            self._cdn_blob(method, raw)
+
+    def _refuse_stream(self) -> None:
+        """One stream of a file too many (`Faults.streams_per_file`), refused as `streams_answer` says."""
+        answer = self.hub.faults.streams_answer
+        if answer == "reset":
+            self._status = 0  # recorded as unanswered
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        raise CdnBlocked(int(answer))
+
+    def _cdn_blob(self, method: str, raw: str) -> None:
         sha256 = self.hub._served_on_cdn(raw)
         if sha256 is None:
             raise S3Error(404, "NoSuchKey", "The specified key does not exist.")
@@ -448,8 +466,14 @@ class Handler(FileSender):
         headers.setdefault("X-Error-Message", "".join(c if " " <= c <= "~" else "?" for c in err.message))
         self._send_json(err.status, {"error": err.message}, headers=headers)
 
-    def _send_s3_error(self, err: S3Error) -> None:
-        self._send_bytes(err.status, err.body(self._request_id), "application/xml", None)
+    def _send_s3_error(self, err: S3Error | CdnBlocked) -> None:
+        self._send_bytes(err.status, err.body(self._request_id), err.content_type, err.headers)
+
+
+@contextlib.contextmanager
+def _one() -> Iterator[bool]:
+    """A HEAD's stream: never refused (it sends no body)."""
+    yield True
 
 
 class Listener(ThreadingHTTPServer):

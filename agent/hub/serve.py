@@ -68,12 +68,14 @@ def serve_hub(
     cdn_port: int = 0,
     cdn_url_ttl: float | None = None,
     rate_limits: bool | None = None,
+    streams_per_file: int = 0,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> None:
     """Serve until SIGTERM or SIGINT; the URL is printed (and flushed) on `out` once the socket listens,
     the CDN's on `err` (scripts read the first line of stdout). `access_log`: a line per request on stderr
-    (agent.hub.server.access_log). `rate_limits`: None = as `answers` (the Hub's in 2026, none in 2024)."""
+    (agent.hub.server.access_log). `rate_limits`: None = as `answers` (the Hub's in 2026, none in 2024).
+    `streams_per_file`: `Faults.streams_per_file` (0: no limit)."""
     if not root.is_dir():
         raise ConfigError(f"not a directory: {root} (it should hold <org>/<name>/ repo folders)")
     if access_log:
@@ -98,6 +100,7 @@ def serve_hub(
         cdn_url_ttl=cdn_url_ttl,
         rate_limits="auto" if rate_limits is None else RateLimits() if rate_limits else None,
     )
+    server.faults.streams_per_file = streams_per_file
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -4,14 +4,16 @@ the listeners and their threads)."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from agent.hub.access import HubAccess
 from agent.hub.cdn import SignedUrls
@@ -33,6 +35,20 @@ LEGACY_CDN_URL_TTL = 24 * 3600.0
 """Seconds a 2024 `/_cdn/` URL stays valid: long enough for a slow multi-range download to reuse it."""
 
 Answers = Literal["2026", "2024"]
+
+
+class StreamRecord(NamedTuple):
+    """One CDN GET of a file body (`HubState.cdn_streams`)."""
+
+    at: float
+    """time.monotonic() when it was asked."""
+    client: str
+    path: str
+    streams: int
+    """Bodies of `path` to `client` at once with it, itself included."""
+    admitted: bool
+    files: int
+    """Files with a body going to `client` once it was admitted (itself included), or as it was refused."""
 
 
 class HubState:
@@ -106,6 +122,8 @@ class HubState:
         self._egress = 0
         self._requests: list[RequestRecord] = []
         self._cdn_blobs: dict[str, str] = {}
+        self._streams: Counter[tuple[str, str]] = Counter()
+        self._stream_log: list[StreamRecord] = []
         self._connections: set[socket.socket] = set()
         self._accepted = 0
         self._listeners: list[ThreadingHTTPServer] = []
@@ -183,12 +201,20 @@ class HubState:
         with self._lock:
             return self._accepted
 
+    @property
+    def cdn_streams(self) -> list[StreamRecord]:
+        """Every CDN GET of a file body: how many of that file's bodies went to that address at once with
+        it (itself included), and whether it was refused (`Faults.streams_per_file`)."""
+        with self._lock:
+            return list(self._stream_log)
+
     def reset_counters(self) -> None:
         """Zero egress, requests and connections (rate-limit windows run on: they are the Hub's state)."""
         with self._lock:
             self._egress = 0
             self._accepted = 0
             self._requests.clear()
+            self._stream_log.clear()
 
     def commit_for(self, repo_id: str, revision: str = "main") -> str:
         snapshot = self.store.resolve(repo_id, revision)
@@ -222,6 +248,24 @@ class HubState:
         """The CDN will serve blob `sha256` at `path` (its URL is about to be handed out)."""
         with self._lock:
             self._cdn_blobs[path] = sha256
+
+    @contextlib.contextmanager
+    def _cdn_stream(self, client: str, path: str) -> Iterator[bool]:
+        """One CDN body of `path` to `client` while the block runs; yields False when it is one too many."""
+        key = (client, path)
+        with self._lock:
+            limit = self.faults.streams_per_file
+            admitted = not limit or self._streams[key] < limit
+            self._streams[key] += admitted
+            files = sum(1 for (c, _), n in self._streams.items() if c == client and n)
+            streams = self._streams[key] + (not admitted)
+            self._stream_log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._lock:
+                    self._streams[key] -= 1
 
     def _served_on_cdn(self, path: str) -> str | None:
         with self._lock:

@@ -25,6 +25,7 @@ from urllib.parse import urljoin, urlsplit
 
 from agent.cache.layout import is_blob_id, is_commit
 from agent.core.errors import (
+    EXIT_FAILURE,
     AuthError,
     NotFoundError,
     OriginError,
@@ -59,11 +60,16 @@ class CdnRefusedError(AuthError):
     """The host a download was redirected to (the origin's CDN) refused its signed URL (401, 403 or 400):
     the URL expired (they live about an hour), or access was withdrawn. A URL that worked, or was minted a
     while ago, is renewed by resolving the file again (`agent.origin.location`); one refused right after
-    a fresh resolve is a real refusal."""
+    a fresh resolve is a real refusal. Not the origin's refusal of a credential: its exit code is not
+    `AuthError`'s (no token would help). `expired`: the host said the URL expired (S3's "Request has
+    expired"): a renewal, never a stream limit (agent.origin.streams)."""
 
-    def __init__(self, message: str, host: str) -> None:
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, host: str, expired: bool = False) -> None:
         super().__init__(message)
         self.host = host
+        self.expired = expired
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,7 @@ def raise_for_status(status: int, headers: Headers, body: bytes, what: str, url:
             f"{what}: the origin's download host {host} refused the signed URL ({status}{suffix}); "
             "the origin itself granted access",
             host,
+            expired="expired" in detail.lower(),
         )
     if status == 401 and not code and "credential" in detail.lower():
         raise AuthError(f"{what}: the origin refused the token (invalid credentials); check --token/HF_TOKEN")

@@ -120,6 +120,7 @@ class BlobJob:
     relayed: int = 0
     """Bytes written by feeds (not from the origin)."""
     workers: list[threading.Thread] = field(default_factory=list)
+    streams: FileStreams = field(default_factory=lambda: FileStreams())
     prefix: Callable[[int], None] | None = None
     """Told the contiguous written prefix as it grows (agent.cache.arrivals: readers stream it)."""
     received: int = 0
@@ -217,6 +218,18 @@ class BlobJob:
     def quiet_since(self, idx: int) -> float:
         """When chunk `idx` (in flight) last brought bytes or was (re)started (called under `cond`)."""
         return max([self.moved[idx]] + [r.seen for r in self.readers.get(idx, [])])
+
+
+@dataclass
+class FileStreams:
+    """One blob's streams to its download host (guarded by its job's `cond`; agent.origin.streams)."""
+
+    host: str = ""
+    """The download host of its URL, once asked."""
+    workers: int = 0
+    """Workers taking chunks, not yet retired or ended."""
+    open: int = 0
+    """Requests asked or being answered now."""
 
 
 class Paused(Exception):

@@ -9,6 +9,8 @@ crawls at a fraction of a free worker's rate gets a second request for its rest 
 A dropped connection, truncated body or 5xx retries that chunk from the byte it had reached; a server
 that ignores Range (200 instead of 206) is detected on the first request, before any other connection
 opens, and the blob then comes as one sequential stream.
+A download host that refuses one more stream of the file (403, 429, a reset) while others are open sets
+how many streams its files get (agent.origin.streams): the refused chunk goes back to the queue.
 
 Resume: `state_dir/partials/<blob id>.json` lists the chunks fully written, updated
 atomically after each one. Data is written before its chunk is recorded, and both go through
@@ -26,6 +28,7 @@ workers (`Share.take_over`).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -51,7 +54,7 @@ from agent.core.parts import Feed, Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
-from agent.origin import hedging
+from agent.origin import hedging, streams
 from agent.origin.answers import CdnRefusedError, Retryable
 from agent.origin.base import Origin
 from agent.origin.chunks import (
@@ -70,6 +73,7 @@ from agent.origin.headway import MEAGRE, SAME_BYTE, Headway
 from agent.origin.hedging import HEDGE_AFTER
 from agent.origin.location import FileLocation
 from agent.origin.share import Share
+from agent.origin.streams import StreamLimits, StreamRefused
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +95,11 @@ class OriginSource:
         *,
         piece_hashes: bool = True,
         turn: Turn | None = None,
+        limits: StreamLimits | None = None,
     ) -> None:
         self.client = client
+        self.limits = limits or streams.LIMITS
+        """Streams per file each download host allows (agent.origin.streams; the process's by default)."""
         self.settings = settings
         self.turn = turn
         """Background work's turn (None: this fetch never steps aside)."""
@@ -119,6 +126,10 @@ class OriginSource:
     @property
     def bytes_resumed(self) -> int:
         return self._resumed
+
+    def streams_per_file(self) -> int:
+        """Streams a file of this origin may have now (the fetch engine spends its budget by it)."""
+        return self.limits.per_file(self.client.endpoint, self.settings.connections_per_file)
 
     def fetch_blob(
         self,
@@ -220,7 +231,8 @@ class OriginSource:
         self._start_workers(plan, cache, job)
         feeds: list[threading.Thread] = []
         for (start, end), feed in shares.feeds if shares is not None else []:
-            share = Share(self, plan, cache, job, start, end)
+            save = functools.partial(self._save_record, cache, plan, job)
+            share = Share(job, start, end, save, lambda pos, end: self._take_over(plan, cache, job, pos, end))
             t = threading.Thread(
                 target=self._feed, args=(job, feed, share), name=f"feed-{job.entry.path}-{start}", daemon=True
             )
@@ -252,11 +264,15 @@ class OriginSource:
                 self._relayed += job.relayed
 
     def _start_workers(self, plan: FetchPlan, cache: RepoCache, job: BlobJob) -> None:
-        """Workers for the job's pending chunks, up to `connections_per_file` (called without `cond`)."""
+        """Workers for the job's pending chunks, up to `connections_per_file` or the streams per file its
+        download host allows (agent.origin.streams; called without `cond`)."""
+        wanted = self.settings.connections_per_file
         with job.cond:
-            alive = sum(t.is_alive() for t in job.workers)
+            alive = job.streams.workers
             probe = job.mode is None and not alive
-            for i in range(min(self.settings.connections_per_file, len(job.pending)) - alive):
+            limit = self.limits.limit(job.streams.host, wanted) if job.streams.host else wanted
+            for i in range(min(limit, len(job.pending)) - alive):
+                job.streams.workers += 1
                 t = threading.Thread(
                     target=self._worker,
                     args=(plan, cache, job, probe and i == 0),
@@ -353,6 +369,7 @@ class OriginSource:
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: BlobJob, probe: bool) -> None:
         buf = memoryview(bytearray(READ_BLOCK))
         rate = 0.0  # bytes/s at which this worker's connection brought its last chunk (0: none yet)
+        counted = True  # in `job.streams.workers` until it retires
         try:
             if not probe:
                 with job.cond:
@@ -363,6 +380,9 @@ class OriginSource:
             while True:
                 with job.cond:
                     if job.error is not None:
+                        return
+                    if streams.retire(job, self.limits, self.settings.connections_per_file):
+                        counted = False
                         return
                     found = hedging.hedge(job, rate) if job.mode == "ranges" else None
                     idx, hedge = found if found is not None else (None, "")
@@ -383,6 +403,9 @@ class OriginSource:
                     rate = self._fetch_chunk(plan, cache, job, idx, probe, buf, hedge) or rate
                 except ChunkDone:
                     continue
+                except StreamRefused:  # its chunk went back to the queue (`streams.give_back`)
+                    counted = False
+                    return
                 probe = False
                 with job.cond:
                     if job.mode == "stream":
@@ -397,6 +420,7 @@ class OriginSource:
                             cut_response(other.resp)
                     job.cond.notify_all()
                 self._save_record(cache, plan, job)
+                self._start_workers(plan, cache, job)  # a probe of the host may allow one more
         except Cancelled:
             return
         except BaseException as exc:
@@ -404,6 +428,10 @@ class OriginSource:
                 if job.mode is None:
                     job.mode = "failed"
             job.fail(exc)
+        finally:
+            if counted:
+                with job.cond:
+                    job.streams.workers -= 1
 
     def _fetch_chunk(
         self,
@@ -453,9 +481,13 @@ class OriginSource:
                 if job.pausing:
                     raise Paused()  # cut by `_step_aside` (or about to be): no new request now
             url = job.location.url
+            streams.asking(job, url)
             try:
                 resp = self.client.open_range(url, pos, end, what)
-            except CdnRefusedError as exc:
+            except BaseException as exc:
+                streams.refused(job, self.limits, exc, self.client.endpoint)  # others open: StreamRefused
+                if not isinstance(exc, CdnRefusedError):
+                    raise
                 job.location.refused(url, exc)  # a renewed URL, or the refusal raised
                 raise Retryable(exc, delay=0.0) from None  # asked again at once, from `reader.pos`
             job.location.worked(url)
@@ -504,6 +536,7 @@ class OriginSource:
             finally:
                 with job.cond:
                     reader.resp = None
+                    streams.answered(job)
                 release(resp)
 
         while True:
@@ -525,6 +558,10 @@ class OriginSource:
                 return reader.got / max(time.monotonic() - reader.began, 1e-6)
             except Paused:
                 continue
+            except StreamRefused:
+                with job.cond:
+                    streams.give_back(job, idx, reader)
+                raise
             except WeightswarmError:
                 with job.cond:
                     if not job.pausing:

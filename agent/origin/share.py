@@ -1,31 +1,29 @@
-"""A feed's handle on its part of a blob the origin engine downloads in parts (agent.origin.ranges)."""
+"""A feed's handle on its part of a blob the origin engine downloads (agent.origin.ranges): the relay writes
+the part into the blob's file and its resume record, as the engine's own workers do."""
 
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from collections.abc import Callable
 
-from agent.cache.layout import RepoCache
 from agent.cache.partial import RECORD_EVERY
-from agent.core.plan import FetchPlan
 from agent.origin.chunks import BlobJob, Cancelled
-
-
-class Engine(Protocol):
-    """What a share asks of the engine (`OriginSource`)."""
-
-    def _save_record(self, cache: RepoCache, plan: FetchPlan, job: BlobJob) -> None: ...
-
-    def _take_over(self, plan: FetchPlan, cache: RepoCache, job: BlobJob, start: int, end: int) -> None: ...
 
 
 class Share:
     """A feed's handle on its part [start, end) of the blob (agent.core.parts `PartSink`)."""
 
     def __init__(
-        self, engine: Engine, plan: FetchPlan, cache: RepoCache, job: BlobJob, start: int, end: int
+        self,
+        job: BlobJob,
+        start: int,
+        end: int,
+        save: Callable[[], None],
+        take_over: Callable[[int, int], None],
     ) -> None:
-        self._engine, self._plan, self._cache, self._job = engine, plan, cache, job
+        """`save`: writes the blob's resume record; `take_over(pos, end)`: the engine's workers take the
+        chunks of [pos, end) not written yet."""
+        self._job, self._save, self._take_over = job, save, take_over
         self.start, self.end = start, end
         self.entry = job.entry
         self._unrecorded = 0
@@ -65,10 +63,10 @@ class Share:
         job.progress.advance(len(data))
         if self._unrecorded >= RECORD_EVERY or pos >= self.end:
             self._unrecorded = 0
-            self._engine._save_record(self._cache, self._plan, job)
+            self._save()
 
     def take_over(self) -> None:
-        self._engine._take_over(self._plan, self._cache, self._job, self.pos, self.end)
+        self._take_over(self.pos, self.end)
 
     def fail(self, exc: BaseException) -> None:
         self._job.fail(exc)

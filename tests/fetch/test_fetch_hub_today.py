@@ -10,7 +10,7 @@ import time
 from click.testing import CliRunner
 
 from agent.cli.main import main
-from agent.core.errors import EXIT_AUTH
+from agent.core.errors import EXIT_FAILURE
 from agent.fetch.engine import fetch_snapshot
 from agent.hub.repos import is_lfs
 from agent.origin import location as origin_location
@@ -70,7 +70,8 @@ def test_a_url_refused_right_after_a_fresh_resolve_is_a_refusal_that_names_the_c
     files = model(root, total=2 * MiB, shards=1)
     for srv in serve(root, cdn_url_ttl=-10.0):  # every signed URL is born expired
         result = CliRunner().invoke(main, fetch_args(srv.url, tmp_path))
-        assert result.exit_code == EXIT_AUTH, result.output
+        # Not the gated/token code: the origin itself granted access, its download host refused.
+        assert result.exit_code == EXIT_FAILURE, result.output
         last = result.stderr.strip().splitlines()[-1]
         assert "download host" in last and f"127.0.0.1:{srv.cdn_port}" in last, last
         assert "--token" not in last, last  # the origin granted access: no token would help
