@@ -305,6 +305,9 @@ def make_test_model_command(
             help="Admit only the cluster's agents as BitTorrent peers; off only to measure its cost.")
 @env_option("--relay-fanout", section=SWARM, type=click.IntRange(min=0), metavar="N",
             help="Streams of one arriving blob relayed to other agents at once (0 = no relay) [3].")
+@env_option("--relay-min-rate", section=SWARM, type=click.IntRange(min=0), metavar="BYTES_PER_S",
+            help="A relay source slower than this over the relay's stall time is left for another source "
+                 "or way (0 = only one that sends no byte is) [65536].")
 @env_option("--relay-seeds/--no-relay-seeds", section=SWARM, default=True, show_default=True,
             help="Offer blobs seeded whole as relay sources, and take a blob some node has whole as a "
                  "chain of relays before BitTorrent (a warm start at the links' full rate).")

@@ -456,6 +456,14 @@ class SwarmSettings:
     the relay off (a blob then reaches other nodes only once its lease holder has it whole). Each stream
     runs at the origin's pace, so the node's uplink should carry this many times the origin rate."""
 
+    relay_min_rate: int = 64 * 1024
+    """Bytes a second a relay stream must bring, judged over each window of the relay's stall time (the
+    lease holder's stall time), and a blob's whole relay likewise: a source below it is left for the next
+    source, and a relay below it for BitTorrent or the origin lease (docs/security.md). "A byte within the
+    stall time" let a source that sent a byte every few seconds hold a receiver for ever. Low next to any
+    link, near the ~70 KB/s per origin connection below which a lease holder looks stalled too; 0: only
+    a stream or relay that brings no byte in a window is left."""
+
     relay_seeds: bool = True
     """Blobs seeded whole are relay sources too (agent.relay.directory "Warm starts"): a node that wants a
     large blob some node holds whole takes it as a chain of relays, before BitTorrent. Needs the relay

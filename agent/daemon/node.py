@@ -152,7 +152,7 @@ class Daemon:
             self.seeder = Seeder(self.swarm, self.tracker, s.cache_dir, s.state_dir)
             credential = relay_credential(s)
             relay = (
-                RelayDirectory(self.tracker, lambda: self.api_server.port, credential)
+                RelayDirectory(self.tracker, lambda: self.api_server.port, credential, self.swarm.admits)
                 if self.tracker is not None and credential is not None
                 else None
             )
@@ -162,9 +162,8 @@ class Daemon:
             self.fetcher = SourcePolicy(
                 s, self.swarm, self.tracker, self.node_id, self.seeder.remember, relay=relay
             )
-            self.relay = (
-                RelayReceiver(relay, self.fetcher.holder_stall, s.origin.connect_timeout) if relay else None
-            )
+            stall, connect = self.fetcher.holder_stall, s.origin.connect_timeout
+            self.relay = RelayReceiver(relay, stall, connect, s.swarm.relay_min_rate) if relay else None
             self.names = ModelNames(label_key(s), self._is_public)
             """How metrics and log lines name a model (agent.core.modelnames); asked only once jobs run."""
             self.ops = NodeOps(

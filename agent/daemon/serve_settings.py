@@ -27,6 +27,7 @@ FIELDS: Mapping[str, str] = {
     "super_seed": "swarm.super_seed",
     "relay_seeds": "swarm.relay_seeds",
     "relay_fanout": "swarm.relay_fanout",
+    "relay_min_rate": "swarm.relay_min_rate",
     "origin_holders": "swarm.origin_holders",
     "origin_part_min": "swarm.origin_part_min",
     "disk_io": "swarm.disk_io",

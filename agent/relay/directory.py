@@ -57,7 +57,8 @@ chain 1.4 s after the first).
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
 takes the lease path again). Relay requests need the relay credential, derived from the passkey
-(the passkey itself never goes to a peer), and come only from addresses the peer gate admits.
+(the passkey itself never goes to a peer), come only from addresses the peer gate admits, and go only
+to them: the tracker lists whoever announced a key, interop clients included.
 """
 
 from __future__ import annotations
@@ -140,8 +141,12 @@ def relay_credential(settings: Settings) -> str | None:
 class RelayDirectory:
     """This node in the relay sources of the blobs it holds or receives. Thread-safe."""
 
-    def __init__(self, tracker: TrackerClient, port: Callable[[], int], credential: str) -> None:
+    def __init__(
+        self, tracker: TrackerClient, port: Callable[[], int], credential: str, admits: Callable[[str], bool]
+    ) -> None:
         self.tracker = tracker
+        self.admits = admits
+        """The peer gate's word on an address: only agents are named as sources (`_agents`)."""
         self._port_of = port
         """The agent's network listener port (known once it listens; asked once, at the first use)."""
         self._port: int | None = None
@@ -167,7 +172,13 @@ class RelayDirectory:
         the tracker did not hear of is announced at the next `refresh` (a holder that joined during a
         tracker restart stayed unlisted for its whole download, and later nodes found no source)."""
         reply = self._join(blob_id, left)
-        return None if reply is None else _urls(reply.peers)
+        return None if reply is None else _urls(self._agents(reply.peers))
+
+    def _agents(self, peers: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The peers the peer gate admits as agents (announced with the agents' passkey): a receiver sends
+        the relay credential to these only. The tracker lists a stock client that announced a relay key
+        with the interop passkey as any other peer; asked, it was handed the credential."""
+        return [(host, port) for host, port in peers if self.admits(host)]
 
     def _join(self, blob_id: str, left: int) -> Announced | None:
         reply = self._announce(relay_infohash(blob_id), max(1, left))
@@ -188,7 +199,7 @@ class RelayDirectory:
         reply = self._join(blob_id, left)
         if reply is None:
             return None
-        seeds = sorted(_urls(reply.peers[: reply.seeders]))  # the tracker lists the seeders first
+        seeds = sorted(_urls(self._agents(reply.peers[: reply.seeders])))  # the tracker lists seeders first
         if rank < len(seeds):
             return seeds[rank]
         if not seeds:
@@ -199,7 +210,9 @@ class RelayDirectory:
         while True:
             before = self._announce(_place_key(blob_id, rank - len(seeds)), 1, numwant=8)
             if before is not None and before.seeders:
-                return random.choice(_urls(before.peers[: before.seeders]))
+                ahead = _urls(self._agents(before.peers[: before.seeders]))
+                if ahead:
+                    return random.choice(ahead)
             if before is None or time.monotonic() >= deadline:
                 return None
             time.sleep(_PLACE_POLL)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import http.client
 import logging
 import mmap
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +36,7 @@ from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.relay.batches import BatchReader
 from agent.relay.directory import NEXT_HEADER, RELAY_PATH, RelayDirectory
+from agent.relay.heads import BadReply, read_head, request
 from agent.relay.splicing import Pipe, worth_splicing
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,18 @@ _PLACE_WAIT = 4.0
 """Seconds a receiver waits for the node before it in a chain to be ahead of it (the one before that may
 be a moment late) before it looks for any source."""
 _PLACE_PAUSE = 0.1
+_STRIKES = 3
+"""Streams of one source that may end short of their range in one receive before it is not asked again:
+an honest source cuts a stream when its own copy restarts (and is asked again at once, to say 410 if its
+blob failed); one that cut each stream after a MiB was asked again at once without end."""
 
 
 class _SourceFailed(Exception):
     """A source says the blob failed its check there: what it relayed may be wrong."""
+
+
+class _TooSlow(TimeoutError):
+    """A stream that brought fewer bytes than the receiver's least rate over its window."""
 
 
 @dataclass
@@ -72,6 +81,16 @@ class _Receiving:
     received: int = 0
     sources: set[str] = field(default_factory=set)
     """Sources that sent bytes."""
+    strikes: dict[str, int] = field(default_factory=dict)
+    """Source -> its streams that ended short of their range (`_STRIKES`: not asked again)."""
+
+    def strike(self, url: str, leave: bool = False) -> None:
+        """A stream from `url` ended short; `leave`: it was too slow, or answered what no relay route does."""
+        self.strikes[url] = _STRIKES if leave else self.strikes.get(url, 0) + 1
+
+    def left(self, url: str) -> bool:
+        """Whether `url` is not asked again in this receive."""
+        return self.strikes.get(url, 0) >= _STRIKES
 
     def take(self, chunk: memoryview) -> None:
         raise NotImplementedError
@@ -144,11 +163,16 @@ class _Part(_Receiving):
 class RelayReceiver:
     """One per daemon; `receive` is called per blob by a fetch job's thread."""
 
-    def __init__(self, directory: RelayDirectory, stall: float, connect_timeout: float) -> None:
+    def __init__(
+        self, directory: RelayDirectory, stall: float, connect_timeout: float, min_rate: int
+    ) -> None:
         self.directory = directory
         self.stall = stall
-        """Seconds without a byte from a source before the next one is asked."""
+        """Seconds without a byte from a source before the next one is asked; also the window over which a
+        stream's rate, and a receive's, is judged, and the time a source has to send its reply's head."""
         self.connect_timeout = connect_timeout
+        self.min_rate = min_rate
+        """Bytes a second a stream must bring over each window (`swarm.relay_min_rate`)."""
         self._local = threading.local()
         self._headers = {"Authorization": f"Bearer {directory.credential}", "Accept-Encoding": "identity"}
 
@@ -257,12 +281,15 @@ class RelayReceiver:
         waited = time.monotonic()
         while r.pos < r.end and not r.cancelled:
             status, got, named = self._stream(url, r)
+            if status == 410:
+                raise _SourceFailed(f"relay source {url} says the blob failed its check there")
+            if r.left(url):
+                log.info("%s: leaving relay source %s, before this node in its chain", r.entry.path, url)
+                return
             if got:
                 r.sources.add(url)
                 waited = time.monotonic()
                 continue
-            if status == 410:
-                raise _SourceFailed(f"relay source {url} says the blob failed its check there")
             # Gone, or streaming to another node (its place is taken): any source will do.
             if status != 503 or named or time.monotonic() - waited > _PLACE_WAIT:
                 log.info("%s: %s, before this node in its chain, did not stream it", r.entry.path, url)
@@ -270,8 +297,12 @@ class RelayReceiver:
             time.sleep(_PLACE_PAUSE)  # not ahead yet (the source waited `AHEAD_WAIT`), or its gate asks
 
     def _from_sources(self, r: _Receiving, no_source_wait: float = _NO_SOURCE_WAIT) -> None:
+        """From the sources listed under `r.key`, round after round, until the range is whole, nobody
+        relays it, or a round ends with the receive slower than `min_rate` over the last `stall` seconds
+        (the caller then takes another way). A round asks each source at most once (less those left)."""
         end = r.end
-        first_ask = last_progress = time.monotonic()
+        first_ask = time.monotonic()
+        judged, judged_pos = first_ask, r.pos
         known: list[str] = []
         while r.pos < end and not r.cancelled:
             found = self.directory.join(r.key, end - r.pos)
@@ -285,19 +316,21 @@ class RelayReceiver:
             while queue and asked < 2 * len(sources):
                 url = queue.pop(0)
                 asked += 1
+                if r.left(url):
+                    gone += 1
+                    continue
                 while True:
                     status, got, named = self._stream(url, r)
                     if got:
                         r.sources.add(url)
                     if status == 410:
                         raise _SourceFailed(f"relay source {url} says the blob failed its check there")
-                    if not got or r.pos >= end or r.cancelled:
+                    if not got or r.pos >= end or r.cancelled or r.left(url):
                         break
                     # Cut short after some bytes: asked again at once, it says 410 if its blob failed.
-                    last_progress = time.monotonic()
                 busy += status == 503
-                # Not relaying it, or unreachable (the tracker lists a dead source for a while).
-                gone += status in (0, 404)
+                # Not relaying it, unreachable (the tracker lists a dead source for a while), or left.
+                gone += status in (0, 404) or r.left(url)
                 if r.pos >= end or r.cancelled:
                     return
                 if named:  # busy, streaming to these: one of them may have room, so ask them first
@@ -307,25 +340,36 @@ class RelayReceiver:
             if not sources and now - first_ask < no_source_wait:
                 time.sleep(_BUSY_PAUSE)
                 continue
-            if not sources or (gone == len(sources) and not busy) or now - last_progress > self.stall:
+            if not sources or (gone >= len(sources) and not busy):
                 return  # nobody is relaying it (not yet, or no more): the caller asks the tracker again
+            if now - judged >= self.stall:
+                # Bytes over time, not "a byte": sources that each send a little and stop held it forever.
+                if r.pos - judged_pos < max(1, self.min_rate * (now - judged)):
+                    log.info("%s: %d bytes relayed in %.0fs; taking another way", r.entry.path,
+                             r.pos - judged_pos, now - judged)
+                    return
+                judged, judged_pos = now, r.pos
             time.sleep(_BUSY_PAUSE)
 
     def _stream(self, url: str, r: _Receiving) -> tuple[int, int, set[str]]:
         """From one source, [r.pos, r.end): (its status, bytes taken, the nodes it says it streams to); status
-        0 when the source could not be reached or broke off.
+        0 when the source could not be reached or broke off. A stream that ends short of the range (cut, or
+        no byte for `stall` seconds) is a strike against the source (`_Receiving.strike`); one that brings
+        fewer than `min_rate` bytes a second over a window of `stall` seconds, or answers what no relay
+        route does (its head not whole within `stall` seconds included), leaves it.
 
         The body goes from the socket straight into one buffer, a batch per `recv` (agent.relay.batches),
         from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
         three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
         and a warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
         goes from the socket through a pipe into the file instead, a pipe's worth a wait
-        (agent.relay.splicing)."""
+        (agent.relay.splicing). The request and the reply's head are this module's own (agent.relay.heads)."""
         start, unrecorded, end = r.pos, 0, r.end
         view = memoryview(self._buffer())
         pipe: Pipe | None = None
         held = 0
         since = 0.0
+        connected = False
 
         def write() -> None:
             nonlocal unrecorded, held
@@ -343,31 +387,36 @@ class RelayReceiver:
                 unrecorded = 0
 
         where = urlsplit(url)
-        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=self.connect_timeout)
+        sock: socket.socket | None = None
         try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.settimeout(self.stall)  # a source quiet for this long is given up
-            conn.request("GET", f"{RELAY_PATH}{r.entry.blob_id}", headers={
+            sock = socket.create_connection((where.hostname or "", where.port or 80), self.connect_timeout)
+            connected = True
+            request(sock, where.netloc, f"{RELAY_PATH}{r.entry.blob_id}", {
                 **self._headers, "Range": f"bytes={r.pos}-{end - 1}",
             })
-            resp = conn.getresponse()
-            if resp.status != 206 or not resp.getheader("content-range", "").startswith(f"bytes {r.pos}-"):
-                named = resp.getheader(NEXT_HEADER, "") if resp.status == 503 else ""
-                return resp.status, 0, {h.strip() for h in named.split(",") if h.strip()}
-            # The body after the headers is read to `end` here, the connection closed after. What the
-            # response's reader took off the socket with the headers goes into the file first.
-            early = resp.fp.read(min(len(resp.fp.peek()), end - r.pos))
+            head = read_head(sock, self.stall)  # the route waits up to AHEAD_WAIT before it answers
+            if head.status != 206:
+                named = head.headers.get(NEXT_HEADER.lower(), "") if head.status == 503 else ""
+                return head.status, 0, {h.strip() for h in named.split(",") if h.strip()}
+            if head.headers.get("content-range") != f"bytes {r.pos}-{end - 1}/{r.entry.size}" or (
+                head.headers.get("transfer-encoding", "identity").lower() != "identity"
+            ):
+                raise BadReply("a 206 that is not the range asked for, as it was asked for")
+            # The body after the head is read to `end` here, the connection closed after. What came with
+            # the head goes into the file first.
+            early = head.early[: end - r.pos]
             if early:
                 r.take(memoryview(early))
                 r.received += len(early)
                 unrecorded += len(early)
             reader: BatchReader | None = None
             if isinstance(r, _Whole) and r.mapped is not None:  # only for a body: many asks end in a 503
-                pipe = Pipe(conn.sock, _READ, self.stall)
+                sock.settimeout(self.stall)
+                pipe = Pipe(sock, _READ, self.stall)
             else:
-                reader = BatchReader(conn.sock, _WRITE_WITHIN, self.stall)
+                reader = BatchReader(sock, _WRITE_WITHIN, self.stall)
             batch = pipe.capacity if pipe is not None else len(view)
+            judged, judged_pos = time.monotonic(), start
             while r.pos + held < end:
                 if not held:
                     since = time.monotonic()
@@ -378,24 +427,34 @@ class RelayReceiver:
                     assert pipe is not None
                     got = pipe.fill(left, since + _WRITE_WITHIN - time.monotonic())
                 if got == 0:  # closed before the range's end: the source cut the stream short
-                    raise http.client.IncompleteRead(b"", end - r.pos - held)
+                    raise ConnectionResetError(f"the stream ended {end - r.pos - held} bytes short")
                 held += got or 0
+                now = time.monotonic()
+                if now - judged >= self.stall:
+                    # A byte now and then is no progress: judged in bytes over the window.
+                    if r.pos + held - judged_pos < self.min_rate * (now - judged):
+                        raise _TooSlow(f"{r.pos + held - judged_pos} bytes in {now - judged:.0f}s")
+                    judged, judged_pos = now, r.pos + held
                 # None: the pipe is full, or the wait ran out (what is held is written now).
                 full = got is None or held >= batch
-                if not full and time.monotonic() - since < _WRITE_WITHIN and r.pos + held < end:
+                if not full and now - since < _WRITE_WITHIN and r.pos + held < end:
                     continue
                 write()
                 if r.cancelled:
                     break
             write()
-            return resp.status, r.pos - start, set()
-        except (OSError, http.client.HTTPException) as exc:
+            return 206, r.pos - start, set()
+        except (OSError, BadReply) as exc:
             write()  # what came before the source broke is as good as the rest
-            what = type(exc).__name__
-            log.info("relay source %s stopped at byte %d of %s: %s", url, r.pos, r.entry.path, what)
+            if connected:  # else unreachable: a source gone, asked again next round
+                # Too slow, or not a relay route's answer: left; cut short or stalled: a strike.
+                r.strike(url, leave=isinstance(exc, (_TooSlow, BadReply)))
+            log.info("relay source %s stopped at byte %d of %s: %s: %s", url, r.pos, r.entry.path,
+                     type(exc).__name__, exc)
             return 0, r.pos - start, set()
         finally:
-            conn.close()
+            if sock is not None:
+                sock.close()
             if pipe is not None:
                 pipe.close()
             if r.pos > start:

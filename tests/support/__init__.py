@@ -7,6 +7,7 @@
 - `trackerkit`: the tracker's app in-process (`run_server`), its settings and stores (`store_settings`
   runs a test against SQLite and Redis), torrent and peer helpers;
 - `fetchkit`: a small model on a real test hub and settings for the fetch engine;
+- `hostile_relay`: a relay source that misbehaves on purpose (closes, stalls, trickles, records who asks);
 - `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher; `kube_api`:
   what its patches, selectors, objects and watch events mean, as a real API server means them.
 """

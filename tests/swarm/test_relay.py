@@ -225,7 +225,7 @@ def test_a_source_that_joined_while_the_tracker_was_down_is_announced_once_it_is
     settings = DaemonSettings(tracker_url=tracker.url, tracker_token=TOKEN, tracker_passkey=PASSKEY)
     client, other = TrackerClient(tracker.url, TOKEN, settings), TrackerClient(tracker.url, TOKEN, settings)
     blob = hashlib.sha256(b"a blob joined during a tracker restart").hexdigest()
-    directory = RelayDirectory(client, lambda: 7470, "credential")
+    directory = RelayDirectory(client, lambda: 7470, "credential", lambda _host: True)
     try:
         tracker.kill()
         assert directory.join(blob, 100) is None

@@ -218,7 +218,7 @@ def test_a_seeded_blob_is_offered_on_refresh_and_withdrawn_once_it_is_gone(track
     seeds: set[str] = {blob}
     client = TrackerClient(tracker.url, TOKEN, settings)
     try:
-        directory = RelayDirectory(client, lambda: 7470, "credential")
+        directory = RelayDirectory(client, lambda: 7470, "credential", lambda _host: True)
         directory.seeds = lambda: set(seeds)
         directory.refresh()
         assert offered(tracker, blob) == [("127.0.0.1", 7470)]
@@ -248,7 +248,10 @@ def test_receivers_that_ask_at_once_each_find_a_place_of_their_own_in_the_seeds_
     blob = hashlib.sha256(b"a blob two seeds have whole").hexdigest()
     clients = [TrackerClient(tracker.url, TOKEN, settings) for _ in range(10)]
     try:
-        nodes = [RelayDirectory(c, lambda port=7400 + i: port, "credential") for i, c in enumerate(clients)]
+        nodes = [
+            RelayDirectory(c, lambda port=7400 + i: port, "credential", lambda _host: True)
+            for i, c in enumerate(clients)
+        ]
         seeds, receivers = nodes[:2], nodes[2:]
         for seed in seeds:
             seed.seeds = lambda: {blob}
@@ -280,11 +283,11 @@ def test_a_receiver_whose_node_before_never_says_where_it_is_looks_for_any_sourc
     blob = hashlib.sha256(b"a blob whose first receiver went quiet").hexdigest()
     seed_client, client = (TrackerClient(tracker.url, TOKEN, settings) for _ in range(2))
     try:
-        seed = RelayDirectory(seed_client, lambda: 7400, "credential")
+        seed = RelayDirectory(seed_client, lambda: 7400, "credential", lambda _host: True)
         seed.seeds = lambda: {blob}
         seed.refresh()
         client.announce(rank_key(blob), b"-WS0001-" + b"q" * 12, 7401, 1)  # counted, never placed
-        receiver = RelayDirectory(client, lambda: 7402, "credential")
+        receiver = RelayDirectory(client, lambda: 7402, "credential", lambda _host: True)
         started = time.monotonic()
         assert receiver.place(blob, SHARD) is None
         assert time.monotonic() - started < 5
@@ -312,8 +315,8 @@ def test_a_lease_holder_that_finishes_heads_the_chain_of_the_next_warm_start_at_
 
     client.announce = counted  # type: ignore[method-assign]
     try:
-        holder = RelayDirectory(holder_client, lambda: 7400, "credential")
-        receiver = RelayDirectory(client, lambda: 7401, "credential")
+        holder = RelayDirectory(holder_client, lambda: 7400, "credential", lambda _host: True)
+        receiver = RelayDirectory(client, lambda: 7401, "credential", lambda _host: True)
         holder.join(blob, SHARD)
         assert receiver.place(blob, SHARD) is None  # the holder is still arriving: not a chain's head
         assert announces == 3
