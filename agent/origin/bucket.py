@@ -69,7 +69,7 @@ class BucketObject:
     """Relative to the prefix, checked as a snapshot path (no `..`, no absolute path)."""
     size: int
     etag: str
-    """As listed (the commit and listing ids derive from it): compared and sent quoted or not by `bare_etag`."""
+    """As listed (the commit and listing ids derive from it); compared without quotes (`bare_etag`)."""
     version: str | None
 
 
@@ -244,7 +244,8 @@ class BucketOrigin(OriginClient):
 def bare_etag(etag: str) -> str:
     """An ETag without its quotes. The same object's ETag comes in two shapes: Azure's List Blobs gives
     it bare (`0x8D88739958C9830`) and its Get Blob Properties quoted (`"0x8D88739958C9830"`, "if the
-    request version is 2011-08-18 or newer, the ETag value will be in quotes"); S3 and GCS quote both.
+    request version is 2011-08-18 or newer, the ETag value will be in quotes"); fake-gcs-server's GCS
+    XML listing is bare and its HEAD quoted too; S3 quotes both.
     A weak `W/` one is no object's: it stays as it is, and matches no strong one."""
     etag = etag.strip()
     return etag[1:-1] if len(etag) >= 2 and etag[0] == etag[-1] == '"' else etag
