@@ -12,7 +12,9 @@ from tests.support.procs import free_port, in_ci, require
 # The shared fixtures for every test module: the origin, tracker and agents (make_hub, make_origin,
 # origin, tracker, make_agent) and the in-process tracker's stores (redis_url, store_settings). A
 # module's own fixture of the same name (e.g. test_fetch's `origin`) takes precedence there.
-pytest_plugins = ["tests.support.cluster", "tests.support.trackerkit", "tests.support.s3kit"]
+pytest_plugins = [
+    "tests.support.cluster", "tests.support.trackerkit", "tests.support.s3kit", "tests.support.storekit"
+]
 
 
 @pytest.fixture(autouse=True)

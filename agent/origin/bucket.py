@@ -70,6 +70,7 @@ class BucketObject:
     """Relative to the prefix, checked as a snapshot path (no `..`, no absolute path)."""
     size: int
     etag: str
+    """As listed (the commit and listing ids derive from it); compared without quotes (`bare_etag`)."""
     version: str | None
 
 
@@ -205,7 +206,7 @@ class BucketOrigin(OriginClient):
                 raise _mapped(exc, what) from None
 
         head = self.retrying(what, attempt)
-        if head.get("size") != obj.size or (head.get("e_tag") or "") != obj.etag:
+        if head.get("size") != obj.size or not same_etag(str(head.get("e_tag") or ""), obj.etag):
             raise IntegrityError(
                 f"{what}: {self.scheme}://{self.bucket}/{key} changed since it was listed (ETag or size); "
                 "fetch again to plan the new state"
@@ -233,7 +234,7 @@ class BucketOrigin(OriginClient):
             etag = self._etag_of.get(url)
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if etag:
-            headers["If-Match"] = etag
+            headers["If-Match"] = quoted_etag(etag)
         try:
             return self.request("GET", url, what, headers)
         except OriginError as exc:
@@ -243,6 +244,27 @@ class BucketOrigin(OriginClient):
                     "nothing of it was kept; fetch again to plan the new state"
                 ) from None
             raise
+
+
+def bare_etag(etag: str) -> str:
+    """An ETag without its quotes. The same object's ETag comes in two shapes: Azure's List Blobs gives
+    it bare (`0x8D88739958C9830`) and its Get Blob Properties quoted (`"0x8D88739958C9830"`, "if the
+    request version is 2011-08-18 or newer, the ETag value will be in quotes"); fake-gcs-server's GCS
+    XML listing is bare and its HEAD quoted too; S3 quotes both.
+    A weak `W/` one is no object's: it stays as it is, and matches no strong one."""
+    etag = etag.strip()
+    return etag[1:-1] if len(etag) >= 2 and etag[0] == etag[-1] == '"' else etag
+
+
+def quoted_etag(etag: str) -> str:
+    """The ETag as If-Match takes it (RFC 9110's entity-tag is quoted): a bare listed one in quotes."""
+    etag = etag.strip()
+    return etag if etag.startswith(('"', "W/")) else f'"{etag}"'
+
+
+def same_etag(a: str, b: str) -> bool:
+    """Whether two ETags name the same version of an object, quoted or not (`bare_etag`)."""
+    return bare_etag(a) == bare_etag(b)
 
 
 def _key(prefix: str, path: str) -> str:
@@ -281,7 +303,9 @@ def store_reason(text: str, fallback: str) -> str:
         parts.append(code.group(1) or code.group(2))
     out = " ".join(parts)
     if message:
-        out += f": {(message.group(1) or message.group(2)).strip()}"
+        # Its first line: Azure's goes on with its request id and time on lines of their own.
+        said = (message.group(1) or message.group(2)).strip().partition("\n")[0]
+        out += f": {said}"
     return _KEY_ID.sub("[key id]", out)
 
 

@@ -1,6 +1,7 @@
 """Models from object storage, one machine: `agent fetch s3://bucket/prefix --repo-id ORG/NAME` against a
-real S3 API server (moto's, tests.support.s3kit) behind a proxy that counts what the store serves and
-breaks answers on request; the real huggingface_hub reads the result offline."""
+real S3 API server (moto's, tests.support.s3kit) and `az://container/prefix` against Azurite
+(tests.support.azurekit; the tests taking `store` run against both), behind a proxy that counts what the
+store serves and breaks answers on request; the real huggingface_hub reads the result offline."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from agent.origin.bucket import BucketOrigin, listing_commit
 from agent.origin.bucket_url import allowed_bucket, split_bucket_url
 from agent.origin.ranges import OriginSource
 from tests.support.cluster import agent_cli, same_files
-from tests.support.s3kit import FaultProxy, S3Server, put_object, write_bucket_model
+from tests.support.s3kit import FaultProxy, S3Server, Store, put_object, write_bucket_model
 
 REPO = "acme/bucket-model"
 PREFIX = "models/m1"
@@ -45,19 +46,22 @@ def blobs_of(tmp_path: Path) -> list[Path]:
     return sorted(blobs.iterdir()) if blobs.exists() else []
 
 
+def url_of(store: Store, bucket: str, prefix: str = PREFIX) -> str:
+    return f"{store.scheme}://{bucket}/{prefix}"
+
+
 def test_the_cli_fetches_a_bucket_model_that_huggingface_hub_reads_offline(
-    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+    tmp_path, store, store_bucket, store_proxy, store_env
 ):
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=3 << 20, shards=3)
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=3 << 20, shards=3)
     total = sum(len(d) for d in files.values())
-    url = f"s3://{s3_bucket}/{PREFIX}"
-    args = ("fetch", url, "--repo-id", REPO, "--cache-dir", str(tmp_path / "hub"),
+    args = ("fetch", url_of(store, store_bucket), "--repo-id", REPO, "--cache-dir", str(tmp_path / "hub"),
             "--state-dir", str(tmp_path / "state"), "--agent", "off")
-    done = agent_cli(*args, env=bucket_env)
+    done = agent_cli(*args, env=store_env)
     assert done.returncode == 0, done.stderr
     snapshot = Path(done.stdout.strip().splitlines()[-1])
     same_files(snapshot, files)
-    assert s3_proxy.bytes_served == total  # each object once, no more
+    assert store_proxy.bytes_served == total  # each object once, no more
     # Blobs are named by their sha256, as a hub's LFS files are: the same shard elsewhere is one blob.
     assert all(len(p.name) == 64 for p in blobs_of(tmp_path) if not p.name.endswith(".incomplete"))
 
@@ -67,26 +71,26 @@ def test_the_cli_fetches_a_bucket_model_that_huggingface_hub_reads_offline(
     same_files(offline, files)
 
     # Again: the listing is the only request; the content ids learnt on the first read link the files.
-    s3_proxy.reset_counters()
-    again = agent_cli(*args, env=bucket_env)
+    store_proxy.reset_counters()
+    again = agent_cli(*args, env=store_env)
     assert again.returncode == 0, again.stderr
-    assert s3_proxy.bytes_served == 0
+    assert store_proxy.bytes_served == 0
     assert "already in the cache" in again.stderr
 
 
 def test_a_changed_object_is_a_new_commit_and_only_it_moves(
-    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+    tmp_path, store, store_bucket, store_proxy, store_env
 ):
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
-    settings = settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}")
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
+    settings = settings_for(tmp_path, url_of(store, store_bucket))
     first = fetch_snapshot(settings, REPO)
     changed = dict(files)
     changed["config.json"] = b'{"model_type": "llama", "changed": true}\n'
-    put_object(s3_server, s3_bucket, f"{PREFIX}/config.json", changed["config.json"])
-    s3_proxy.reset_counters()
+    store.put_object(store_bucket, f"{PREFIX}/config.json", changed["config.json"])
+    store_proxy.reset_counters()
     second = fetch_snapshot(settings, REPO)
     assert second.commit != first.commit
-    assert s3_proxy.bytes_served == len(changed["config.json"])
+    assert store_proxy.bytes_served == len(changed["config.json"])
     same_files(second.snapshot_path, changed)
     same_files(first.snapshot_path, files)  # the old commit's snapshot stays as it was
     ref = tmp_path / "hub" / repo_folder_name(REPO) / "refs" / "main"
@@ -106,15 +110,15 @@ def test_slowdown_and_a_dropped_stream_are_retried_and_lose_nothing(
 
 
 def test_an_object_changed_after_the_listing_fails_clearly_and_leaves_nothing(
-    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+    tmp_path, store, store_bucket, store_proxy, store_env
 ):
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
-    settings = settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}")
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    settings = settings_for(tmp_path, url_of(store, store_bucket))
     client = BucketOrigin(settings.origin)
     try:
         plan = plan_from_origin(client, REPO, "main")
         shard = next(p for p in files if p.endswith(".safetensors"))
-        put_object(s3_server, s3_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
+        store.put_object(store_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
         with pytest.raises(IntegrityError, match="changed since it was listed"):
             FetchEngine(settings, OriginSource(client, settings.fetch), Progress(quiet=True)).run(plan)
     finally:
@@ -122,16 +126,17 @@ def test_an_object_changed_after_the_listing_fails_clearly_and_leaves_nothing(
     snapshot = tmp_path / "hub" / repo_folder_name(REPO) / "snapshots" / plan.commit
     assert not (snapshot / shard).exists()
     # The object's HEAD told: no byte of it was asked for (the ranges' If-Match is the next line of defence).
-    assert not [r for r in s3_proxy.requests if r[0] == "GET" and r[1].endswith(shard)], s3_proxy.requests
+    got = [r for r in store_proxy.requests if r[0] == "GET" and r[1].endswith(shard)]
+    assert not got, store_proxy.requests
 
 
 def test_a_range_of_an_object_replaced_mid_download_is_refused(
-    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env
+    tmp_path, store, store_bucket, store_proxy, store_env
 ):
     """The signed URL's ranges carry If-Match with the listed ETag: a replaced object answers 412, not bytes
     of its new content spliced into the old."""
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
-    client = BucketOrigin(OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"))
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    client = BucketOrigin(OriginSettings(endpoint=url_of(store, store_bucket)))
     try:
         commit, _ = client.revision(REPO, "main")
         shard = next(p for p in files if p.endswith(".safetensors"))
@@ -139,7 +144,7 @@ def test_a_range_of_an_object_replaced_mid_download_is_refused(
         first = client.open_range(url, 0, 1024, shard)
         assert first.read() == files[shard][:1024]
         first.release_conn()
-        put_object(s3_server, s3_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
+        store.put_object(store_bucket, f"{PREFIX}/{shard}", files[shard][::-1])
         with pytest.raises(IntegrityError, match="changed since it was listed"):
             client.open_range(url, 1024, 2048, shard)
     finally:
@@ -147,13 +152,14 @@ def test_a_range_of_an_object_replaced_mid_download_is_refused(
 
 
 def test_wrong_credentials_get_a_clear_error_and_no_bytes(
-    tmp_path, s3_server, s3_bucket, s3_proxy, bucket_env, monkeypatch
+    tmp_path, store, store_bucket, store_proxy, store_env, monkeypatch
 ):
-    write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    with pytest.raises(AuthError, match="refused this node's credentials"):
-        fetch_snapshot(settings_for(tmp_path, f"s3://{s3_bucket}/{PREFIX}"), REPO)
-    assert s3_proxy.bytes_served == 0
+    write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
+    monkeypatch.setenv(store.secret_env, store.wrong_secret())
+    with pytest.raises(AuthError, match="refused this node's credentials") as refused:
+        fetch_snapshot(settings_for(tmp_path, url_of(store, store_bucket)), REPO)
+    assert "\n" not in str(refused.value)  # one line, whatever the store's error body holds
+    assert store_proxy.bytes_served == 0
     assert blobs_of(tmp_path) == []
 
 
@@ -261,3 +267,24 @@ def test_a_bucket_models_plan_records_no_entitlement_a_hub_repo_could_use(
         client.close()
     assert not all(e.content_known for e in plan.files)
     assert entitlements.allows(REPO, None) is None and entitlements.commit_for(REPO, "main") is None
+
+
+def test_an_etag_listed_bare_is_the_same_one_quoted():
+    """Azure gives one blob's ETag in two shapes: List Blobs bare, Get Blob Properties (the HEAD) and Get
+    Blob in quotes ("if the request version is 2011-08-18 or newer, the ETag value will be in quotes",
+    Azure's REST reference; "the service directly returns ETag without quotes for list blobs",
+    Azure/azure-storage-node#586; Azurite does the same, Azure/Azurite#361). S3 quotes both. The HEAD's
+    check and the ranges' If-Match must take either, and still tell two versions apart."""
+    from agent.origin.bucket import listed_object, quoted_etag, same_etag
+
+    azure_listed = listed_object({"path": "a.bin", "size": 1, "e_tag": "0x8D88739958C9830"}, "w")
+    assert azure_listed.etag == "0x8D88739958C9830"  # kept as listed: the commit derives from it
+    assert same_etag('"0x8D88739958C9830"', azure_listed.etag)
+    assert quoted_etag(azure_listed.etag) == '"0x8D88739958C9830"'
+    assert same_etag('"XrY7u+Ae7tCTyyK7j1rNww=="', "XrY7u+Ae7tCTyyK7j1rNww==")  # fake-gcs-server's HEAD, list
+    s3 = '"9b2cf535f27731c974343645a3985328"'
+    assert same_etag(s3, s3) and quoted_etag(s3) == s3
+    assert same_etag('"d41d8cd98f00b204e9800998ecf8427e-3"', '"d41d8cd98f00b204e9800998ecf8427e-3"')
+    for other in ('"0x8D88739958C9831"', "0x8D88739958C9831", 'W/"0x8D88739958C9830"', ""):
+        assert not same_etag(other, azure_listed.etag), other
+    assert quoted_etag('W/"x"') == 'W/"x"'

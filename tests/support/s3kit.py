@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 import pytest
@@ -67,6 +67,9 @@ class S3Server:
     `secret_access_key`, set by `start`); `workdir` holds its log. `admin`: boto3, for setup."""
 
     region = REGION
+    scheme = "s3"
+    secret_env = "AWS_SECRET_ACCESS_KEY"
+    """The variable holding the secret a wrong-credentials test replaces."""
 
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
@@ -139,6 +142,43 @@ class S3Server:
         config |= {"access_key_id": self.access_key_id, "secret_access_key": self.secret_access_key}
         return {f"AWS_{name.upper()}": value for name, value in config.items()}
 
+    def wrong_secret(self) -> str:
+        return "not-the-secret"
+
+    def is_object_path(self, path: str) -> bool:
+        return is_object_path(path)
+
+    def create_bucket(self, bucket: str) -> None:
+        create_bucket(self, bucket)
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Empty `bucket` and remove it."""
+        for page in self.admin.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                self.admin.delete_object(Bucket=bucket, Key=obj["Key"])
+        self.admin.delete_bucket(Bucket=bucket)
+
+    def put_object(self, bucket: str, key: str, data: bytes) -> str:
+        return put_object(self, bucket, key, data)
+
+
+class Store(Protocol):
+    """What the bucket tests ask of a store's test server: S3Server here, tests.support.azurekit's
+    AzuriteServer. `scheme`: its URLs' (`s3`, `az`); `env`: the variables pointing obstore at it (through
+    `endpoint`, a proxy); `secret_env`: the one holding the secret, `wrong_secret` another of its shape."""
+
+    scheme: str
+    secret_env: str
+    port: int
+    endpoint: str
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]: ...
+    def wrong_secret(self) -> str: ...
+    def is_object_path(self, path: str) -> bool: ...
+    def create_bucket(self, bucket: str) -> None: ...
+    def delete_bucket(self, bucket: str) -> None: ...
+    def put_object(self, bucket: str, key: str, data: bytes) -> str: ...
+
 
 def create_bucket(server: S3Server, bucket: str) -> None:
     """Create `bucket` unless this user has it already."""
@@ -152,16 +192,16 @@ def put_object(server: S3Server, bucket: str, key: str, data: bytes) -> str:
 
 
 def write_bucket_model(
-    server: S3Server, bucket: str, prefix: str, repo_id: str = "acme/bucket-model", **model: int
+    server: Store, bucket: str, prefix: str, repo_id: str = "acme/bucket-model", **model: int
 ) -> dict[str, bytes]:
     """A realistic test model (`write_model`: config, tokenizer, .gitattributes, real safetensors shards)
-    uploaded to s3://bucket/prefix/<repo path>, the bucket created if missing: {repo path: bytes}.
-    `model`: write_model's total_bytes= (3 MiB), shards= (3), seed= (7)."""
-    create_bucket(server, bucket)
+    uploaded to s3://bucket/prefix/<repo path> (az://, on Azurite), the bucket created if missing:
+    {repo path: bytes}. `model`: write_model's total_bytes= (3 MiB), shards= (3), seed= (7)."""
+    server.create_bucket(bucket)
     with tempfile.TemporaryDirectory(prefix="ws-s3model-") as tmp:
         files = write_model(Path(tmp), repo_id, **{"total_bytes": 3 * 2**20, "shards": 3, "seed": 7, **model})
     for rel, data in files.items():
-        put_object(server, bucket, f"{prefix.strip('/')}/{rel}".lstrip("/"), data)
+        server.put_object(bucket, f"{prefix.strip('/')}/{rel}".lstrip("/"), data)
     return files
 
 
@@ -174,9 +214,10 @@ def is_object_path(path: str) -> bool:
 class FaultProxy:
     """HTTP/1.1 proxy on 127.0.0.1 to `server`: forwards each request with the client's Host verbatim
     (SigV4 signs it, and clients sign for the proxy's address), streams bodies in BLOCKs, counts, and
-    breaks the next GETs of objects when told to. Checks presigned URLs itself (see the module)."""
+    breaks the next GETs of objects when told to. Checks S3 presigned URLs itself (see the module); an
+    Azure SAS signs no host, and Azurite checks it."""
 
-    def __init__(self, server: S3Server) -> None:
+    def __init__(self, server: Store) -> None:
         self.server = server
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -229,7 +270,7 @@ class FaultProxy:
         """Count a request; the fault it takes, if it is a GET of an object and one is armed."""
         with self._lock:
             self._requests.append((method, path))
-            takes = method == "GET" and is_object_path(path)
+            takes = method == "GET" and self.server.is_object_path(path)
             fault = next((f for f, left in self._faults.items() if left > 0 and takes), None)
             if fault:
                 self._faults[fault] -= 1
@@ -262,7 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
             if fault == "slowdown":
                 return self._answer(503, SLOWDOWN, {"Retry-After": "1"})
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            if "X-Amz-Signature=" in query:
+            if "X-Amz-Signature=" in query and isinstance(proxy.server, S3Server):
                 refusal = presign_refusal(self.command, path, query, headers, proxy.server)
                 if refusal is not None:
                     return self._answer(403, s3_error(*refusal), {})
@@ -272,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
             upstream = http.client.HTTPConnection("127.0.0.1", proxy.server.port, timeout=60)
             try:
                 upstream.request(self.command, f"{path}?{query}" if query else path, body, headers)
-                self._relay(upstream.getresponse(), fault == "drop", is_object_path(path))
+                self._relay(upstream.getresponse(), fault == "drop", proxy.server.is_object_path(path))
             finally:
                 upstream.close()
         except OSError:  # the client or moto went away: no answer to give
@@ -388,10 +429,7 @@ def s3_bucket(s3_server: S3Server) -> Iterator[str]:
     bucket = f"ws-{uuid.uuid4().hex[:20]}"
     create_bucket(s3_server, bucket)
     yield bucket
-    for page in s3_server.admin.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        for obj in page.get("Contents", []):
-            s3_server.admin.delete_object(Bucket=bucket, Key=obj["Key"])
-    s3_server.admin.delete_bucket(Bucket=bucket)
+    s3_server.delete_bucket(bucket)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """A bucket model through the swarm: real agents (libtorrent sessions, the tracker process) reading from a
-real S3 API server (tests.support.s3kit); the store serves each byte about once for the whole cluster,
-and a node whose credentials the store refuses gets no byte from its peers."""
+real S3 API server (tests.support.s3kit) or Azurite (tests.support.azurekit, for the tests taking
+`store`); the store serves each byte about once for the whole cluster, and a node whose credentials the
+store refuses gets no byte from its peers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from agent.core.errors import ConfigError
 from tests.support.cluster import admin_request, same_files, wait_until_seeded
-from tests.support.s3kit import FaultProxy, S3Server, put_object, write_bucket_model
+from tests.support.s3kit import FaultProxy, S3Server, write_bucket_model
 
 REPO = "acme/bucket-model"
 PREFIX = "models/m1"
@@ -34,19 +35,19 @@ def fetch_all(daemons, url: str, timeout: float = 120.0) -> list[dict]:
 
 
 def test_four_agents_take_a_bucket_model_once_from_the_store(
-    origin, tracker, make_agent, s3_server, s3_bucket, s3_proxy, bucket_env
+    origin, tracker, make_agent, store, store_bucket, store_proxy, store_env
 ):
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=8 << 20, shards=8)
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=8 << 20, shards=8)
     total = sum(len(d) for d in files.values())
-    url = f"s3://{s3_bucket}/{PREFIX}"
-    allow = {"buckets": (f"s3://{s3_bucket}/models",)}
+    url = f"{store.scheme}://{store_bucket}/{PREFIX}"
+    allow = {"buckets": (f"{store.scheme}://{store_bucket}/models",)}
     daemons = [make_agent(f"n{i}", origin, tracker, daemon=allow) for i in range(4)]
     statuses = fetch_all(daemons, url)
     for st in statuses:
         assert st["phase"] == "Ready", st
         same_files(st["snapshot"], files)
     # One node read the bucket; the others took the bytes from it.
-    assert s3_proxy.bytes_served <= total * 1.1, (s3_proxy.bytes_served, total)
+    assert store_proxy.bytes_served <= total * 1.1, (store_proxy.bytes_served, total)
     readers = [st for st in statuses if st["bytes_from_origin"] > 0]
     assert len(readers) == 1, [st["bytes_from_origin"] for st in statuses]
     assert sum(st["bytes_from_peers"] for st in statuses) >= 3 * total * 0.9
@@ -57,21 +58,21 @@ def test_four_agents_take_a_bucket_model_once_from_the_store(
     wait_until_seeded(tracker, *daemons)
     shard = sorted(p for p in files if p.endswith(".safetensors"))[0]
     changed = {**files, shard: new_weights(files[shard])}
-    put_object(s3_server, s3_bucket, f"{PREFIX}/{shard}", changed[shard])
-    s3_proxy.reset_counters()
+    store.put_object(store_bucket, f"{PREFIX}/{shard}", changed[shard])
+    store_proxy.reset_counters()
     again = fetch_all(daemons, url)
     for st in again:
         assert st["phase"] == "Ready", st
         assert st["commit"] != first_commit
         same_files(st["snapshot"], changed)
-    assert s3_proxy.bytes_served <= len(changed[shard]) * 1.1, s3_proxy.bytes_served
+    assert store_proxy.bytes_served <= len(changed[shard]) * 1.1, store_proxy.bytes_served
 
 
 def test_a_node_the_store_refuses_gets_no_bytes_from_its_peers(
-    origin, tracker, make_agent, s3_server, s3_bucket, s3_proxy, bucket_env, monkeypatch
+    origin, tracker, make_agent, store, store_bucket, store_proxy, store_env, monkeypatch
 ):
-    files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
-    url = f"s3://{s3_bucket}/{PREFIX}"
+    files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=2 << 20, shards=2)
+    url = f"{store.scheme}://{store_bucket}/{PREFIX}"
     allow = {"buckets": (url,)}
     holder = make_agent("holder", origin, tracker, daemon=allow)
     (st,) = fetch_all([holder], url)
@@ -80,7 +81,7 @@ def test_a_node_the_store_refuses_gets_no_bytes_from_its_peers(
     wait_until_seeded(tracker, holder)
 
     # Every store client reads the credentials when it starts: from now on this process's are wrong.
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    monkeypatch.setenv(store.secret_env, store.wrong_secret())
     refused = make_agent("refused", origin, tracker, daemon=allow)
     (st,) = fetch_all([refused], url)
     assert st["phase"] == "Failed", st
