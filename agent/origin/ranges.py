@@ -2,7 +2,7 @@
 
 Per blob: `connections_per_file` worker threads take `chunk_size` chunks in order (at most `WINDOW`
 connections' worth ahead of the oldest one still in flight) and `os.pwrite` them into the
-preallocated `blobs/<id>.incomplete`; the calling thread hashes the
+preallocated `blobs/<id>.incomplete`; the calling thread hashes the (agent.origin.prefix)
 contiguous written prefix as it grows (`os.preadv` from the page cache), so when the last
 byte lands only the tail is left to hash. A chunk whose response stalls, falls the window behind or
 crawls at a fraction of a free worker's rate gets a second request for its rest (agent.origin.hedging).
@@ -27,7 +27,6 @@ workers (`Share.take_over`).
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -38,7 +37,7 @@ from typing import NoReturn
 
 import urllib3
 
-from agent.cache.layout import RepoCache, start_writeback
+from agent.cache.layout import RepoCache
 from agent.cache.partial import RECORD_EVERY, Reservation, load_record, write_failed, write_record
 from agent.core.errors import (
     CacheError,
@@ -49,7 +48,7 @@ from agent.core.errors import (
     OriginUnavailableError,
     WeightswarmError,
 )
-from agent.core.hashing import BlobHasher, BlobHashes
+from agent.core.hashing import BlobHashes
 from agent.core.parts import Feed, Shares
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
@@ -72,16 +71,11 @@ from agent.origin.client import body_complete, release
 from agent.origin.headway import MEAGRE, SAME_BYTE, Headway
 from agent.origin.hedging import HEDGE_AFTER
 from agent.origin.location import FileLocation
+from agent.origin.prefix import hash_prefix
 from agent.origin.share import Share
 from agent.origin.streams import StreamLimits, StreamRefused
 
 log = logging.getLogger(__name__)
-
-HASH_BLOCK = 4 << 20
-WRITEBACK_EVERY = 16 << 20
-_TURN_EVERY = 0.1
-"""Seconds between looks at whether background work must step aside (`Turn.due`)."""
-
 
 class OriginSource:
     """The origin hub as a `BlobSource`."""
@@ -305,41 +299,8 @@ class OriginSource:
             share.fail(exc)
 
     def _hash(self, job: BlobJob) -> BlobHashes:
-        hasher = BlobHasher(job.entry.size, job.entry.is_lfs, pieces=self.piece_hashes)
-        buf = bytearray(HASH_BLOCK)
-        view = memoryview(buf)
-        pos = flushed = 0
-        size = job.entry.size
-        checked = time.monotonic()
-        while pos < size:
-            if self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
-                checked = time.monotonic()
-                self._step_aside(job)
-            with job.cond:
-                while True:
-                    if job.error is not None:
-                        raise job.error
-                    self._judge(job)
-                    avail = job.contiguous_end(pos)
-                    if avail > pos:
-                        break
-                    job.cond.wait(1.0 if self.turn is None else _TURN_EVERY)
-                    if self.turn is not None and time.monotonic() - checked >= _TURN_EVERY:
-                        break
-            if avail <= pos:
-                continue  # woken to look at the turn, nothing new to hash
-            if job.prefix is not None:
-                job.prefix(avail)
-            while pos < avail:
-                n = os.preadv(job.fd, [view[: min(HASH_BLOCK, avail - pos)]], pos)
-                if n <= 0:
-                    raise OSError(errno.EIO, "short read of a written range", str(job.entry.path))
-                hasher.update(view[:n])
-                pos += n
-            if pos - flushed >= WRITEBACK_EVERY or pos == size:
-                start_writeback(job.fd, flushed, pos - flushed)
-                flushed = pos
-        return hasher.finish()
+        step_aside = None if self.turn is None else self._step_aside
+        return hash_prefix(job, self.piece_hashes, self._judge, step_aside)
 
     def _judge(self, job: BlobJob) -> None:
         """Fail the blob when it made no headway over a window (agent.origin.headway; called under
