@@ -58,6 +58,16 @@ BUSY = (
     b"retry-after: 1\r\nconnection: close\r\n\r\ntoo many connections; retry"
 )
 """What a connection over a cap is told before it is closed (no request of it is read)."""
+_REFUSALS = {
+    408: b"the request body did not arrive in time",
+    414: b"request target too long",
+    431: b"request head too large",
+}
+"""What a request over a limit of its head or its body is told before its connection is closed."""
+
+
+class _OverLimit(Exception):
+    """Raised in a parser callback to stop the parse of a request over a limit (`_over` says which)."""
 
 
 _PLAIN_REQUEST = re.compile(
@@ -91,7 +101,8 @@ def guarded_protocol(
 
     Long because it is one class: its methods are uvicorn's parser callbacks and close over the gate,
     the timeout and the options."""
-    header_timeout = gate.limits.header_timeout
+    limits = gate.limits
+    header_timeout = limits.header_timeout
     heads = _ResponseHeads()
 
     class GuardedProtocol(HttpToolsProtocol):
@@ -104,6 +115,18 @@ def guarded_protocol(
         _quick_request: tuple[bytes, bytes, bytes, bool] | None = None
         _in_message = False
         """The parser holds part of a request (from its first byte to its end)."""
+        _head_seen: int | None = 0
+        """Bytes received since this request's head began (None: its head is complete)."""
+        _head_tail = b""
+        _url_bytes = 0
+        _header_count = 0
+        _body_due: float | None = None
+        _body_from = 0.0
+        _body_got = 0
+        _over: int | None = None
+        """The status a parser callback refused the request with (its parse then stops)."""
+        _refusal: int | None = None
+        """The status the connection was refused with: nothing more of it is read."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
@@ -127,11 +150,65 @@ def guarded_protocol(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._refusal is not None:
+                return
+            seen = self._head_seen
+            if seen is not None:
+                # Counted before the parser sees them: it would keep a header line's bytes until the
+                # line ends. Over the limit only if the head does not end within it.
+                room = limits.max_head_bytes - seen
+                if len(data) > room and (self._head_tail + data[: max(room, 0)]).find(b"\r\n\r\n") < 0:
+                    self._refuse(431)
+                    return
+                self._head_seen = seen + len(data)
+                self._head_tail = data[-3:]
             if quick is None or self._in_message or not self._plain_answered(data):
                 super().data_received(data)
 
+        def on_url(self, url: bytes) -> None:
+            self._url_bytes += len(url)
+            if self._url_bytes > limits.max_url_bytes:
+                self._over = 414
+                raise _OverLimit
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count > limits.max_headers:
+                self._over = 431
+                raise _OverLimit
+            super().on_header(name, value)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to any parse error; a callback's `_OverLimit` is one too.
+            if self._over is None:
+                super().send_400_response(msg)
+            else:
+                self._refuse(self._over)
+
+        def _refuse(self, status: int) -> None:
+            """Answer `status` (unless a response of this request has started) and close: a request over
+            a limit of its head or its body."""
+            self._refusal = status
+            cycle = self.cycle
+            if cycle is None or not cycle.response_started or cycle.response_complete:
+                body = _REFUSALS[status]
+                self.transport.write(
+                    b"".join([
+                        STATUS_LINE[status],
+                        b"content-type: text/plain\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+                        % len(body),
+                        body,
+                    ])
+                )
+            if cycle is not None:
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.close()
+
         def on_message_begin(self) -> None:
             self._in_message = True
+            self._url_bytes = self._header_count = 0
             super().on_message_begin()
 
         def _plain_answered(self, data: bytes) -> bool:
@@ -161,8 +238,14 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._head_seen = None
             if quick is not None and self._quick_eligible():
                 return
+            if any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
+                # The body's clock: the header timeout ended with the head.
+                self._body_from, self._body_got = self.loop.time(), 0
+                self._body_due = self._body_from + limits.body_timeout
+                self._wake_by(self._body_due)
             if not zerocopy:
                 super().on_headers_complete()
                 return
@@ -198,11 +281,14 @@ def guarded_protocol(
             )
 
         def on_body(self, body: bytes) -> None:
+            self._body_got += len(body)
             if self._quick_request is None:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._in_message = False
+            self._body_due = None
+            self._head_seen, self._head_tail = 0, b""
             request = self._quick_request
             if request is None:
                 super().on_message_complete()
@@ -223,6 +309,7 @@ def guarded_protocol(
                 response.append(body)
             self.transport.write(b"".join(response))
             self.server_state.total_requests += 1
+            self._head_seen, self._head_tail = 0, b""
             if not keep_alive:
                 self.transport.close()
                 return
@@ -267,11 +354,13 @@ def guarded_protocol(
                 self._timer_at = due
 
         def _deadline(self) -> None:
-            """The keep-alive (no byte of a next request) or the header timeout passed: close."""
+            """The keep-alive (no byte of a next request), the header timeout or the body's passed: close."""
             now = self.loop.time()
             late = now - self._timer_at
             self._timer = None
-            dues = [due for due in (self._header_due, self._idle_due) if due is not None]
+            if self._body_due is not None:
+                self._body_due = self._body_late_at(now)
+            dues = [due for due in (self._header_due, self._idle_due, self._body_due) if due is not None]
             if not dues:
                 return
             if min(dues) > now:
@@ -283,8 +372,21 @@ def guarded_protocol(
                 # once more after it has.
                 self._wake_by(now + LOOP_HELD_UP)
                 return
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._body_due is not None and self._body_due <= now:
+                self._refuse(408)
+            else:
                 self.transport.close()
+
+        def _body_late_at(self, now: float) -> float:
+            """When the body in progress is late: `body_timeout` after its head, plus the time its bytes
+            so far take at `min_body_rate`."""
+            rate = limits.min_body_rate
+            if self.flow.read_paused:
+                # The app is not reading, so the client cannot send: its grace starts again from now.
+                self._body_from = now - self._body_got / rate
+            return self._body_from + limits.body_timeout + self._body_got / rate
 
     return GuardedProtocol
 
