@@ -89,6 +89,14 @@ class ConnectionLimits:
             raise ValueError("max_head_bytes, max_headers, max_url_bytes and min_body_rate must be positive")
 
 
+PROBE_LIMITS = ConnectionLimits(
+    max_connections=64, max_per_client=8, header_timeout=2.0, max_head_bytes=4096, max_headers=32,
+    max_url_bytes=256,
+)
+"""A probe port's limits (servekit.protocol.ProbePort): kubelet sends a short GET at once, a few at a
+time; a connection that does not is closed within 2 s."""
+
+
 def raise_open_file_limit() -> int:
     """Lift the soft limit on open files to the hard limit (as far as the kernel allows); the soft limit
     now in force."""

@@ -59,6 +59,7 @@ BUSY = (
 )
 """What a connection over a cap is told before it is closed (no request of it is read)."""
 _REFUSALS = {
+    404: b"this port answers /healthz and /readyz only",
     408: b"the request body did not arrive in time",
     414: b"request target too long",
     431: b"request head too large",
@@ -92,21 +93,39 @@ class QuickRoutes:
     body). Synchronous: it must not block. The Content-Length is added here."""
 
 
+@dataclass(frozen=True)
+class ProbePort:
+    """A second listening port of the same server that answers only the probes (`PROBE_PATHS`), under a
+    gate of its own: kubelet's probes are answered while the main port is full of hostile connections."""
+
+    port: int
+    """The TCP port it listens on (the server is given its socket too)."""
+
+    gate: Gate
+
+
+PROBE_PATHS = (b"/healthz", b"/readyz")
+"""The only paths a `ProbePort` serves; any other is answered 404 and closed."""
+
+
 def guarded_protocol(
-    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None
+    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None, probe: ProbePort | None = None
 ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol under `gate` and its header timeout (servekit.limits): pass it as
     `uvicorn.Config(http=...)`. `zerocopy`: offer `ZEROCOPY` to the app (a closure per request: only
-    for listeners whose app sends files). `quick`: routes answered without the app.
+    for listeners whose app sends files). `quick`: routes answered without the app. `probe`: connections
+    to that port are under its gate and get the probes only.
 
     Long because it is one class: its methods are uvicorn's parser callbacks and close over the gate,
     the timeout and the options."""
-    limits = gate.limits
-    header_timeout = limits.header_timeout
     heads = _ResponseHeads()
 
     class GuardedProtocol(HttpToolsProtocol):
         _admitted = False
+        _gate = gate
+        _limits = gate.limits
+        _probe = False
+        """A connection to the probe port."""
         _client: str | None = None
         _timer: asyncio.TimerHandle | None = None
         _timer_at = 0.0
@@ -131,7 +150,11 @@ def guarded_protocol(
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
             self._client = str(peer[0]) if isinstance(peer, tuple) and peer else None
-            if not gate.admit(self._client):
+            if probe is not None:
+                local = transport.get_extra_info("sockname")
+                if isinstance(local, tuple) and len(local) > 1 and local[1] == probe.port:
+                    self._gate, self._limits, self._probe = probe.gate, probe.gate.limits, True
+            if not self._gate.admit(self._client):
                 transport.write(BUSY)
                 transport.close()
                 return
@@ -143,7 +166,7 @@ def guarded_protocol(
             if not self._admitted:
                 return
             self._admitted = False
-            gate.release(self._client)
+            self._gate.release(self._client)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
@@ -156,25 +179,25 @@ def guarded_protocol(
             if seen is not None:
                 # Counted before the parser sees them: it would keep a header line's bytes until the
                 # line ends. Over the limit only if the head does not end within it.
-                room = limits.max_head_bytes - seen
+                room = self._limits.max_head_bytes - seen
                 if len(data) > room and (self._head_tail + data[: max(room, 0)]).find(b"\r\n\r\n") < 0:
                     self._refuse(431)
                     return
                 self._head_seen = seen + len(data)
                 self._head_tail = data[-3:]
-            if quick is None or self._in_message or not self._plain_answered(data):
+            if quick is None or self._probe or self._in_message or not self._plain_answered(data):
                 super().data_received(data)
 
         def on_url(self, url: bytes) -> None:
             self._url_bytes += len(url)
-            if self._url_bytes > limits.max_url_bytes:
+            if self._url_bytes > self._limits.max_url_bytes:
                 self._over = 414
                 raise _OverLimit
             super().on_url(url)
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_count += 1
-            if self._header_count > limits.max_headers:
+            if self._header_count > self._limits.max_headers:
                 self._over = 431
                 raise _OverLimit
             super().on_header(name, value)
@@ -239,12 +262,15 @@ def guarded_protocol(
         def on_headers_complete(self) -> None:
             self._disarm()
             self._head_seen = None
+            if self._probe and httptools.parse_url(self.url).path not in PROBE_PATHS:
+                self._over = 404
+                raise _OverLimit
             if quick is not None and self._quick_eligible():
                 return
             if any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
                 # The body's clock: the header timeout ended with the head.
                 self._body_from, self._body_got = self.loop.time(), 0
-                self._body_due = self._body_from + limits.body_timeout
+                self._body_due = self._body_from + self._limits.body_timeout
                 self._wake_by(self._body_due)
             if not zerocopy:
                 super().on_headers_complete()
@@ -314,7 +340,7 @@ def guarded_protocol(
                 self.transport.close()
                 return
             now = self.loop.time()
-            self._header_due = now + header_timeout
+            self._header_due = now + self._limits.header_timeout
             self._idle_due = now + self.timeout_keep_alive
             self._wake_by(min(self._header_due, self._idle_due))
 
@@ -335,8 +361,8 @@ def guarded_protocol(
         def _unset_keepalive_if_required(self) -> None:
             self._idle_due = None
 
-        def _arm(self, seconds: float = header_timeout) -> None:
-            self._header_due = self.loop.time() + seconds
+        def _arm(self) -> None:
+            self._header_due = self.loop.time() + self._limits.header_timeout
             self._wake_by(self._header_due)
 
         def _disarm(self) -> None:
@@ -382,11 +408,11 @@ def guarded_protocol(
         def _body_late_at(self, now: float) -> float:
             """When the body in progress is late: `body_timeout` after its head, plus the time its bytes
             so far take at `min_body_rate`."""
-            rate = limits.min_body_rate
+            rate = self._limits.min_body_rate
             if self.flow.read_paused:
                 # The app is not reading, so the client cannot send: its grace starts again from now.
                 self._body_from = now - self._body_got / rate
-            return self._body_from + limits.body_timeout + self._body_got / rate
+            return self._body_from + self._limits.body_timeout + self._body_got / rate
 
     return GuardedProtocol
 
@@ -491,10 +517,12 @@ def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> None:
         done += _sendfile_now(out_fd, in_fd, offset + done, count - done)
 
 
-def uvicorn_options(gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None) -> dict[str, Any]:
-    """The `uvicorn.Config` options that put a listener under `gate` (`zerocopy`, `quick`: see
+def uvicorn_options(
+    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None, probe: ProbePort | None = None
+) -> dict[str, Any]:
+    """The `uvicorn.Config` options that put a listener under `gate` (`zerocopy`, `quick`, `probe`: see
     `guarded_protocol`)."""
     return {
-        "http": guarded_protocol(gate, zerocopy, quick),
+        "http": guarded_protocol(gate, zerocopy, quick, probe),
         "timeout_keep_alive": gate.limits.keepalive_timeout,
     }
