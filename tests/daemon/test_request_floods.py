@@ -77,14 +77,14 @@ def test_the_tracker_refuses_growing_heads_and_unsent_bodies_within_bounds(
         with Attack(tracker.port, 33 * 256, mode, "/v1/blobs/x/metainfo", ATTACK, _addresses(33)) as attack:
             watch.run(attack, ATTACK)
         statuses = attack.total("statuses")
-        print("FIGURES", mode, watch.rss // MiB, watch.fds, round(watch.slowest_probe, 3), watch.probes, statuses, attack.results)
         # 8,192 slots + 64 on the probe port + 256 for its own work + a few of the interpreter's.
         assert watch.fds <= 8192 + 64 + 256 + 64, watch.fds
         assert watch.rss < RSS_BOUND, f"{watch.rss / MiB:.0f} MiB"
         assert statuses[refused] >= 8000, statuses
         assert watch.slowest_probe < PROBE_BOUND, watch.slowest_probe
-        # Served again once the attack ends.
+        # Served again once the attack ends; the probe port serves nothing but the probes.
         assert httpx.get(f"{tracker.url}/healthz", timeout=5).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{probe_port}/metrics", timeout=5).status_code == 404
     finally:
         tracker.stop()
 
@@ -111,7 +111,6 @@ def test_the_agent_refuses_growing_heads_and_unsent_bodies_within_bounds(
             watch.run(network, ATTACK)
             local.wait(timeout=30)
         # 1,024 + 128 x 2 unix sockets + 64 probe slots + libtorrent's and the cache's own (a few hundred).
-        print("FIGURES", mode, watch.rss // MiB, watch.fds, round(watch.slowest_probe, 3), watch.probes, network.total("statuses"), local.total("statuses"))
         assert watch.fds <= 1024 + 2 * 128 + 64 + 512, watch.fds
         assert watch.rss < RSS_BOUND, f"{watch.rss / MiB:.0f} MiB"
         assert network.total("statuses")[refused] >= 1000, network.total("statuses")

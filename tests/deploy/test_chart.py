@@ -142,7 +142,8 @@ def test_probes_target_the_probe_ports(chart: Any) -> None:
     tracker = container(pod_spec(objects, "Deployment", TRACKER), "tracker")
     assert {p["name"]: p["containerPort"] for p in tracker["ports"]}["probe"] == 9102
     assert "--probe-port=9102" in tracker["command"]
-    for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+    paths = {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    for probe, path in paths.items():
         assert tracker[probe]["httpGet"] == {"path": path, "port": "probe"}
     # Lenient start: several minutes for restoring a large cache before liveness applies.
     startup = agent["startupProbe"]

@@ -1,7 +1,7 @@
-"""Issue 62's attacks 1 and 2 on `agent serve-hub` (a stdlib ThreadingHTTPServer: a thread per connection),
-a real subprocess: header lines without end (431, close), a head announcing a body that never comes (the
-hub reads no body and allows no POST: answered 405 and closed at once). Past its 1,024 connections a client is told 503 before a
-thread is started for it (agent.hub.guard)."""
+"""Issue 62's attacks 1 and 2 on `agent serve-hub` (a stdlib ThreadingHTTPServer: a thread per
+connection), a real subprocess: header lines without end (431, close), a head announcing a body that never
+comes (the hub reads no body and allows no POST: answered 405 and closed at once). Past its 1,024
+connections a client is told 503 before a thread is started for it (agent.hub.guard)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,6 @@ def test_serve_hub_refuses_growing_heads_and_unsent_bodies_within_bounds(
                 time.sleep(0.25)
             attack.wait(timeout=ATTACK + 30)
         statuses = attack.total("statuses")
-        print("FIGURES", mode, rss // MiB, fds, statuses)
         # 1,024 connections, each with at most 16 KiB of head and an 8 KiB read buffer, and a thread.
         assert fds <= 1024 + 64, fds
         assert rss < 400 * MiB, f"{rss / MiB:.0f} MiB"

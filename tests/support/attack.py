@@ -1,6 +1,7 @@
 """An attacker's process that keeps COUNT hostile requests open against a listener for SECONDS, opening a
 new connection for each one the server closes: `python -m tests.support.attack TARGET COUNT MODE PATH
-SECONDS ADDR...` (TARGET: a TCP port on 127.0.0.1, or a unix socket's path). Modes (issue 62's attacks 1 and 2):
+SECONDS ADDR...` (TARGET: a TCP port on 127.0.0.1, or a unix socket's path). Modes (issue 62's attacks 1
+and 2):
 - `head`: a request line, then header lines of 4 KiB, one per connection every `_ROUND` seconds, never the
   blank line that ends the head;
 - `body`: a whole head announcing a 4 KiB body (a POST to PATH, a route that reads its body), then
@@ -27,13 +28,14 @@ _ROUND = 0.2
 _LINE = b"X-Grow: " + b"a" * 4086 + b"\r\n"
 _HEADS = {
     "head": b"GET %s HTTP/1.1\r\nHost: victim\r\n",
-    "body": b"POST %s HTTP/1.1\r\nHost: victim\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n",
+    "body": b"POST %s HTTP/1.1\r\nHost: victim\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 4096\r\n\r\n",
 }
 
 
 class Attack:
-    """`count` hostile connections of `mode` to `path` of `target` from `addresses` for `seconds`, held by child
-    processes; `results` after the block: each child's summary."""
+    """`count` hostile connections of `mode` to `path` of `target` from `addresses` for `seconds`, held by
+    child processes; `results` after the block: each child's summary."""
 
     def __init__(
         self, target: int | str, count: int, mode: str, path: str, seconds: float, addresses: list[str]
@@ -42,10 +44,10 @@ class Attack:
         self.results: list[dict[str, object]] = []
         for start in range(0, count, _PER_PROCESS):
             n = min(_PER_PROCESS, count - start)
-            argv = [sys.executable, "-m", "tests.support.attack", str(target), str(n), mode, path, str(seconds)]
-            self.procs.append(
-                subprocess.Popen([*argv, *addresses], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-            )
+            argv = [sys.executable, "-m", "tests.support.attack", str(target), str(n), mode, path]
+            argv += [str(seconds), *addresses]
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+            self.procs.append(proc)
 
     def __enter__(self) -> Attack:
         for proc in self.procs:
@@ -91,9 +93,8 @@ def _connect(target: str, address: str) -> socket.socket:
 
 
 def main() -> None:
-    target, count, mode, path, seconds, addresses = (
-        sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6:] or ["127.0.0.1"]
-    )
+    target, count, mode, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    seconds, addresses = float(sys.argv[5]), sys.argv[6:] or ["127.0.0.1"]
     head = _HEADS[mode] % path.encode()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 256), hard))
