@@ -1,5 +1,12 @@
-"""uvicorn's HTTP protocol under a listener's `Gate` (servekit.limits: connection caps, header timeout),
-with the ASGI zero-copy send extension (`ZEROCOPY`), which uvicorn itself does not offer.
+"""uvicorn's HTTP protocol under a listener's `Gate` (servekit.limits: connection caps, header timeout, a
+request's head and body), with the ASGI zero-copy send extension (`ZEROCOPY`), which uvicorn itself does
+not offer, and a probe port (`ProbePort`): a second socket of the same server, under a gate of its own,
+that answers only /healthz and /readyz.
+
+A request's head is counted in `data_received` before the parser sees its bytes (httptools keeps a
+header line until it ends, uvicorn every line in `self.headers`) and its lines and target in the
+parser's callbacks; a callback over a limit raises, which stops the parse, and the refusal goes out in
+place of uvicorn's 400. The body's clock is the connection's one timer, as its other deadlines.
 
 Zero-copy send: an app that finds `ZEROCOPY` in `scope["extensions"]` may send the body as
 `{"type": ZEROCOPY, "file": <file object or descriptor>, "offset": N, "count": N, "more_body": bool}`
