@@ -144,6 +144,8 @@ def guarded_protocol(
         _head_seen: int | None = 0
         """Bytes received since this request's head began (None: its head is complete)."""
         _head_tail = b""
+        _line_ended = False
+        """This request's line has ended (a head too long before it is a target too long: 414)."""
         _url_bytes = 0
         _header_count = 0
         _body_due: float | None = None
@@ -186,12 +188,14 @@ def guarded_protocol(
             if seen is not None:
                 # Counted before the parser sees them: it would keep a header line's bytes until the
                 # line ends. Over the limit only if the head does not end within it.
-                room = self._limits.max_head_bytes - seen
-                if len(data) > room and (self._head_tail + data[: max(room, 0)]).find(b"\r\n\r\n") < 0:
-                    self._refuse(431)
+                room = max(self._limits.max_head_bytes - seen, 0)
+                if len(data) > room and (self._head_tail + data[:room]).find(b"\r\n\r\n") < 0:
+                    # Still in the request line: its target is what is too long.
+                    self._refuse(431 if self._line_ended or b"\n" in data[:room] else 414)
                     return
                 self._head_seen = seen + len(data)
                 self._head_tail = data[-3:]
+                self._line_ended = self._line_ended or b"\n" in data
             if quick is None or self._probe or self._in_message or not self._plain_answered(data):
                 super().data_received(data)
 
@@ -321,7 +325,7 @@ def guarded_protocol(
         def on_message_complete(self) -> None:
             self._in_message = False
             self._body_due = None
-            self._head_seen, self._head_tail = 0, b""
+            self._head_seen, self._head_tail, self._line_ended = 0, b"", False
             request = self._quick_request
             if request is None:
                 super().on_message_complete()
@@ -342,7 +346,7 @@ def guarded_protocol(
                 response.append(body)
             self.transport.write(b"".join(response))
             self.server_state.total_requests += 1
-            self._head_seen, self._head_tail = 0, b""
+            self._head_seen, self._head_tail, self._line_ended = 0, b"", False
             if not keep_alive:
                 self.transport.close()
                 return
