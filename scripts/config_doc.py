@@ -39,7 +39,7 @@ AGENT_COMMANDS = ("serve", "fetch", "wait", "serve-hub")
 
 TRACKER_SECTIONS: dict[str, tuple[str, ...]] = {
     "Listener and connection limits": ("host", "port", "max_connections", "max_connections_per_client",
-                                       "header_timeout"),
+                                       "header_timeout", "body_timeout", "probe_port"),
     "Store": ("db_path", "redis_url"),
     "Credentials": ("token_file", "publisher_token_file", "read_token_file", "announce_passkey_file",
                     "interop_passkey_file", "insecure_no_token"),

@@ -11,6 +11,14 @@ protocol (servekit.protocol) that, for each new connection:
   holds `max_per_client` (TCP only: a unix socket has no client address);
 - closes it when a request's headers are not complete `header_timeout` seconds after the connection
   opened or after its previous response ended (a client that never sends, or sends slowly);
+- answers 431 (414 for the request target) and closes it when a request's head grows past
+  `max_head_bytes`, `max_headers` lines or `max_url_bytes`, counted as the bytes arrive, before the parser
+  keeps them: otherwise each connection keeps every header line until the header timeout (a few hundred
+  connections sending 64 KiB lines had a 512 MiB process killed for memory in about a second), and a
+  request target grown a byte at a time made the parser copy it over and over on the event loop;
+- answers 408 (or closes, once a response has started) when a request's body, announced by its head,
+  has not arrived within `body_timeout` at `min_body_rate`: the header timeout ends with the head, and a
+  client that announced a body and sent nothing held its connection for ever;
 and uvicorn's own `timeout_keep_alive` closes a connection idle between requests.
 
 The file-descriptor reserve: `raise_open_file_limit` lifts the soft limit to the hard one at start, and
@@ -50,13 +58,43 @@ class ConnectionLimits:
     keepalive_timeout: float = 5.0
     """Seconds a connection may sit idle between requests (uvicorn's `timeout_keep_alive`)."""
 
+    max_head_bytes: int = 16 << 10
+    """Bytes of a request's head (request line and header lines) before it is answered 431 and closed.
+    16 KiB, as uvicorn's h11 protocol (`h11_max_incomplete_event_size`); nginx allows 4 x 8 KiB lines."""
+
+    max_headers: int = 100
+    """Header lines of one request before it is answered 431 and closed (Python's http.client's cap)."""
+
+    max_url_bytes: int = 8 << 10
+    """Bytes of a request's target (path and query) before it is answered 414 and closed; 8 KiB, one of
+    nginx's `large_client_header_buffers`."""
+
+    body_timeout: float = 10.0
+    """Seconds a request's announced body may take to start, and its grace before `min_body_rate` applies;
+    then 408 and close (nginx's `client_body_timeout`, 60 s, allows one byte a minute for ever)."""
+
+    min_body_rate: int = 64 << 10
+    """Bytes a second a request's body must average from the end of its head (after `body_timeout`'s
+    grace), while the server is reading it: 64 KiB/s sends the tracker's largest body (4 MiB) in about a
+    minute; a client that dribbles holds its connection no longer than that."""
+
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1: {self.max_connections}")
         if self.max_per_client is not None and self.max_per_client < 1:
             raise ValueError(f"max_per_client must be at least 1: {self.max_per_client}")
-        if self.header_timeout <= 0 or self.keepalive_timeout <= 0:
-            raise ValueError("header_timeout and keepalive_timeout must be positive")
+        if min(self.header_timeout, self.keepalive_timeout, self.body_timeout) <= 0:
+            raise ValueError("header_timeout, keepalive_timeout and body_timeout must be positive")
+        if min(self.max_head_bytes, self.max_headers, self.max_url_bytes, self.min_body_rate) < 1:
+            raise ValueError("max_head_bytes, max_headers, max_url_bytes and min_body_rate must be positive")
+
+
+PROBE_LIMITS = ConnectionLimits(
+    max_connections=64, max_per_client=8, header_timeout=2.0, max_head_bytes=4096, max_headers=32,
+    max_url_bytes=256,
+)
+"""A probe port's limits (servekit.protocol.ProbePort): kubelet sends a short GET at once, a few at a
+time; a connection that does not is closed within 2 s."""
 
 
 def raise_open_file_limit() -> int:

@@ -1,5 +1,12 @@
-"""uvicorn's HTTP protocol under a listener's `Gate` (servekit.limits: connection caps, header timeout),
-with the ASGI zero-copy send extension (`ZEROCOPY`), which uvicorn itself does not offer.
+"""uvicorn's HTTP protocol under a listener's `Gate` (servekit.limits: connection caps, header timeout, a
+request's head and body), with the ASGI zero-copy send extension (`ZEROCOPY`), which uvicorn itself does
+not offer, and a probe port (`ProbePort`): a second socket of the same server, under a gate of its own,
+that answers only /healthz and /readyz.
+
+A request's head is counted in `data_received` before the parser sees its bytes (httptools keeps a
+header line until it ends, uvicorn every line in `self.headers`) and its lines and target in the
+parser's callbacks; a callback over a limit raises, which stops the parse, and the refusal goes out in
+place of uvicorn's 400. The body's clock is the connection's one timer, as its other deadlines.
 
 Zero-copy send: an app that finds `ZEROCOPY` in `scope["extensions"]` may send the body as
 `{"type": ZEROCOPY, "file": <file object or descriptor>, "offset": N, "count": N, "more_body": bool}`
@@ -58,6 +65,17 @@ BUSY = (
     b"retry-after: 1\r\nconnection: close\r\n\r\ntoo many connections; retry"
 )
 """What a connection over a cap is told before it is closed (no request of it is read)."""
+_REFUSALS = {
+    404: b"this port answers /healthz and /readyz only",
+    408: b"the request body did not arrive in time",
+    414: b"request target too long",
+    431: b"request head too large",
+}
+"""What a request over a limit of its head or its body is told before its connection is closed."""
+
+
+class _OverLimit(Exception):
+    """Raised in a parser callback to stop the parse of a request over a limit (`_over` says which)."""
 
 
 _PLAIN_REQUEST = re.compile(
@@ -82,20 +100,39 @@ class QuickRoutes:
     body). Synchronous: it must not block. The Content-Length is added here."""
 
 
+@dataclass(frozen=True)
+class ProbePort:
+    """A second listening port of the same server that answers only the probes (`PROBE_PATHS`), under a
+    gate of its own: kubelet's probes are answered while the main port is full of hostile connections."""
+
+    port: int
+    """The TCP port it listens on (the server is given its socket too)."""
+
+    gate: Gate
+
+
+PROBE_PATHS = (b"/healthz", b"/readyz")
+"""The only paths a `ProbePort` serves; any other is answered 404 and closed."""
+
+
 def guarded_protocol(
-    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None
+    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None, probe: ProbePort | None = None
 ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol under `gate` and its header timeout (servekit.limits): pass it as
     `uvicorn.Config(http=...)`. `zerocopy`: offer `ZEROCOPY` to the app (a closure per request: only
-    for listeners whose app sends files). `quick`: routes answered without the app.
+    for listeners whose app sends files). `quick`: routes answered without the app. `probe`: connections
+    to that port are under its gate and get the probes only.
 
     Long because it is one class: its methods are uvicorn's parser callbacks and close over the gate,
     the timeout and the options."""
-    header_timeout = gate.limits.header_timeout
     heads = _ResponseHeads()
 
     class GuardedProtocol(HttpToolsProtocol):
         _admitted = False
+        _gate = gate
+        _limits = gate.limits
+        _probe = False
+        """A connection to the probe port."""
         _client: str | None = None
         _timer: asyncio.TimerHandle | None = None
         _timer_at = 0.0
@@ -104,11 +141,29 @@ def guarded_protocol(
         _quick_request: tuple[bytes, bytes, bytes, bool] | None = None
         _in_message = False
         """The parser holds part of a request (from its first byte to its end)."""
+        _head_seen: int | None = 0
+        """Bytes received since this request's head began (None: its head is complete)."""
+        _head_tail = b""
+        _line_ended = False
+        """This request's line has ended (a head too long before it is a target too long: 414)."""
+        _url_bytes = 0
+        _header_count = 0
+        _body_due: float | None = None
+        _body_from = 0.0
+        _body_got = 0
+        _over: int | None = None
+        """The status a parser callback refused the request with (its parse then stops)."""
+        _refusal: int | None = None
+        """The status the connection was refused with: nothing more of it is read."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
             self._client = str(peer[0]) if isinstance(peer, tuple) and peer else None
-            if not gate.admit(self._client):
+            if probe is not None:
+                local = transport.get_extra_info("sockname")
+                if isinstance(local, tuple) and len(local) > 1 and local[1] == probe.port:
+                    self._gate, self._limits, self._probe = probe.gate, probe.gate.limits, True
+            if not self._gate.admit(self._client):
                 transport.write(BUSY)
                 transport.close()
                 return
@@ -120,18 +175,74 @@ def guarded_protocol(
             if not self._admitted:
                 return
             self._admitted = False
-            gate.release(self._client)
+            self._gate.release(self._client)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if quick is None or self._in_message or not self._plain_answered(data):
+            if self._refusal is not None:
+                return
+            seen = self._head_seen
+            if seen is not None:
+                # Counted before the parser sees them: it would keep a header line's bytes until the
+                # line ends. Over the limit only if the head does not end within it.
+                room = max(self._limits.max_head_bytes - seen, 0)
+                if len(data) > room and (self._head_tail + data[:room]).find(b"\r\n\r\n") < 0:
+                    # Still in the request line: its target is what is too long.
+                    self._refuse(431 if self._line_ended or b"\n" in data[:room] else 414)
+                    return
+                self._head_seen = seen + len(data)
+                self._head_tail = data[-3:]
+                self._line_ended = self._line_ended or b"\n" in data
+            if quick is None or self._probe or self._in_message or not self._plain_answered(data):
                 super().data_received(data)
+
+        def on_url(self, url: bytes) -> None:
+            self._url_bytes += len(url)
+            if self._url_bytes > self._limits.max_url_bytes:
+                self._over = 414
+                raise _OverLimit
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count > self._limits.max_headers:
+                self._over = 431
+                raise _OverLimit
+            super().on_header(name, value)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to any parse error; a callback's `_OverLimit` is one too.
+            if self._over is None:
+                super().send_400_response(msg)
+            else:
+                self._refuse(self._over)
+
+        def _refuse(self, status: int) -> None:
+            """Answer `status` (unless a response of this request has started) and close: a request over
+            a limit of its head or its body."""
+            self._refusal = status
+            cycle = self.cycle
+            if cycle is None or not cycle.response_started or cycle.response_complete:
+                body = _REFUSALS[status]
+                self.transport.write(
+                    b"".join([
+                        STATUS_LINE[status],
+                        b"content-type: text/plain\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+                        % len(body),
+                        body,
+                    ])
+                )
+            if cycle is not None:
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.close()
 
         def on_message_begin(self) -> None:
             self._in_message = True
+            self._url_bytes = self._header_count = 0
             super().on_message_begin()
 
         def _plain_answered(self, data: bytes) -> bool:
@@ -161,8 +272,17 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._head_seen = None
+            if self._probe and httptools.parse_url(self.url).path not in PROBE_PATHS:
+                self._over = 404
+                raise _OverLimit
             if quick is not None and self._quick_eligible():
                 return
+            if any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
+                # The body's clock: the header timeout ended with the head.
+                self._body_from, self._body_got = self.loop.time(), 0
+                self._body_due = self._body_from + self._limits.body_timeout
+                self._wake_by(self._body_due)
             if not zerocopy:
                 super().on_headers_complete()
                 return
@@ -198,11 +318,14 @@ def guarded_protocol(
             )
 
         def on_body(self, body: bytes) -> None:
+            self._body_got += len(body)
             if self._quick_request is None:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._in_message = False
+            self._body_due = None
+            self._head_seen, self._head_tail, self._line_ended = 0, b"", False
             request = self._quick_request
             if request is None:
                 super().on_message_complete()
@@ -223,11 +346,12 @@ def guarded_protocol(
                 response.append(body)
             self.transport.write(b"".join(response))
             self.server_state.total_requests += 1
+            self._head_seen, self._head_tail, self._line_ended = 0, b"", False
             if not keep_alive:
                 self.transport.close()
                 return
             now = self.loop.time()
-            self._header_due = now + header_timeout
+            self._header_due = now + self._limits.header_timeout
             self._idle_due = now + self.timeout_keep_alive
             self._wake_by(min(self._header_due, self._idle_due))
 
@@ -248,8 +372,8 @@ def guarded_protocol(
         def _unset_keepalive_if_required(self) -> None:
             self._idle_due = None
 
-        def _arm(self, seconds: float = header_timeout) -> None:
-            self._header_due = self.loop.time() + seconds
+        def _arm(self) -> None:
+            self._header_due = self.loop.time() + self._limits.header_timeout
             self._wake_by(self._header_due)
 
         def _disarm(self) -> None:
@@ -267,11 +391,13 @@ def guarded_protocol(
                 self._timer_at = due
 
         def _deadline(self) -> None:
-            """The keep-alive (no byte of a next request) or the header timeout passed: close."""
+            """The keep-alive (no byte of a next request), the header timeout or the body's passed: close."""
             now = self.loop.time()
             late = now - self._timer_at
             self._timer = None
-            dues = [due for due in (self._header_due, self._idle_due) if due is not None]
+            if self._body_due is not None:
+                self._body_due = self._body_late_at(now)
+            dues = [due for due in (self._header_due, self._idle_due, self._body_due) if due is not None]
             if not dues:
                 return
             if min(dues) > now:
@@ -283,8 +409,21 @@ def guarded_protocol(
                 # once more after it has.
                 self._wake_by(now + LOOP_HELD_UP)
                 return
-            if not self.transport.is_closing():
+            if self.transport.is_closing():
+                return
+            if self._body_due is not None and self._body_due <= now:
+                self._refuse(408)
+            else:
                 self.transport.close()
+
+        def _body_late_at(self, now: float) -> float:
+            """When the body in progress is late: `body_timeout` after its head, plus the time its bytes
+            so far take at `min_body_rate`."""
+            rate = self._limits.min_body_rate
+            if self.flow.read_paused:
+                # The app is not reading, so the client cannot send: its grace starts again from now.
+                self._body_from = now - self._body_got / rate
+            return self._body_from + self._limits.body_timeout + self._body_got / rate
 
     return GuardedProtocol
 
@@ -389,10 +528,12 @@ def _sendfile(out_fd: int, in_fd: int, offset: int, count: int) -> None:
         done += _sendfile_now(out_fd, in_fd, offset + done, count - done)
 
 
-def uvicorn_options(gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None) -> dict[str, Any]:
-    """The `uvicorn.Config` options that put a listener under `gate` (`zerocopy`, `quick`: see
+def uvicorn_options(
+    gate: Gate, zerocopy: bool = False, quick: QuickRoutes | None = None, probe: ProbePort | None = None
+) -> dict[str, Any]:
+    """The `uvicorn.Config` options that put a listener under `gate` (`zerocopy`, `quick`, `probe`: see
     `guarded_protocol`)."""
     return {
-        "http": guarded_protocol(gate, zerocopy, quick),
+        "http": guarded_protocol(gate, zerocopy, quick, probe),
         "timeout_keep_alive": gate.limits.keepalive_timeout,
     }

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from clikit import CommandDecorator, env_option, error_handler
-from tracker.errors import TrackerError
+from tracker.errors import ConfigError, TrackerError
 from tracker.settings import TrackerSettings, read_secret_file
 
 if TYPE_CHECKING:
@@ -178,6 +179,21 @@ _path = click.Path(dir_okay=False, path_type=Path)
     help="Entries one address may hold with the interop passkey.",
 )
 @env_option(
+    "--body-timeout",
+    default=10.0,
+    type=click.FloatRange(min=0.1),
+    show_default=True,
+    help="Seconds a request's announced body has to start arriving, after which it must average 64 KiB/s; "
+    "else 408 and close.",
+)
+@env_option(
+    "--probe-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Probe port: /healthz and /readyz only, with connection limits of its own, so probes are "
+    "answered while the main port is flooded [default: off].",
+)
+@env_option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -208,10 +224,11 @@ def serve(
     interop_max_swarms: int,
     interop_max_peers: int,
     interop_max_peers_per_address: int,
+    body_timeout: float,
+    probe_port: int | None,
     log_level: str,
 ) -> None:
     """Run the tracker: announce/scrape, manifest registry, origin leases, /metrics."""
-    from servekit.limits import ConnectionLimits
     from tracker.app import create_app
     from tracker.settings import SwarmLimits
 
@@ -240,10 +257,12 @@ def serve(
         min_interval=min(10, interval),
         max_lease_holders=max_lease_holders,
         log_level=log_level.upper(),
-        limits=ConnectionLimits(
+        limits=dataclasses.replace(
+            TrackerSettings.limits,
             max_connections=max_connections,
             max_per_client=max_connections_per_client,
             header_timeout=header_timeout,
+            body_timeout=body_timeout,
         ),
         swarm_limits=SwarmLimits(
             max_swarms=max_swarms,
@@ -253,6 +272,7 @@ def serve(
             interop_max_peers=interop_max_peers,
             interop_max_peers_per_address=interop_max_peers_per_address,
         ),
+        probe_port=probe_port,
     )
     app = create_app(settings)
     # Announces allocate many short-lived objects; the default gen-0 threshold (700) runs the
@@ -276,15 +296,16 @@ def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
     """Serve `app` on the settings' address until stopped, its connections within the open-file limit."""
     import uvicorn
 
-    from servekit.limits import Gate, raise_open_file_limit
-    from servekit.protocol import uvicorn_options
+    from servekit.limits import PROBE_LIMITS, Gate, raise_open_file_limit
+    from servekit.protocol import ProbePort, uvicorn_options
     from servekit.server import QuietServer
 
     host, port = settings.host, settings.port
     # One worker on purpose: with the SQLite store live peers are in this process's memory,
     # so a second worker would see half the swarm. For more throughput run replicas on --redis.
     # access_log off: announce URLs carry the passkey; tracker.access logs API paths, passkey redacted.
-    room = raise_open_file_limit() - settings.fd_reserve
+    probes = PROBE_LIMITS.max_connections if settings.probe_port is not None else 0
+    room = raise_open_file_limit() - settings.fd_reserve - probes
     limits = settings.limits
     if room < limits.max_connections:
         logging.getLogger("tracker").warning(
@@ -295,15 +316,33 @@ def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
             settings.fd_reserve,
         )
         limits = dataclasses.replace(limits, max_connections=max(16, room))
+    sockets = [_bind(host, port)]
+    probe = None
+    if settings.probe_port is not None:
+        sockets.append(_bind(host, settings.probe_port))
+        probe = ProbePort(int(sockets[1].getsockname()[1]), Gate(PROBE_LIMITS, f"tracker probes {host}"))
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         access_log=False,
         log_level=log_level.lower(),
         loop="auto",
         lifespan="on",
         server_header=False,
-        **uvicorn_options(Gate(limits, f"tracker {host}:{port}"), quick=app.quick_routes()),
+        **uvicorn_options(Gate(limits, f"tracker {host}:{port}"), quick=app.quick_routes(), probe=probe),
     )
-    QuietServer(config).run()
+    QuietServer(config).run(sockets=sockets)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (the server is given its sockets: the probe port is a second)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

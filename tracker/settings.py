@@ -177,11 +177,19 @@ class TrackerSettings:
     log_level: str = "INFO"
     """Logging level of the tracker process."""
 
-    limits: ConnectionLimits = ConnectionLimits(max_connections=8192, max_per_client=256)
+    limits: ConnectionLimits = ConnectionLimits(
+        max_connections=8192, max_per_client=256, max_url_bytes=20 << 10, max_head_bytes=24 << 10
+    )
     """What the listener holds (servekit.limits): 8,192 connections, 256 per client address (an agent
-    keeps a few; a load test or a NAT more), 10 s to send a request's headers, 5 s idle between requests
-    (--max-connections, --max-connections-per-client, --header-timeout). Lowered to fit the open-file
-    limit less `fd_reserve`."""
+    keeps a few; a load test or a NAT more), 10 s to send a request's headers, 5 s idle between requests,
+    a body at 64 KiB/s after 10 s (--max-connections, --max-connections-per-client, --header-timeout,
+    --body-timeout); a request target of 20 KiB and a head of 24 KiB: a scrape of `max_scrape_hashes`
+    (256) info hashes is an 18 KiB target. Lowered to fit the open-file limit less `fd_reserve`."""
+
+    probe_port: int | None = None
+    """TCP port of the probe port (--probe-port): `/healthz` and `/readyz` only, under limits of its own
+    (servekit.limits.PROBE_LIMITS), so kubelet's probes are answered while the main port is full of
+    hostile connections. None = off (the chart turns it on and points its probes there)."""
 
     swarm_limits: SwarmLimits = SwarmLimits()
     """Swarms and peer entries announces may make the tracker hold (SwarmLimits), so a passkey holder

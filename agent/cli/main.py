@@ -277,6 +277,13 @@ def make_test_model_command(
 @env_option("--api-keepalive-timeout", section=CHANNELS,
             default=5.0, show_default=True, type=click.FloatRange(min=0.1),
             metavar="SECONDS", help="Time a connection may sit idle between requests (every listener).")
+@env_option("--api-body-timeout", section=CHANNELS,
+            default=10.0, show_default=True, type=click.FloatRange(min=0.1),
+            metavar="SECONDS", help="Time a request's announced body has to start arriving, after which "
+                                    "it must average 64 KiB/s (every listener); else 408 and close.")
+@env_option("--probe-listen", section=CHANNELS, metavar="HOST:PORT",
+            help="Probe port: /healthz and /readyz only, with connection limits of its own, so probes are "
+                 "answered while --api-listen is flooded [default: off].")
 @env_option("--fd-reserve", section=CHANNELS, type=click.IntRange(0), metavar="N",
             help="Open files kept for the agent's own work beyond its listeners' caps [default: libtorrent's "
                  "peers and files + the origin connections + 256].")

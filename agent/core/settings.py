@@ -181,6 +181,11 @@ class DaemonSettings:
     """HOST:PORT of the network listener: probes, `/metrics` and the HF-compatible endpoint only
     (model requests and admin actions are on the unix sockets). Loopback by default."""
 
+    probe_listen: str | None = None
+    """HOST:PORT of the probe port (--probe-listen): `/healthz` and `/readyz` only, under limits of its own
+    (servekit.limits.PROBE_LIMITS), so kubelet's probes are answered while --api-listen is full of
+    hostile connections. None = off (the chart turns it on and points its probes there)."""
+
     tracker_connect_timeout: float = 3.0
     """Seconds to connect to the tracker; short so a dead tracker falls back to the origin quickly."""
 
@@ -272,8 +277,9 @@ class DaemonSettings:
 
     api_limits: ConnectionLimits = ConnectionLimits()
     """What the network listener holds (servekit.limits): 1,024 connections, 64 per client address, 10 s
-    to send a request's headers, 5 s idle between requests (--api-max-connections,
-    --api-max-connections-per-client, --api-header-timeout, --api-keepalive-timeout). Anyone who can
+    to send a request's headers, 5 s idle between requests, a head of 16 KiB, a body at 64 KiB/s after
+    10 s (--api-max-connections, --api-max-connections-per-client, --api-header-timeout,
+    --api-keepalive-timeout, --api-body-timeout; the unix sockets take the same). Anyone who can
     reach --api-listen can open connections: these caps keep them from the agent's own descriptors."""
 
     local_max_connections: int = 128

@@ -27,8 +27,8 @@ import uvicorn
 from agent.core.errors import ConfigError
 from agent.core.settings import Settings
 from agent.core.sockets import SocketPath
-from servekit.limits import ConnectionLimits, Gate, raise_open_file_limit
-from servekit.protocol import uvicorn_options
+from servekit.limits import PROBE_LIMITS, ConnectionLimits, Gate, raise_open_file_limit
+from servekit.protocol import ProbePort, uvicorn_options
 from servekit.server import QuietServer
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ def listener_limits(settings: Settings) -> tuple[ConnectionLimits, ConnectionLim
     network = d.api_limits
     local = dataclasses.replace(network, max_connections=d.local_max_connections, max_per_client=None)
     sockets = 2 if d.pods_socket is not None else 1
-    room = soft - reserve - sockets * local.max_connections
+    probes = PROBE_LIMITS.max_connections if d.probe_listen is not None else 0
+    room = soft - reserve - sockets * local.max_connections - probes
     if room < _FEWEST_NETWORK_CONNECTIONS:
         raise ConfigError(
             f"the open-file limit ({soft}) less the reserve for the agent's own work ({reserve}) and "
@@ -138,23 +139,33 @@ def listener_limits(settings: Settings) -> tuple[ConnectionLimits, ConnectionLim
 
 class ApiServer:
     """uvicorn on one bound socket, in a thread, so the daemon owns the process's signals and its
-    shutdown order; its connections are under `limits` (servekit)."""
+    shutdown order; its connections are under `limits` (servekit). `probe_sock`: a TCP socket of the
+    same server that answers only the probes, under `PROBE_LIMITS` (servekit.protocol.ProbePort)."""
 
-    def __init__(self, app: Any, sock: socket.socket, where: str, limits: ConnectionLimits) -> None:
+    def __init__(
+        self, app: Any, sock: socket.socket, where: str, limits: ConnectionLimits,
+        probe_sock: socket.socket | None = None,
+    ) -> None:
         self.gate = Gate(limits, where)
+        probe = None
+        if probe_sock is not None:
+            probe = ProbePort(int(probe_sock.getsockname()[1]), Gate(PROBE_LIMITS, f"{where} probes"))
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off",
-            **uvicorn_options(self.gate, zerocopy=True),  # the relay sends blobs from their files
+            # zerocopy: the relay sends blobs from their files
+            **uvicorn_options(self.gate, zerocopy=True, probe=probe),
         )
+        self.probe = probe
         self.server = QuietServer(config)
         self.where = where
         self._sock = sock
+        self._sockets = [sock] if probe_sock is None else [sock, probe_sock]
         self._thread = threading.Thread(target=self._serve, name=f"api {where}", daemon=True)
         self._failed: BaseException | None = None
 
     def _serve(self) -> None:
         try:
-            self.server.run(sockets=[self._sock])
+            self.server.run(sockets=self._sockets)
         except BaseException as exc:  # uvicorn exits the thread with SystemExit on a fatal error
             self._failed = exc
 
@@ -177,7 +188,8 @@ class ApiServer:
             self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("API server on %s did not stop within %.0fs", self.where, timeout)
-        self._sock.close()
+        for sock in self._sockets:
+            sock.close()
         if self._sock.family == socket.AF_UNIX:
             with contextlib.suppress(OSError):
                 os.unlink(self.where)

@@ -189,7 +189,8 @@ class Daemon:
                 self._serve(create_app(node, PODS), s.daemon.pods_socket, 0o666, "--pods-socket", local)
             network = create_app(node, None, self.ops.network_routers())
             listener = tcp_listener(s.daemon.api_listen, "--api-listen")
-            self.api_server = ApiServer(network, listener, s.daemon.api_listen, network_limits)
+            probes = tcp_listener(s.daemon.probe_listen, "--probe-listen") if s.daemon.probe_listen else None
+            self.api_server = ApiServer(network, listener, s.daemon.api_listen, network_limits, probes)
             self.servers.append(self.api_server)
         except BaseException:
             for server in self.servers:

@@ -48,6 +48,8 @@ FIELDS: Mapping[str, str] = {
     "api_max_connections_per_client": "daemon.api_limits.max_per_client",
     "api_header_timeout": "daemon.api_limits.header_timeout",
     "api_keepalive_timeout": "daemon.api_limits.keepalive_timeout",
+    "api_body_timeout": "daemon.api_limits.body_timeout",
+    "probe_listen": "daemon.probe_listen",
     "kube": "kube.enabled",
     "kubeconfig": "kube.kubeconfig",
 }

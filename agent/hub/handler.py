@@ -4,6 +4,7 @@ says (the Hub of 2026 or of 2024; `agent.hub.server` describes both)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import socket
@@ -20,9 +21,11 @@ from agent.hub.access import Refusal
 from agent.hub.cdn import cdn_path, content_disposition, redirect_body, xet_hash
 from agent.hub.errors import CdnBlocked, HttpError, S3Error, amz_time
 from agent.hub.faults import TokenBucket
+from agent.hub.guard import HeadReader, HeadTooLarge, Slots
 from agent.hub.records import RequestRecord, bucket_for
 from agent.hub.repos import RepoFile, Snapshot, safe_repo_path
 from agent.hub.sending import FileSender
+from servekit.protocol import BUSY
 
 if TYPE_CHECKING:
     from agent.hub.state import HubState
@@ -56,6 +59,28 @@ class Handler(FileSender):
         self.hub._track(self.connection, True)
         rate = self.hub.rate_per_connection
         self.conn_bucket = TokenBucket(rate) if rate else None
+        self.rfile.close()  # the stdlib's reader: reads go through the head's limits (agent.hub.guard)
+        self._head = HeadReader(self.connection, self.server.slots.limits, self.timeout)
+        self.rfile = io.BufferedReader(self._head)
+
+    def handle_one_request(self) -> None:
+        self._head.begin_head()
+        try:
+            super().handle_one_request()
+        except HeadTooLarge:  # in the request line: the stdlib answers it in the header lines itself
+            self.close_connection = True
+            body = b"request head too large"
+            head = b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: %d"
+            self.wfile.write(head % len(body) + b"\r\n\r\n" + body)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self._head.end_head()
+        announced = self.headers.get("Content-Length", "0").strip() not in ("", "0") if ok else False
+        if announced or (ok and "Transfer-Encoding" in self.headers):
+            # The hub reads no request body: its bytes would be taken for the next request, or never come.
+            self.close_connection = True
+        return ok
 
     def finish(self) -> None:
         self.hub._track(self.connection, False)
@@ -489,6 +514,27 @@ class Listener(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.hub = hub
         self.cdn = cdn
+        self.slots = Slots(hub.limits)
+        self._admitted: dict[Any, str] = {}
+        """Admitted connections and their client addresses (dict operations are atomic: the accepting
+        thread adds, each connection's thread removes)."""
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Over its connection caps: 503 and close, before a thread is started for it."""
+        if not self.slots.admit(client_address[0]):
+            try:
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            return False
+        self._admitted[request] = client_address[0]
+        return True
+
+    def shutdown_request(self, request: Any) -> None:
+        client = self._admitted.pop(request, None)
+        if client is not None:
+            self.slots.release(client)
+        super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client dropping a keep-alive connection (or a download it cancelled) is routine for a

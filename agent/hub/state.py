@@ -18,9 +18,11 @@ from typing import Literal, NamedTuple
 from agent.hub.access import HubAccess
 from agent.hub.cdn import SignedUrls
 from agent.hub.faults import Faults, TokenBucket
+from agent.hub.guard import HUB_LIMITS
 from agent.hub.ratelimit import RateLimiter, RateLimits
 from agent.hub.records import BUCKETS, RequestRecord
 from agent.hub.repos import RepoStore, valid_repo_id
+from servekit.limits import ConnectionLimits
 
 DEFAULT_TREE_PAGE_SIZE = 1000
 """Entries per tree page, as the Hub; tests pass a small one to exercise pagination."""
@@ -80,10 +82,13 @@ class HubState:
         cdn_port: int = 0,
         cdn_url_ttl: float | None = None,
         rate_limits: RateLimits | None | Literal["auto"] = "auto",
+        limits: ConnectionLimits = HUB_LIMITS,
     ) -> None:
         if answers not in ANSWERS:
             raise ValueError(f"answers must be one of {ANSWERS}: {answers!r}")
         self.root = Path(root)
+        self.limits = limits
+        """What each listener holds (agent.hub.guard): connections, a request's head."""
         self.host = host
         self.port = port
         self.answers: Answers = answers

@@ -128,15 +128,24 @@ def test_agent_hostpaths_are_directory_or_create_under_the_configured_root(chart
         assert config["WEIGHTSWARM_STATE_DIR"] == mounts["state"]
 
 
-def test_agent_probes_target_the_network_listener(chart: Any) -> None:
-    agent = container(
-        pod_spec(render(chart, {"agent": {"api": {"port": 9100}}}), "DaemonSet", AGENT), "agent"
-    )
+def test_probes_target_the_probe_ports(chart: Any) -> None:
+    # Their own port, under its own limits: the network listener full of hostile connections (issue 62)
+    # must not fail the liveness probe and restart the agent or the tracker.
+    values = {"agent": {"api": {"port": 9100}, "probe": {"port": 9101}}, "tracker": {"probePort": 9102}}
+    objects = render(chart, values)
+    agent = container(pod_spec(objects, "DaemonSet", AGENT), "agent")
     ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
-    assert ports["api"] == 9100
-    assert agent["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "api"}
-    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "api"}
-    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "api"}
+    assert ports["api"] == 9100 and ports["probe"] == 9101
+    assert agent["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "probe"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probe"}
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probe"}
+    assert flags(agent)["--probe-listen"] == ["$(POD_IP):9101"]
+    tracker = container(pod_spec(objects, "Deployment", TRACKER), "tracker")
+    assert {p["name"]: p["containerPort"] for p in tracker["ports"]}["probe"] == 9102
+    assert "--probe-port=9102" in tracker["command"]
+    paths = {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    for probe, path in paths.items():
+        assert tracker[probe]["httpGet"] == {"path": path, "port": "probe"}
     # Lenient start: several minutes for restoring a large cache before liveness applies.
     startup = agent["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300

@@ -102,9 +102,12 @@ def test_only_the_documented_query_parameters_reach_the_origin(origin: Origin, m
     assert origin_paths(origin) == []
 
 
-def test_a_ten_thousand_byte_revision_is_a_400(origin: Origin, make_agent):
+def test_a_long_revision_is_a_400_and_a_ten_thousand_byte_one_a_414(origin: Origin, make_agent):
     agent: Daemon = make_agent("solo", origin, None)
-    assert raw_request(agent.api_url, f"/{origin.repo_id}/resolve/{'r' * 10_000}/config.json") == 400
+    # 2,000 bytes: within the listener's 8 KiB target, past git's 255: the route refuses it.
+    assert raw_request(agent.api_url, f"/{origin.repo_id}/resolve/{'r' * 2_000}/config.json") == 400
+    # 10,000 bytes: past the target the listener takes at all (servekit.limits).
+    assert raw_request(agent.api_url, f"/{origin.repo_id}/resolve/{'r' * 10_000}/config.json") == 414
 
 
 def _templates(app) -> list[tuple[str, str]]:
