@@ -39,7 +39,7 @@ class SwarmSnapshot:
     """blob id -> peers connected to its torrent."""
 
 
-STAGES = ("queued", "lease", "origin", "peers", "verifying")
+STAGES = ("queued", "lease", "locked", "origin", "peers", "verifying")
 """The stages a running job can be in (agent.fetch.jobs.Stage), each a series of `fetch_stage`."""
 
 
