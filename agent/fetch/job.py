@@ -97,7 +97,12 @@ class SwarmFetchEngine(FetchEngine):
     the daemon stops (`stopping`)."""
 
     def __init__(
-        self, settings: Settings, source: SwarmSource, progress: Progress, turn: Turn, stopping: threading.Event
+        self,
+        settings: Settings,
+        source: SwarmSource,
+        progress: Progress,
+        turn: Turn,
+        stopping: threading.Event,
     ) -> None:
         super().__init__(settings, source, progress)
         self.turn = turn

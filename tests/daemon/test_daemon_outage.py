@@ -26,8 +26,9 @@ def test_wait_through_an_origin_outage_and_a_restart_during_it(tmp_path, origin,
         snapshot = first.stdout.strip().splitlines()[-1]
         assert _served_lines(agent) == []
 
+        revision = f"/api/models/{REPO}/revision/main"
         outages = {
-            "503": lambda: origin.hub.faults.path_status.update({f"/api/models/{REPO}/revision/main": (503, {})}),
+            "503": lambda: origin.hub.faults.path_status.update({revision: (503, {})}),
             "refused": origin.hub.stop,  # nothing listens there any more
             "restarted in the outage": lambda: (agent.stop(), agent.start()),
         }
