@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 
+import psutil
 from filelock import FileLock
 
 from agent.cache.locks import blob_lock_path
@@ -48,16 +49,27 @@ def test_a_job_waits_for_the_cache_writer_holding_a_blob_and_says_so(origin, mak
 
 
 def test_a_stopping_agent_does_not_wait_for_a_held_lock(tmp_path, origin, tracker):
-    """The init container's `agent wait` names the stage; SIGTERM ends the agent within a bound."""
+    """docs/security.md: a local user who can write the cache holds a blob's `.locks/` file. The wait is
+    visible (the init container's `agent wait` names the stage), costs the agent no memory or descriptors
+    while it lasts, and SIGTERM still ends the agent within a bound."""
     agent = AgentProcess(tmp_path, "a", origin.hub.url, tracker)
     agent.start()
     try:
         with _shard_lock(origin, agent.cache_dir):
-            res = agent_cli("wait", REPO, "--agent", agent.url, "--timeout", "4")
+            job_id = admin_request(agent.url, "POST", "/v1/fetch", json={"repo_id": REPO}).json()["job_id"]
+            loop_until(
+                lambda: admin_request(agent.url, "GET", f"/v1/jobs/{job_id}").json()["stage"] == "locked",
+                timeout=60, what="the job's stage: locked",
+            )
+            assert agent.proc is not None
+            proc = psutil.Process(agent.proc.pid)
+            rss, fds = proc.memory_info().rss, proc.num_fds()
+            res = agent_cli("wait", REPO, "--agent", agent.url, "--timeout", "3")
             assert res.returncode == 7, res.stderr
             last = res.stderr.strip().splitlines()[-1]
             assert "(waiting for another writer of this node's cache to finish the file)" in last, last
-            assert agent.proc is not None
+            assert proc.memory_info().rss - rss < 16 * 2**20
+            assert proc.num_fds() - fds < 8
             started = time.monotonic()
             agent.proc.send_signal(signal.SIGTERM)
             assert agent.proc.wait(STOP_BOUND + 5) == 0
