@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.cache.layout import check_blob_id, repo_folder_name
@@ -40,14 +40,19 @@ def blob_lock_path(cache_dir: Path, repo_id: str, blob_id: str) -> Path:
 
 @contextlib.contextmanager
 def blob_lock(
-    cache_dir: Path, repo_id: str, blob_id: str, interrupt: threading.Event | None = None
+    cache_dir: Path,
+    repo_id: str,
+    blob_id: str,
+    interrupt: threading.Event | None = None,
+    waiting: Callable[[], None] | None = None,
 ) -> Iterator[bool]:
     """Hold the blob's lock (yields True), waiting while another writer holds it; yields False without
     a lock where none can be taken (a read-only cache, a filesystem without flock): a reader needs none,
     and a writer then risks only a second download, never a torn blob (every install is an
-    `os.replace`). `interrupt` set ends a wait early (the daemon stopping): yields False too."""
+    `os.replace`). `interrupt` set ends a wait early (the daemon stopping): yields False too.
+    `waiting` is called once when another writer holds the lock (a daemon job shows it as its stage)."""
     path = blob_lock_path(cache_dir, repo_id, blob_id)
-    fd = _acquire(path, interrupt)
+    fd = _acquire(path, interrupt, waiting)
     try:
         yield fd is not None
     finally:
@@ -57,7 +62,7 @@ def blob_lock(
             os.close(fd)
 
 
-def _acquire(path: Path, interrupt: threading.Event | None) -> int | None:
+def _acquire(path: Path, interrupt: threading.Event | None, waiting: Callable[[], None] | None) -> int | None:
     started = said = time.monotonic()
     while True:
         try:
@@ -73,6 +78,9 @@ def _acquire(path: Path, interrupt: threading.Event | None) -> int | None:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if waiting is not None:
+                        waiting()
+                        waiting = None
                     now = time.monotonic()
                     if now - said >= _SAY_EVERY:
                         log.info("still waiting for %s, held by another writer (%.0fs)", path, now - started)

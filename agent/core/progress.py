@@ -78,7 +78,7 @@ class FileProgress:
         self._owner._advance(self, n)
 
     def set_stage(self, stage: str) -> None:
-        """Where the file is now ("lease", "origin", "peers", "verifying"): for sinks that show it."""
+        """Where the file is now ("lease", "locked", "origin", "peers", "verifying"): for sinks showing it."""
         self._owner._stage(self, stage)
 
     def finish(self, source: str | None = None) -> None:

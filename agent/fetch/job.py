@@ -10,6 +10,7 @@ under its final name, so there is no temp file for the engine to move).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from agent.cache.layout import RepoCache, StateDir
 from agent.cache.listings import ListingIds
 from agent.cache.locks import blob_lock
 from agent.cache.provenance import Provenance
-from agent.core.errors import AuthError, NotFoundError, TrackerError
+from agent.core.errors import AuthError, NotFoundError, TrackerError, WaitTimeoutError
 from agent.core.modelnames import ModelNames, Scrub
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress, Progress
@@ -88,11 +89,15 @@ class JobProgress(Progress):
         super()._finish(fp, failed)
         if failed:
             self.job.file_stage(fp.name, "failed")
+        elif fp.source == "cache":  # another writer of the cache brought it while this job waited
+            self.job.file_progress(fp.name, fp.size, "cache")
+            self.job.add_bytes(cache=fp.size)
 
 
 class SwarmFetchEngine(FetchEngine):
     """The engine with a source that installs blobs itself: no temp file to check and move. Background
-    work starts no blob while it must step aside (`turn`)."""
+    work starts no blob while it must step aside (`turn`); a wait for another writer's lock ends when
+    the daemon stops (`stopping`)."""
 
     def __init__(
         self,
@@ -100,21 +105,28 @@ class SwarmFetchEngine(FetchEngine):
         source: SwarmSource,
         progress: Progress,
         turn: Turn,
+        stopping: threading.Event,
         per_file: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(settings, source, progress, per_file)
         self.turn = turn
+        self.stopping = stopping
 
     def _fetch_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry) -> str:
         self.turn.wait()
         fp = self.progress.start_file(entry.path, entry.size)
         try:
-            # As FetchEngine: a CLI or huggingface_hub writing the blob into this cache finishes it first.
-            with blob_lock(cache.cache_dir, cache.repo_id, entry.blob_id):
+            # As FetchEngine: a CLI or huggingface_hub writing the blob into this cache finishes it first;
+            # the job says so meanwhile (a held `.locks/` file is otherwise an unexplained stall).
+            locked = functools.partial(fp.set_stage, "locked")
+            with blob_lock(cache.cache_dir, cache.repo_id, entry.blob_id, self.stopping, locked):
+                if self.stopping.is_set():
+                    raise WaitTimeoutError(f"{entry.path}: the agent is stopping")
                 if not cache.adopt_blob(entry.blob_id, entry.size):
                     self.source.fetch_blob(plan, entry, cache, fp)
                 else:
                     self.found.add(entry.blob_id)
+                    fp.source = "cache"
         except BaseException:
             fp.fail()
             raise
@@ -207,7 +219,9 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     turn = ctx.turn_of(job)
     origin = OriginSource(client, f, turn=turn)
     source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_blob, ctx.relay)
-    result = SwarmFetchEngine(settings, source, JobProgress(job), turn, origin.streams_per_file).run(plan)
+    result = SwarmFetchEngine(
+        settings, source, JobProgress(job), turn, ctx.stopping, origin.streams_per_file
+    ).run(plan)
     if listed is not plan:
         # Every blob is verified against the ids the commit was planned by: the next listing of the same
         # objects (a new commit that changed others) is planned by content here, whoever reads the rest.

@@ -22,14 +22,16 @@ from agent.core.errors import BusyError
 Phase = Literal["Pending", "Downloading", "Ready", "Failed"]
 TERMINAL: frozenset[str] = frozenset({"Ready", "Failed"})
 Source = Literal["pending", "cache", "peers", "origin"]
-Stage = Literal["queued", "lease", "origin", "peers", "verifying", "ready", "failed"]
+Stage = Literal["queued", "lease", "locked", "origin", "peers", "verifying", "ready", "failed"]
 """Where a job (or one of its files) is now: waiting for its turn, waiting for another node's origin
-lease, bytes from the origin, bytes from peers, the end-to-end check, done. What a user asks of a slow
+lease, waiting for another writer of this node's cache (its `.locks/` file: agent.cache.locks), bytes
+from the origin, bytes from peers, the end-to-end check, done. What a user asks of a slow
 start is "which stage is slow": the pod status, `agent wait` and the metrics all show this one word."""
 STAGES: frozenset[str] = frozenset(get_args(Stage))
 STAGE_WORDS: dict[str, str] = {
     "queued": "queued (waiting for its turn on this node)",
     "lease": "waiting for the node that holds the origin lease",
+    "locked": "waiting for another writer of this node's cache to finish the file",
     "origin": "downloading from the origin",
     "peers": "downloading from peers",
     "verifying": "verifying",
@@ -37,7 +39,7 @@ STAGE_WORDS: dict[str, str] = {
     "failed": "failed",
 }
 """Each stage in words, for people reading `agent wait` and Events."""
-_ACTIVE_STAGES: tuple[Stage, ...] = ("origin", "peers", "lease", "verifying", "queued")
+_ACTIVE_STAGES: tuple[Stage, ...] = ("origin", "peers", "lease", "locked", "verifying", "queued")
 """A job's stage is the first of these that one of its unfinished files is in."""
 _RATE_WINDOW = 10.0
 """Seconds of history behind a job's rate (and so its ETA): recent enough to follow a change of

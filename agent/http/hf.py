@@ -45,7 +45,9 @@ import asyncio
 import glob
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,11 @@ log = logging.getLogger(__name__)
 
 BUSY_RETRY_AFTER = 10
 """Seconds a client over its fetch-job limit is told to wait (`Retry-After`; huggingface_hub honours it)."""
+SAY_AGAIN = 300.0
+"""Seconds between the lines saying a repo is served from the cache through an outage: one line per repo,
+not one per request (a snapshot_download is a request per file)."""
+_MAX_SAID = 1024
+"""Repos remembered for SAY_AGAIN at most (beyond, the oldest may be said again sooner)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,22 @@ class HfEndpoint:
             # to proxy. Asking such an origin's URL over HTTP would only look like an outage to a client.
             self.not_served = str(exc)
         self.checker = OriginAccess(self.api, self.access) if self.api is not None else None
+        self._said: OrderedDict[str, float] = OrderedDict()
+        self._said_lock = threading.Lock()
+
+    def _serving_cached(self, repo_id: str, why: Exception) -> None:
+        """One line per repo (every SAY_AGAIN seconds) that its cached files go out without the origin."""
+        now = time.monotonic()
+        with self._said_lock:
+            if now - self._said.get(repo_id, float("-inf")) < SAY_AGAIN:
+                return
+            self._said[repo_id] = now
+            self._said.move_to_end(repo_id)
+            while len(self._said) > _MAX_SAID:
+                self._said.popitem(last=False)
+        scrub = self.metrics.names.scrubber(repo_id, "main")  # names it as metrics do
+        log.warning("%s", scrub(f"origin unreachable ({why}): serving {repo_id} from this node's cache to "
+                                "clients whose access decision is still fresh"))
 
     # -- metadata ---------------------------------------------------------------------------
 
@@ -152,10 +175,8 @@ class HfEndpoint:
                 asked.origin_path(), asked.params(request.query_params.multi_items()), auth
             )
         except Unreachable as exc:
-            scrub = self.metrics.names.scrubber(asked.repo_id, asked.revision or "main")
-            said = scrub(f"origin unreachable for /api/models/{rest} ({exc})")
-            log.warning("%s; answering from the cache", said)
-            return self._local_api(asked, auth)
+            log.debug("origin unreachable for /api/models/%s (%s); answering from the cache", rest, exc)
+            return self._local_api(asked, auth, exc)
         # Passed through, never learnt from: the client chose this request's query (`?expand=` leaves
         # fields out) and its token; access decisions come from the agent's own requests only.
         headers = passed(answer.headers)
@@ -171,7 +192,7 @@ class HfEndpoint:
         assert self.checker is not None  # `resolve` refuses first when the origin has no client API
         return await self.checker.check(repo_id, authorization)
 
-    def _local_api(self, asked: ApiRequest, auth: str | None) -> Response:
+    def _local_api(self, asked: ApiRequest, auth: str | None, why: Unreachable) -> Response:
         """The origin unreachable: a model's info or tree from this node's cache, for a client the origin
         let read the repo within the access TTL."""
         repo_id = asked.repo_id
@@ -184,6 +205,8 @@ class HfEndpoint:
         if repo is None or not commits:
             return hub_error(503, f"origin unreachable and {repo_id}@{rev} is not in this node's cache")
         snap = repo.snapshots[commits[0]]
+        if asked.route in ("info", "revision", "tree"):
+            self._serving_cached(repo_id, why)
         if asked.route in ("info", "revision"):
             siblings = [self._sibling(repo.blobs, p, b) for p, b in sorted(snap.files.items())]
             body: Any = {
@@ -256,6 +279,7 @@ class HfEndpoint:
             hops = await self.api.resolve_hops(ResolveRequest(repo_id, rev, path).origin_path(), auth)
         except Unreachable as exc:
             if local is not None:
+                self._serving_cached(repo_id, exc)
                 return local
             scrub = self.metrics.names.scrubber(repo_id, rev)
             said = scrub(f"origin unreachable for {repo_id}/{path} ({exc})")

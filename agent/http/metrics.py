@@ -42,7 +42,7 @@ class SwarmSnapshot:
 SOURCES = ("peers", "origin", "cache")
 """Where a fetch's bytes came from: the one vocabulary of every series' `source` label."""
 
-STAGES = ("queued", "lease", "origin", "peers", "verifying")
+STAGES = ("queued", "lease", "locked", "origin", "peers", "verifying")
 """The stages a running job can be in (agent.fetch.jobs.Stage), each a series of `fetch_stage`."""
 
 

@@ -89,7 +89,7 @@ class ModelStatus:
     error: str | None = None
     snapshot: str | None = None
     stage: str | None = None
-    """queued, lease, origin, peers, verifying, ready, failed (agent.fetch.jobs.Stage)."""
+    """queued, lease, locked, origin, peers, verifying, ready, failed (agent.fetch.jobs.Stage)."""
     rate: float | None = None
     """Bytes/s over the last seconds."""
     eta_seconds: float | None = None
