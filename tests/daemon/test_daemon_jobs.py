@@ -81,7 +81,8 @@ def test_a_stopping_agent_does_not_wait_for_a_held_lock(tmp_path, origin, tracke
 
 
 def _job_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if re.search(r"agent\.daemon\.node: fetch(ed| of) ", line)]
+    job_line = re.compile(r"agent\.daemon\.node: (\S+: ready in|fetch of) ")
+    return [line for line in log.splitlines() if job_line.search(line)]
 
 
 def test_one_info_line_per_finished_job_and_one_warning_without_traceback_per_failure(
@@ -98,10 +99,12 @@ def test_one_info_line_per_finished_job_and_one_warning_without_traceback_per_fa
     lines = _job_lines(log)
     assert len(lines) == 2, lines
     done, failed = lines
-    assert " INFO " in done and f"fetched {REPO}@main (commit " in done, done
-    assert re.search(r"in \d+\.\ds: 0 B from peers, 3\.0 MiB from the origin, 0 B cached$", done), done
+    assert " INFO " in done and f"{REPO}@main: ready in " in done, done
+    end = r"in \d+\.\ds \(commit [0-9a-f]{12}\): 0 B from peers, 3\.0 MiB from the origin, 0 B cached$"
+    assert re.search(end, done), done
     assert f"{origin.size / 2**20:.1f} MiB from the origin" in done
-    assert " WARNING " in failed and "fetch of acme/missing@main failed after " in failed, failed
+    # A repo the origin does not report public (a missing one looks like a private one) is named by its label.
+    assert " WARNING " in failed and re.search(r"fetch of hidden-[0-9a-f]{16} failed after ", failed), failed
     assert "Traceback" not in log
 
 
