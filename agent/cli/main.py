@@ -54,7 +54,8 @@ def main(log_level: str, log_format: str) -> None:
 @main.command("fetch", cls=SectionedCommand, sections=FETCH_SECTIONS)
 @click.argument("repo_id", metavar="REPO_ID[@REV]")
 @env_option("--repo-id", "as_repo_id", section=WANTED, metavar="ORG/NAME",
-            help="With a bucket URL (s3://, gs://, az://) for REPO_ID: the repo id it is cached as.")
+            help="With a bucket URL (s3://, gs://, az://) or an oci:// reference for REPO_ID: the repo id "
+                 "it is cached as.")
 @env_option("--revision", section=WANTED,
             help="Branch, tag or commit to fetch (or REPO_ID@REV) [default: main].")
 @env_option("--include", section=WANTED,
@@ -76,6 +77,9 @@ def main(log_level: str, log_format: str) -> None:
             type=click.IntRange(1, 64), help="Parallel ranges per file [8].")
 @env_option("--files-at-once", section=ORIGIN,
             type=click.IntRange(1, 64), help="Files downloaded concurrently [4].")
+@env_option("--oci-plain-http", section=ORIGIN, metavar="HOST:PORT,...",
+            help="OCI registries spoken to over plain HTTP, comma-separated (as oras's --plain-http); "
+                 "every other one over HTTPS only.")
 @env_option("--quiet", section=OUTPUT,
             is_flag=True, default=False, help="No progress output; the snapshot path only.")
 @env_option("--agent", "agent_url", section=DAEMON, metavar="URL",
@@ -87,12 +91,14 @@ def main(log_level: str, log_format: str) -> None:
 def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, include: tuple[str, ...],
                   exclude: tuple[str, ...], cache_dir: Path | None, state_dir: Path | None,
                   origin: str | None, token: str | None, origin_timeout: float | None,
-                  connections_per_file: int | None, files_at_once: int | None, quiet: bool,
-                  agent_url: str | None) -> None:
+                  connections_per_file: int | None, files_at_once: int | None, oci_plain_http: str | None,
+                  quiet: bool, agent_url: str | None) -> None:
     """Download REPO_ID (org/name) into the hub cache, verified; print the snapshot path last.
 
     REPO_ID may be a bucket URL (s3://bucket/prefix, gs://, az://) with --repo-id ORG/NAME: the model
-    stored there in the Hugging Face layout, read with this machine's cloud credentials.
+    stored there in the Hugging Face layout, read with this machine's cloud credentials; or an OCI
+    reference (oci://REGISTRY[:PORT]/REPOSITORY:TAG or @sha256:DIGEST, a ModelPack or ORAS artifact)
+    with --repo-id ORG/NAME, read with the docker config's registry credentials.
 
     Ctrl-C or SIGTERM stops within a second, keeping partial files: the same command resumes them.
     Handed to the agent daemon, the fetch goes on there; the same command follows it again.
@@ -102,9 +108,15 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, in
     130 interrupted (143 on SIGTERM)."""
     from agent.core.progress import Progress, human_bytes
     from agent.origin.bucket_url import is_bucket_url
+    from agent.origin.oci.reference import is_oci_url, parse_oci_url, plain_http_hosts
 
     source = ""
-    if not is_bucket_url(repo_id) and "@" in repo_id:
+    if is_oci_url(repo_id):
+        if not as_repo_id:
+            raise click.UsageError("an oci:// reference needs --repo-id ORG/NAME: the id it is cached as")
+        source, repo_id = parse_oci_url(repo_id).url, as_repo_id
+        revision = revision or parse_oci_url(source).revision
+    elif not is_bucket_url(repo_id) and "@" in repo_id:
         repo_id, _, at_rev = repo_id.partition("@")
         if revision is not None and revision != at_rev:
             raise click.UsageError(f"REPO_ID@{at_rev} and --revision {revision} disagree; give one")
@@ -114,8 +126,9 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, in
         if not as_repo_id:
             raise click.UsageError("a bucket URL needs --repo-id ORG/NAME: the id the model is cached as")
         source, repo_id = repo_id, as_repo_id
-    elif as_repo_id:
-        raise click.UsageError("--repo-id goes with a bucket URL (s3://, gs://, az://) in place of REPO_ID")
+    elif as_repo_id and not source:
+        raise click.UsageError("--repo-id goes with a bucket URL (s3://, gs://, az://) or an oci:// "
+                               "reference in place of REPO_ID")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)
     daemon_url = choose_daemon(agent_url, explicit_local=bool(cache_dir or state_dir or origin))
     if daemon_url is not None:
@@ -134,7 +147,8 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, in
     settings = with_origin(settings, source or origin, None if source else token)
     settings = replace(
         settings,
-        origin=replace(settings.origin, answer_within=origin_timeout or settings.origin.answer_within),
+        origin=replace(settings.origin, answer_within=origin_timeout or settings.origin.answer_within,
+                       oci_plain_http=plain_http_hosts(oci_plain_http)),
         fetch=replace(settings.fetch,
                       connections_per_file=connections_per_file or settings.fetch.connections_per_file,
                       files_at_once=files_at_once or settings.fetch.files_at_once),

@@ -112,6 +112,24 @@ class OriginSettings:
     """Bytes an API answer of the origin (a revision's file list, a tree page, model info) may have: a
     hostile origin's endless JSON is refused before it is parsed (the Hub's largest repos list ~2 MB)."""
 
+    oci_plain_http: tuple[str, ...] = ()
+    """OCI registries (HOST:PORT) spoken to over plain HTTP (--oci-plain-http, as oras's --plain-http);
+    every other registry over HTTPS only. None by default."""
+
+    oci_auth_file: Path | None = None
+    """The docker config whose `auths` hold registry credentials: $REGISTRY_AUTH_FILE (podman, skopeo),
+    else $DOCKER_CONFIG/config.json, else ~/.docker/config.json. None: anonymous."""
+
+
+def default_oci_auth_file(env: Mapping[str, str]) -> Path:
+    """Where registry credentials are read, as podman/skopeo (REGISTRY_AUTH_FILE) and docker
+    (DOCKER_CONFIG) look."""
+    if env.get("REGISTRY_AUTH_FILE"):
+        return Path(env["REGISTRY_AUTH_FILE"]).expanduser()
+    if env.get("DOCKER_CONFIG"):
+        return Path(env["DOCKER_CONFIG"]).expanduser() / "config.json"
+    return Path("~/.docker/config.json").expanduser()
+
 
 @dataclass(frozen=True)
 class FetchSettings:
@@ -255,6 +273,11 @@ class DaemonSettings:
     """Bucket prefixes (s3://, gs://, az://) this node reads models from for a request (--bucket), with its
     own cloud credentials; a request naming any other bucket URL is refused. None by default: a pod that
     may ask the agent for a model must not reach whatever the node's identity can read."""
+
+    registries: tuple[str, ...] = ()
+    """OCI registry prefixes (oci://HOST[:PORT]/PREFIX) this node reads models from for a request
+    (--registry), with its own registry credentials; any other oci:// reference is refused. None by default,
+    as for buckets."""
 
     publish_unchecked_ids: bool = False
     """Publish even when the origin cannot say whether it knows the repo id (an air-gapped cluster;
@@ -652,7 +675,8 @@ class Settings:
         origin = given.pop("origin", None)
         if origin is None:
             origin = OriginSettings(
-                endpoint=default_origin(env), token=default_token(env), offline=default_offline(env)
+                endpoint=default_origin(env), token=default_token(env), offline=default_offline(env),
+                oci_auth_file=default_oci_auth_file(env),
             )
         fetch = given.pop("fetch", None) or FetchSettings()
         if given:

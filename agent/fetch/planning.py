@@ -31,6 +31,7 @@ from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledEr
 from agent.origin.answers import RemoteFile
 from agent.origin.base import Origin
 from agent.origin.bucket_url import is_bucket_url
+from agent.origin.oci.reference import is_oci_url
 from agent.tracking.client import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,10 @@ def plan_fetch(
     `publisher_key`: the publisher's Ed25519 public key (PEM) that hub-less manifests must verify
     with; None refuses them. `scrub`: how the log lines name the model (agent.core.modelnames)."""
     token = client.settings.token
-    # A bucket model is planned from its listing alone, with this node's credentials: no fallback to the
-    # tracker, and no entitlement record (those are per repo id and hub token: a bucket's yes must not
-    # stand for a Hub repo's).
-    hub = not is_bucket_url(client.endpoint)
+    # A bucket (or registry) model is planned from its listing (manifest) alone, with this node's
+    # credentials: no fallback to the tracker, and no entitlement record (those are per repo id and hub
+    # token: a bucket's yes must not stand for a Hub repo's).
+    hub = not is_bucket_url(client.endpoint) and not is_oci_url(client.endpoint)
     fallback = tracker if hub else None
     try:
         plan = plan_from_origin(client, repo_id, revision, include, exclude)

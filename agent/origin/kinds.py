@@ -15,6 +15,7 @@ from agent.origin.base import Origin, OriginFactory
 from agent.origin.bucket import BucketOrigin
 from agent.origin.client import OriginClient
 from agent.origin.hub_api import ClientApi, ClientApiFactory, HubClientApi
+from agent.origin.oci_origin import OciOrigin
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ ORIGIN_KINDS: dict[str, OriginKind] = {
     "s3": BUCKET,
     "gs": BUCKET,
     "az": BUCKET,
+    "oci": OriginKind("an OCI registry", OciOrigin, None),  # agent.origin.oci
 }
 
 

@@ -1,0 +1,236 @@
+"""A real OCI registry for tests: Debian's `docker-registry` (distribution v2, the CNCF reference
+registry), started per test on a free loopback port with its config in tmp and stopped by its PID.
+
+Auth as registries do it: `htpasswd` (distribution's Basic auth, bcrypt entries only) or `token`
+(distribution's token auth spec: a 401 with `WWW-Authenticate: Bearer realm=…,service=…,scope=…`, a token
+service that answers `{"token": JWT}`; the registry checks the JWT's signature against `rootcertbundle`,
+and its `iss`, `aud` (the service), `exp` and `access` claims). The token service here is a small one
+on loopback: it signs RS256 JWTs with a key made per run and puts the certificate in the `x5c` header.
+
+Artifacts are pushed by the OCI API by hand (`push_artifact`: a monolithic blob upload, POST then PUT
+with `?digest=`, then a PUT of the manifest), an independent client of the registry, not the agent's.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import urllib3
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.x509.oid import NameOID
+
+from tests.support.procs import free_port, loop_until
+
+REGISTRY_BIN = Path("/usr/bin/docker-registry")
+SERVICE = "weightswarm-test-registry"
+ISSUER = "weightswarm-test-token-service"
+MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
+RAW_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
+RAW_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+
+
+def bcrypt_hash(password: str) -> str:
+    """A bcrypt entry for htpasswd: distribution accepts bcrypt only. Python's `crypt` (libxcrypt's
+    `$2b$`) is what is installed; Go's bcrypt reads any `$2?$` minor version."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # noqa: PLC0415 - its import warns
+
+        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1 << 4))
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenService:
+    """distribution's token auth spec, the service side: GET /token?service=&scope= with Basic auth of a
+    known user -> {"token": RS256 JWT}; `grants`: user -> the actions it gets on every repository."""
+
+    def __init__(self, directory: Path, users: dict[str, str], grants: dict[str, list[str]]) -> None:
+        self.users, self.grants = users, grants
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ISSUER)])
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                     .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
+                     .not_valid_before(now - datetime.timedelta(hours=1))
+                     .not_valid_after(now + datetime.timedelta(days=1))
+                     .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .sign(self.key, hashes.SHA256()))
+        self.cert_file = directory / "token-cert.pem"
+        self.cert_file.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.port = free_port()
+        self.realm = f"http://127.0.0.1:{self.port}/token"
+        self.issued = 0
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                service._answer(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
+    def token(self, user: str, scopes: list[str]) -> str:
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, _ = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": self.grants.get(user, [])})
+        now = int(time.time())
+        der = self.cert.public_bytes(serialization.Encoding.DER)
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [base64.b64encode(der).decode()]}
+        claims = {"iss": ISSUER, "sub": user, "aud": SERVICE, "exp": now + 300, "nbf": now - 10, "iat": now,
+                  "jti": os.urandom(8).hex(), "access": access}
+        signing = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        sig = self.key.sign(signing.encode(), padding.PKCS1v15(), hashes.SHA256())
+        return f"{signing}.{_b64url(sig)}"
+
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        query = parse_qs(urlsplit(h.path).query)
+        user = ""
+        auth = h.headers.get("Authorization", "")
+        if auth.startswith("Basic "):
+            name, _, password = base64.b64decode(auth[6:]).decode().partition(":")
+            if self.users.get(name) != password:
+                h.send_response(401)
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
+            user = name
+        self.issued += 1
+        body = json.dumps({"token": self.token(user, query.get("scope", [])), "expires_in": 300}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+
+class Registry:
+    """`docker-registry serve CONFIG` on 127.0.0.1:<free port>, filesystem storage in `directory`."""
+
+    def __init__(self, directory: Path, auth: dict[str, Any]) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.base = f"http://{self.host}"
+        config = {
+            "version": 0.1,
+            "log": {"level": "error", "accesslog": {"disabled": True}},
+            "storage": {"filesystem": {"rootdirectory": str(directory / "storage")}},
+            "http": {"addr": self.host, "secret": os.urandom(16).hex()},
+            "auth": auth,
+        }
+        (directory / "config.yml").write_text(json.dumps(config))  # YAML reads JSON
+        self.log = (directory / "registry.log").open("wb")
+        self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(directory / "config.yml")],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        pool = urllib3.PoolManager(retries=False, timeout=2)
+        loop_until(lambda: self._up(pool), timeout=30, what=f"docker-registry on {self.host}")
+
+    def _up(self, pool: urllib3.PoolManager) -> bool:
+        if self.proc.poll() is not None:
+            said = (self.directory / "registry.log").read_text()[-2000:]
+            raise AssertionError(f"docker-registry exited: {said}")
+        try:
+            return pool.request("GET", f"{self.base}/v2/").status in (200, 401)
+        except urllib3.exceptions.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+    def blob_file(self, digest_hex: str) -> Path:
+        """Where the filesystem driver keeps a blob's bytes (to break one on disk)."""
+        blobs = self.directory / "storage" / "docker/registry/v2/blobs/sha256"
+        return blobs / digest_hex[:2] / digest_hex / "data"
+
+
+@dataclass
+class Pusher:
+    """An OCI API client of the tests' own: pushes blobs and manifests with Basic or a token."""
+
+    base: str
+    authorization: str
+
+    def _request(self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
+                 ) -> urllib3.BaseHTTPResponse:
+        sent = {"Authorization": self.authorization, **(headers or {})}
+        resp = urllib3.request(method, url, body=body, headers=sent, redirect=False, retries=False)
+        assert resp.status < 400, (method, url.split("?")[0], resp.status, resp.data[:300])
+        return resp
+
+    def blob(self, repo: str, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        start = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/")
+        location = start.headers["Location"]
+        url = location if location.startswith("http") else self.base + location
+        sep = "&" if "?" in url else "?"
+        headers = {"Content-Type": "application/octet-stream"}
+        self._request("PUT", f"{url}{sep}digest={digest}", data, headers)
+        return digest
+
+    def manifest(self, repo: str, tag: str, manifest: dict[str, Any]) -> str:
+        body = json.dumps(manifest).encode()
+        self._request("PUT", f"{self.base}/v2/{repo}/manifests/{tag}", body,
+                      {"Content-Type": manifest["mediaType"]})
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def push_model(pusher: Pusher, repo: str, tag: str, files: dict[str, bytes]) -> str:
+    """A ModelPack artifact of raw layers, one per file (`*.safetensors` weights, the rest config
+    files); the manifest's digest."""
+    config = json.dumps({"descriptor": {"name": repo}, "modelfs": {"type": "layers", "diffIds": []},
+                         "config": {}}).encode()
+    config_digest = pusher.blob(repo, config)
+    layers = []
+    for path, data in files.items():
+        media = RAW_WEIGHT if path.endswith(".safetensors") else RAW_CONFIG
+        layers.append({"mediaType": media, "digest": pusher.blob(repo, data), "size": len(data),
+                       "annotations": {"org.cncf.model.filepath": path}})
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "artifactType": MODEL_ARTIFACT,
+                "config": {"mediaType": MODEL_CONFIG, "digest": config_digest, "size": len(config)},
+                "layers": layers}
+    return pusher.manifest(repo, tag, manifest)
+
+
+def docker_config(directory: Path, registry: str, user: str, password: str) -> Path:
+    """A docker config whose `auths` hold `user:password` for `registry`, as `docker login` writes it."""
+    path = directory / "docker-config.json"
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    path.write_text(json.dumps({"auths": {registry: {"auth": auth}}}))
+    return path
