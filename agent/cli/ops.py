@@ -267,6 +267,7 @@ def _refetcher(settings: Settings, client: Any, explicit_origin: bool, token: st
     from agent.cache.provenance import Provenance
     from agent.core.progress import Progress
     from agent.origin.bucket_url import is_bucket_url
+    from agent.origin.oci.reference import is_oci_url
 
     def refetch(repo_id: str, commit: str, paths: list[str]) -> None:
         recorded = None if explicit_origin else Provenance(settings.state_dir).origin_of(repo_id)
@@ -274,7 +275,7 @@ def _refetcher(settings: Settings, client: Any, explicit_origin: bool, token: st
             from agent.http.client import fetch_via_agent
 
             # The daemon fetches from its own origin; a bucket model names its bucket.
-            source = recorded if recorded and is_bucket_url(recorded) else ""
+            source = recorded if recorded and (is_bucket_url(recorded) or is_oci_url(recorded)) else ""
             fetch_via_agent(client.url, repo_id, commit, paths, (), Progress(quiet=True), source=source)
             return
         from agent.fetch.engine import fetch_snapshot

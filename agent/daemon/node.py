@@ -45,6 +45,7 @@ from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.origin.bucket_url import allowed_bucket
+from agent.origin.oci.reference import allowed_registry, is_oci_url, parse_oci_url
 from agent.origin.chunks import Turn
 from agent.relay.directory import RelayDirectory, relay_credential
 from agent.relay.receiver import RelayReceiver
@@ -356,7 +357,10 @@ class Daemon:
         `background`: preheat work, run one at a time and yielding to the rest; a foreground request
         that joins such a job makes it foreground."""
         check_repo_id(repo_id)
-        if source:
+        if source and is_oci_url(source):
+            source = allowed_registry(source, self.settings.daemon.registries)
+            revision = parse_oci_url(source).revision if revision == "main" else revision
+        elif source:
             source = allowed_bucket(source, self.settings.daemon.buckets)
         if self._stop.is_set():
             raise ConfigError("the agent is shutting down")

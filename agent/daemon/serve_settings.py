@@ -20,6 +20,7 @@ from agent.core.settings import Settings
 from agent.core.signing import load_private_key, load_public_key
 from agent.daemon.listeners import split_hostport
 from agent.origin.bucket_url import split_bucket_url
+from agent.origin.oci.reference import allowed_prefix, plain_http_hosts
 
 FIELDS: Mapping[str, str] = {
     "interop_public": "swarm.interop_public",
@@ -42,6 +43,8 @@ FIELDS: Mapping[str, str] = {
     "metrics_on_network": "daemon.metrics_on_network",
     "publish_unchecked_ids": "daemon.publish_unchecked_ids",
     "buckets": "daemon.buckets",
+    "registries": "daemon.registries",
+    "oci_plain_http": "origin.oci_plain_http",
     "lease_ttl": "daemon.lease_ttl",
     "fd_reserve": "daemon.fd_reserve",
     "api_max_connections": "daemon.api_limits.max_connections",
@@ -126,6 +129,10 @@ def build_serve_settings(
     split_hostport(api_listen, "--api-listen")
     for bucket in fields.get("buckets") or ():
         split_bucket_url(bucket)  # a wrong --bucket fails at start, not at the first request
+    for registry in fields.get("registries") or ():
+        allowed_prefix(registry)
+    if "oci_plain_http" in fields:
+        fields["oci_plain_http"] = plain_http_hosts(fields["oci_plain_http"])
     if tracker and not tracker.startswith(("http://", "https://")):
         raise ConfigError(f"--tracker must be an http(s) URL, got {tracker!r}")
     settings = Settings.from_env_defaults(cache_dir=cache_dir, state_dir=state_dir)

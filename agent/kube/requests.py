@@ -23,6 +23,7 @@ from agent.cache.layout import check_revision
 from agent.core.errors import AnnotationError, ConfigError
 from agent.fetch.jobs import JobStatus
 from agent.origin.bucket_url import split_bucket_url
+from agent.origin.oci.reference import is_oci_url, parse_oci_url
 
 MODELS_ANNOTATION = "weightswarm.io/models"
 STATUS_ANNOTATION = "weightswarm.io/status"
@@ -177,6 +178,13 @@ def parse_model_ref(entry: str) -> ModelRef:
     if any(c.isspace() for c in entry):
         raise AnnotationError(entry, "whitespace inside an entry (separate models with ',')")
     model, eq, source = entry.partition("=")
+    if eq and is_oci_url(source):
+        try:
+            ref = parse_oci_url(source)
+        except ConfigError as exc:
+            raise AnnotationError(entry, str(exc)) from None
+        _check_repo_id(entry, model)
+        return ModelRef(model, revision=ref.revision, source=ref.url)
     if eq:
         try:
             scheme, bucket, prefix = split_bucket_url(source)

@@ -91,12 +91,12 @@ def _entry(entry: dict[str, object], registry: str, config_file: Path) -> Creden
     if not isinstance(auth, str) or not auth:
         return None
     try:
-        user, sep, password = base64.b64decode(auth, validate=True).decode().partition(":")
+        name, sep, secret = base64.b64decode(auth, validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        user, sep = "", ""
-    if not sep or not user:
+        name, sep, secret = "", "", ""
+    if not sep or not name:
         raise AuthError(f"{config_file}: the `auth` of {registry} is not base64 of user:password")
-    return Credentials(user, password)
+    return Credentials(name, secret)
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:

@@ -60,7 +60,8 @@ def layers_of(manifest: dict[str, Any], what: str) -> list[Layer]:
 
 def _layer(item: dict[str, Any], what: str) -> Layer:
     media = str(item.get("mediaType") or "")
-    notes = item.get("annotations") if isinstance(item.get("annotations"), dict) else {}
+    given = item.get("annotations")
+    notes: dict[str, Any] = given if isinstance(given, dict) else {}
     path = notes.get(FILEPATH) or notes.get(TITLE)
     digest = _DIGEST.match(str(item.get("digest") or ""))
     size = item.get("size")
