@@ -277,7 +277,7 @@ def make_test_model_command(
             help="An OCI registry prefix requests may read models from, with this node's docker config "
                  "credentials (repeatable; none by default).")
 @env_option("--oci-plain-http", section=ORIGIN, metavar="HOST:PORT,...",
-            help="OCI registries spoken to over plain HTTP, comma-separated; every other one over HTTPS only.")
+            help="OCI registries spoken to over plain HTTP, comma-separated; others over HTTPS only.")
 @env_option("--bt-listen", section=BITTORRENT, default="0.0.0.0:6881", show_default=True, metavar="HOST:PORT",
             help="BitTorrent listen address (port 0 = any free port).")
 @env_option("--api-listen", section=CHANNELS,

@@ -45,8 +45,8 @@ from agent.fetch.jobs import Job, JobKey, JobTable
 from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.origin.bucket_url import allowed_bucket
-from agent.origin.oci.reference import allowed_registry, is_oci_url, parse_oci_url
 from agent.origin.chunks import Turn
+from agent.origin.oci.reference import allowed_registry, is_oci_url, parse_oci_url
 from agent.relay.directory import RelayDirectory, relay_credential
 from agent.relay.receiver import RelayReceiver
 from agent.swarm.gate import PeerGate
