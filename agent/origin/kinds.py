@@ -8,6 +8,7 @@ Entries name their classes by dotted path, imported on first use (as uvicorn's p
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 from dataclasses import dataclass
@@ -33,11 +34,16 @@ class OriginKind:
     client_api: str | None
     """`module:Class` of how the HF endpoint asks the origin for its clients (a `ClientApi`); None for an
     origin without the Hub's API, whose nodes' HF endpoint serves nothing (`open_client_api` says why)."""
+    hub_token: bool
+    """Whether the node's hub token (`OriginSettings.token`) is this kind's credential; False: it is
+    dropped before the kind is built (a store or registry has credentials of its own)."""
 
 
-HUB = OriginKind("an HF-compatible hub", "agent.origin.hub:HubOrigin", "agent.origin.hub_api:HubClientApi")
+HUB = OriginKind(
+    "an HF-compatible hub", "agent.origin.hub:HubOrigin", "agent.origin.hub_api:HubClientApi", hub_token=True
+)
 """huggingface.co, a mirror, `agent serve-hub`."""
-BUCKET = OriginKind("object storage", "agent.origin.bucket:BucketOrigin", None)
+BUCKET = OriginKind("object storage", "agent.origin.bucket:BucketOrigin", None, hub_token=False)
 """S3 and S3-compatible stores, GCS, Azure Blob (agent.origin.bucket)."""
 
 ORIGIN_KINDS: dict[str, OriginKind] = {
@@ -77,7 +83,10 @@ def open_origin(
     """The origin `settings.endpoint` names, as its kind builds it, with the retries and patience of
     agent.origin.client `Origin`; `interrupt` ends its waits (the daemon stopping), `scrub`: how its log
     lines name the model (a daemon's job: agent.core.modelnames)."""
-    factory = cast("KindFactory", load(_kind(settings.endpoint).kind))
+    kind = _kind(settings.endpoint)
+    if not kind.hub_token:
+        settings = dataclasses.replace(settings, token=None)
+    factory = cast("KindFactory", load(kind.kind))
     return Origin(factory(settings, max_connections), settings, interrupt, scrub)
 
 

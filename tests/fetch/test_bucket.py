@@ -221,7 +221,7 @@ def test_the_hub_token_never_goes_to_a_store(tmp_path, s3_server, s3_bucket, s3_
         OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"), token="hf_secret_token_value"
     )
     client = open_origin(origin)
-    assert client.kind.http.settings.token is None
+    assert client.settings.token is None
     commit, _ = client.revision(REPO, "main")
     url = client.file_metadata(REPO, commit, "config.json").url
     assert "Authorization" not in client.kind.http.headers_for(url)
