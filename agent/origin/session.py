@@ -82,7 +82,7 @@ class HttpSession:
         rest (`CdnRefusedError` when a host the origin redirected to refused).
         """
         for _ in range(MAX_REDIRECTS + 1):
-            resp = self._send(method, url, what, headers)
+            resp = self.send(method, url, what, headers)
             if follow_redirects and resp.status in REDIRECTS:
                 location = resp.headers.get("Location")
                 resp.drain_conn()
@@ -99,9 +99,11 @@ class HttpSession:
             return resp
         raise OriginError(f"{what}: too many redirects")
 
-    def _send(
+    def send(
         self, method: str, url: str, what: str, headers: dict[str, str] | None
     ) -> urllib3.BaseHTTPResponse:
+        """One request as it is answered: no redirect followed, no status read (a kind with a flow of its
+        own, as a registry's token dance, reads them); `Retryable` when nothing answered."""
         # A pooled keep-alive connection the server has since closed fails at once; that is not
         # an origin failure, so one immediate resend on a fresh connection comes before backoff.
         for fresh_try in (False, True):
