@@ -38,7 +38,7 @@ from agent.core.progress import Progress
 from agent.core.settings import Settings
 from agent.fetch.engine import FetchEngine
 from agent.fetch.sources.policy import SourcePolicy
-from agent.origin.base import Origin
+from agent.origin.client import Origin
 from agent.origin.ranges import OriginSource
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from agent.core.modelnames import Scrub, as_is
 from agent.core.plan import FetchPlan, FileEntry
 from agent.core.settings import OriginSettings, Settings
 from agent.origin.answers import RemoteFile
-from agent.origin.base import Origin
+from agent.origin.client import Origin
 from agent.origin.kinds import open_origin
 
 log = logging.getLogger(__name__)

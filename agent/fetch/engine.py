@@ -43,7 +43,7 @@ from agent.core.progress import FileProgress, Progress
 from agent.core.settings import FetchSettings, Settings
 from agent.fetch.cached import cached_plan, filter_files, plan_or_cached
 from agent.fetch.safetensors import check_index, check_safetensors
-from agent.origin.base import Origin
+from agent.origin.client import Origin
 from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
 

@@ -34,8 +34,8 @@ from agent.fetch.planning import plan_fetch
 from agent.fetch.sources.policy import BlobOutcome, SourcePolicy
 from agent.fetch.sources.swarm_source import SwarmSource
 from agent.origin.answers import CdnRefusedError
-from agent.origin.base import Origin
 from agent.origin.chunks import Turn
+from agent.origin.client import Origin
 from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
 from agent.relay.receiver import RelayReceiver

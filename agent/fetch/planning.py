@@ -29,8 +29,8 @@ from agent.fetch.cached import filter_files
 from agent.fetch.engine import plan_from_origin
 from agent.fetch.entitlement import ENTITLEMENT_TTL, Entitlements, NotEntitledError
 from agent.origin.answers import RemoteFile
-from agent.origin.base import Origin
 from agent.origin.bucket_url import is_bucket_url
+from agent.origin.client import Origin
 from agent.origin.oci.reference import is_oci_url
 from agent.tracking.client import TrackerClient
 

@@ -96,6 +96,8 @@ class FileMetadata:
     """None when no hop said (a proxy's HEAD without Content-Length): the listing's size stands."""
     url: str
     """Where the bytes are: the signed CDN URL for LFS files, else the last same-host URL."""
+    web_seed: bool = True
+    """Whether `url` may be handed to a web seed, which fetches it with no credential."""
 
 
 @dataclass(frozen=True)

@@ -1,63 +1,69 @@
 """The origin interface: where a model comes from when no peer has it.
 
-Every kind of origin (an HF-compatible hub, object storage) is one module implementing `Origin` and one
-entry in `agent.origin.kinds.ORIGIN_KINDS`, which picks it by the URL scheme of `--origin`:
-- resolve a revision to a commit, with its files' sizes and content ids (`revision`: one call);
-- say whether a repo is public (`reported_public`) and whether it exists (`has_repo`);
-- a file's metadata: commit, content id, size and the URL its bytes come from (`file_metadata`);
-- open a byte range of that URL (`open_range`), the unit of the origin engine (agent.origin.ranges);
-- a URL a lease holder's libtorrent may use as a web seed, or None (`web_seed_url`);
-- its retry policy: bounded retries (`retrying`) and patience with an origin that says "later"
-  (`patiently`, `told_to_wait`), which the engine applies to its ranges.
+A kind of origin (an HF-compatible hub, object storage) is one module with a class implementing `Kind`,
+named by URL scheme in agent.origin.kinds `ORIGIN_KINDS` and imported only when an origin of that scheme
+is opened. A kind answers what it holds, each call one attempt:
+- `resolve` a reference (a branch, tag or commit) to an immutable 40-hex commit, with its files (path,
+  size, content id) when the same answer lists them; `list_files` pages through the rest;
+- `has_repo`: whether it holds a repo at all;
+- `file_metadata`: one file's content id and size as it says now, and the URL its bytes come from;
+  `download_url`: that URL without asking first (small files);
+- `open_range`: bytes [start, end) of such a URL, as an HTTP answer (agent.origin.session
+  `HttpSession.request` makes one).
+A passing failure (429, 5xx, a dropped connection) is raised as agent.origin.answers `Retryable`; every
+other as an `agent.core.errors` class. Retries, patience with an origin that says "later", and the
+parallel hedged range reader are not a kind's: agent.origin.client `Origin` wraps any kind with them
+(as kraken's `lib/backend/throttle.go` wraps any backend), and agent.origin.ranges reads through it.
+No kind subclasses another: what two kinds share (HTTP, agent.origin.session) they hold.
 
-`Origin` is the fetch engine's, sync and with the node's token. The agent's HF-compatible endpoint
-(agent.http.hf) asks the origin for its clients instead, async and with each client's own credential:
-through the kind's client API (agent.origin.hub_api `ClientApi`: the Hub's `/api/models/...` proxied,
-the `resolve` hops, the access checks), which a kind registers beside its `Origin`, or not at all when
-it has no Hub API to proxy (object storage: that endpoint then refuses every request). Both read a hub's
-answers through agent.origin.answers, the same rules.
+The agent's HF-compatible endpoint (agent.http.hf) asks the origin for its clients instead, async and with
+each client's own credential: through a kind's client API (agent.origin.hub_api `ClientApi`), which only a
+kind that speaks the Hub's API registers (object storage registers none: that endpoint then refuses every
+request). Both read a hub's answers through agent.origin.answers, the same rules.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Protocol
 
 import urllib3
 
-from agent.core.modelnames import Scrub
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class Resolved:
+    """A reference resolved: the commit, and what the same answer said of it."""
+
+    commit: str
+    """40 hex: the immutable id every later call names."""
+    files: list[RemoteFile]
+    """The files the answer listed (all of them unless `next_page`)."""
+    public: bool = False
+    """The origin said anyone may read it (the Hub's `private` and `gated` both false): no per-file
+    access check. False when unsure."""
+    next_page: str | None = None
+    """More files: `list_files(repo_id, commit, next_page)` (a mirror that leaves a revision's files out)."""
 
 
-class Origin(Protocol):
-    """One origin endpoint; thread-safe."""
+class Kind(Protocol):
+    """One origin endpoint of one kind; thread-safe. Every call is one attempt (see the module doc)."""
 
     endpoint: str
-    """Its base URL (what messages name)."""
-    settings: OriginSettings
-
-    @property
-    def told_to_wait(self) -> bool:
-        """Whether some request is waiting out the origin's "later" (429, 5xx) now: no stall."""
-        ...
-
-    @property
-    def interrupted(self) -> bool:
-        """Whether waits must end now (the daemon stopping)."""
-        ...
+    """Its base URL, no trailing slash (what messages name)."""
 
     def close(self) -> None: ...
 
-    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
-        """A branch, tag or commit -> (40-hex commit, its files)."""
+    def resolve(self, repo_id: str, revision: str) -> Resolved:
+        """A branch, tag or commit -> its commit and files (NotFoundError: no such repo or revision)."""
         ...
 
-    def reported_public(self, repo_id: str) -> bool:
-        """Whether the last `revision` of `repo_id` here said it is public (not private, not gated)."""
+    def list_files(self, repo_id: str, commit: str, page: str) -> tuple[list[RemoteFile], str | None]:
+        """One page of the files at `commit` (`page`: a `Resolved.next_page` or the last call's next page)
+        and the next page, None at the end. Only called on a `next_page` a kind gave."""
         ...
 
     def has_repo(self, repo_id: str) -> None:
@@ -65,14 +71,13 @@ class Origin(Protocol):
         gated or forbidden to this node)."""
         ...
 
-    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata: ...
+    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
+        """The file as the origin says now (checked against what it listed, where it can) and the URL its
+        bytes come from (`FileMetadata.web_seed`: whether a web seed may use that URL)."""
+        ...
 
     def download_url(self, repo_id: str, commit: str, path: str) -> str:
         """Where a file's bytes are asked for without a metadata request first (small files)."""
-        ...
-
-    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
-        """A URL libtorrent may fetch the file from with no credential, or None (no web seed)."""
         ...
 
     def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
@@ -80,16 +85,6 @@ class Origin(Protocol):
         ignores ranges (the engine reads it as one stream). Raises `Retryable` for a passing failure."""
         ...
 
-    def retrying(self, what: str, attempt_fn: Callable[[], T]) -> T: ...
 
-    def patiently(
-        self,
-        call: Callable[[], T],
-        moved: Callable[[], object] = ...,
-        pause: Callable[[float], bool] | None = None,
-    ) -> T: ...
-
-
-OriginFactory = Callable[[OriginSettings, int, "threading.Event | None", Scrub], Origin]
-"""Builds an origin from its settings, the most connections it may open, an interrupt event and how its
-log lines name a model (agent.core.modelnames)."""
+KindFactory = Callable[[OriginSettings, int], Kind]
+"""Builds a kind's origin from its settings and the most connections it may open at once."""

@@ -1,4 +1,4 @@
-"""Object storage as an origin (agent.origin.base `Origin`): a model stored as a directory in the Hugging
+"""Object storage as a kind of origin (agent.origin.base `Kind`): a model stored as a directory in the Hugging
 Face layout under a bucket prefix, `s3://bucket/prefix` (S3 and S3-compatible stores: MinIO, Ceph RGW,
 R2), `gs://bucket/prefix` or `az://container/prefix`.
 
@@ -7,8 +7,9 @@ It lists, reads object metadata and signs URLs with each cloud's own credential 
 variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), web identity tokens (IRSA, Azure workload identity) and the
 instance metadata servers (GKE workload identity, EC2/EKS roles). One SDK per cloud would be three
 credential chains to keep and three dependency trees in the image. The bytes come through the same
-HTTP engine as a hub's (agent.origin.ranges: parallel ranges, resume, hedging, relay) on a URL signed
-for that object (`obstore.sign`), renewed when it expires as a Hub's CDN URL is (agent.origin.location).
+HTTP engine as a hub's (agent.origin.session; agent.origin.ranges: parallel ranges, resume, hedging,
+relay) on a URL signed for that object (`obstore.sign`), renewed when it expires as a Hub's CDN URL is
+(agent.origin.location).
 Credentials never leave the node: a signed URL goes only to this node's engine and its libtorrent web
 seed, and no credential is logged (a signed URL's query string is never printed).
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 import re
 import threading
@@ -45,13 +45,11 @@ from agent.core.errors import (
     OriginError,
     OriginUnavailableError,
 )
-from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile, Retryable
+from agent.origin.base import Resolved
 from agent.origin.bucket_url import split_bucket_url
-from agent.origin.client import OriginClient
-
-log = logging.getLogger(__name__)
+from agent.origin.session import HttpSession
 
 SIGNED_URL_TTL = timedelta(hours=1)
 """How long a signed URL lives; an engine that outlives it signs again (agent.origin.location)."""
@@ -96,19 +94,13 @@ def listing_id(url: str, obj: BucketObject) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class BucketOrigin(OriginClient):
-    """One bucket prefix. Listing, metadata and signing through obstore; ranges through the HTTP engine.
-    `settings.endpoint` is the bucket URL; the hub token is never sent to a store."""
+class BucketOrigin:
+    """One bucket prefix. Listing, metadata and signing through obstore; ranges over HTTP on signed URLs.
+    `settings.endpoint` is the bucket URL; the hub token is never sent to a store. Thread-safe."""
 
-    def __init__(
-        self,
-        settings: OriginSettings,
-        max_connections: int = 16,
-        interrupt: threading.Event | None = None,
-        scrub: Scrub = as_is,
-    ) -> None:
-        super().__init__(dataclasses.replace(settings, token=None), max_connections, interrupt, scrub)
-        self.url = self.endpoint
+    def __init__(self, settings: OriginSettings, max_connections: int = 16) -> None:
+        self.http = HttpSession(dataclasses.replace(settings, token=None), max_connections)
+        self.endpoint = self.url = self.http.endpoint
         self.scheme, self.bucket, self.prefix = split_bucket_url(self.url)
         store = from_url(
             self.url,
@@ -123,6 +115,7 @@ class BucketOrigin(OriginClient):
         if not isinstance(store, S3Store | GCSStore | AzureStore):
             raise ConfigError(f"{self.url!r}: not an object store obstore can sign URLs for")
         self._store = store
+        self._lock = threading.Lock()
         self._listings: dict[str, Listing] = {}
         self._etag_of: dict[str, str] = {}
         """signed URL -> the ETag its ranges must match (If-Match)."""
@@ -130,34 +123,34 @@ class BucketOrigin(OriginClient):
     def __repr__(self) -> str:
         return f"BucketOrigin({self.url!r})"
 
+    def close(self) -> None:
+        self.http.close()
+
     # --- listing -------------------------------------------------------------------------------------
 
     def listing(self, what: str) -> Listing:
         """Every object under the prefix now (with this node's credentials: the entitlement check)."""
-
-        def attempt() -> Listing:
-            objects: dict[str, BucketObject] = {}
-            try:
-                for batch in obstore.list(self._store, chunk_size=1000):
-                    for meta in batch:
-                        obj = listed_object(meta, what)
-                        if obj is not None:
-                            objects[obj.path] = obj
-                        if len(objects) > MAX_OBJECTS:
-                            raise OriginError(f"{what}: more than {MAX_OBJECTS} objects under the prefix")
-            except Exception as exc:  # noqa: BLE001 - obstore raises its own classes; mapped in one place
-                raise _mapped(exc, what) from None
-            if not objects:
-                raise NotFoundError(f"{what}: no object under {self.url} (check the bucket and prefix)")
-            return Listing(listing_commit(self.url, objects), objects)
-
-        found = self.retrying(what, attempt)
+        objects: dict[str, BucketObject] = {}
+        try:
+            for batch in obstore.list(self._store, chunk_size=1000):
+                for meta in batch:
+                    obj = listed_object(meta, what)
+                    if obj is not None:
+                        objects[obj.path] = obj
+                    if len(objects) > MAX_OBJECTS:
+                        raise OriginError(f"{what}: more than {MAX_OBJECTS} objects under the prefix")
+        except Exception as exc:  # noqa: BLE001 - obstore raises its own classes; mapped in one place
+            raise _mapped(exc, what) from None
+        if not objects:
+            raise NotFoundError(f"{what}: no object under {self.url} (check the bucket and prefix)")
+        found = Listing(listing_commit(self.url, objects), objects)
         with self._lock:
             self._listings[found.commit] = found
         return found
 
-    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
-        """The prefix as it is now: `main` (or the commit it derives to) is the only revision."""
+    def resolve(self, repo_id: str, revision: str) -> Resolved:
+        """The prefix as it is now: `main` (or the commit it derives to) is the only revision. Never public:
+        a bucket's readers are whoever its credentials allow, so each node lists it itself."""
         found = self.listing(f"{repo_id} ({self.url})")
         if revision not in ("main", found.commit):
             raise NotFoundError(
@@ -168,10 +161,10 @@ class BucketOrigin(OriginClient):
             RemoteFile(o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False)
             for o in found.objects.values()
         ]
-        return found.commit, files
+        return Resolved(found.commit, files)
 
-    def reported_public(self, repo_id: str) -> bool:
-        return False  # a bucket's readers are whoever its credentials allow: each node lists it itself
+    def list_files(self, repo_id: str, commit: str, page: str) -> tuple[list[RemoteFile], str | None]:
+        raise OriginError(f"{repo_id}: a bucket listing has no further pages")  # `resolve` lists them all
 
     def has_repo(self, repo_id: str) -> None:
         self.listing(f"{repo_id} ({self.url})")
@@ -199,13 +192,10 @@ class BucketOrigin(OriginClient):
         obj = self._listed(commit, path, what)
         key = _key(self.prefix, path)
 
-        def attempt() -> dict[str, Any]:
-            try:
-                return dict(obstore.head(self._store, path))
-            except Exception as exc:  # noqa: BLE001
-                raise _mapped(exc, what) from None
-
-        head = self.retrying(what, attempt)
+        try:
+            head: dict[str, Any] = dict(obstore.head(self._store, path))
+        except Exception as exc:  # noqa: BLE001
+            raise _mapped(exc, what) from None
         if head.get("size") != obj.size or not same_etag(str(head.get("e_tag") or ""), obj.etag):
             raise IntegrityError(
                 f"{what}: {self.scheme}://{self.bucket}/{key} changed since it was listed (ETag or size); "
@@ -226,9 +216,6 @@ class BucketOrigin(OriginClient):
         what = f"{repo_id}/{path}"
         return self._sign(path, self._listed(commit, path, what), what)
 
-    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
-        return self.patiently(lambda: self.file_metadata(repo_id, commit, path)).url
-
     def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
         with self._lock:
             etag = self._etag_of.get(url)
@@ -236,7 +223,7 @@ class BucketOrigin(OriginClient):
         if etag:
             headers["If-Match"] = quoted_etag(etag)
         try:
-            return self.request("GET", url, what, headers)
+            return self.http.request("GET", url, what, headers)
         except OriginError as exc:
             if "answered 412" in str(exc):
                 raise IntegrityError(

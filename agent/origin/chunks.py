@@ -14,9 +14,9 @@ import urllib3
 
 from agent.core.plan import FileEntry
 from agent.core.progress import FileProgress
-from agent.origin.client import read_body_into
 from agent.origin.headway import Headway
 from agent.origin.location import FileLocation
+from agent.origin.session import read_body_into
 
 READ_BLOCK = 1 << 20
 """Bytes per write, read from the socket straight into a worker's own buffer (no per-block allocation)."""

@@ -1,70 +1,43 @@
-"""The HF-compatible hub as an origin (agent.origin.base `Origin`): a revision with its files, per-file
-metadata, ranged GETs.
+"""`Origin`: any kind of origin (agent.origin.base `Kind`) as the fetch engine uses it, with the retries and
+the patience every kind gets from this one place.
 
-One urllib3 PoolManager (keep-alive connections reused across ranges and files). Every request is
-retried a bounded number of times on 429 (honouring `RateLimit: ...;t=` and Retry-After, spread so
-that a cluster's nodes do not all come back at the reset), 5xx and dropped connections, with
-full-jitter exponential backoff. How the answers are read: `agent.origin.answers`. HTTP errors become
-`agent.core.errors` classes with one-line messages; response bodies are cut short and the token never
-appears anywhere but the Authorization header, which is dropped when a redirect leaves the origin's
-host (as huggingface_hub does: a CDN must not see the token).
+Every call of a kind is retried a bounded number of times on a `Retryable` failure: 429 (honouring
+`RateLimit: ...;t=` and Retry-After, spread so that a cluster's nodes do not all come back at the reset),
+5xx and dropped connections, with full-jitter exponential backoff (`retrying`). Beyond those, `patiently`
+waits out an origin that stays unavailable, for as long as the settings' patience allows without
+progress. The range engine (agent.origin.ranges) applies both to each of its ranges.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
+import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
-from urllib.parse import quote, urljoin
 
 import urllib3
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    NameResolutionError,
-    NewConnectionError,
-    ProtocolError,
-    ReadTimeoutError,
-)
-from urllib3.exceptions import HTTPError as Urllib3Error
 
-from agent.cache.layout import is_commit
 from agent.core.errors import (
     OriginError,
     OriginOverloadedError,
     OriginUnansweredError,
     OriginUnavailableError,
     RateLimitedError,
-    snippet,
 )
 from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
-from agent.origin.answers import (
-    REDIRECTS,
-    FileMetadata,
-    Hop,
-    RemoteFile,
-    Retryable,
-    file_metadata,
-    host_of,
-    link_next,
-    next_hop,
-    raise_for_status,
-    same_host,
-    siblings,
-    tree_file,
-)
+from agent.origin.answers import FileMetadata, RemoteFile, Retryable
+from agent.origin.base import Kind
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_MAX_REDIRECTS = 5
-_MAX_PAGES = 10_000
+MAX_PAGES = 10_000
+"""Most pages of one file listing (`Kind.list_files`)."""
 _PATIENT_PAUSE = 5.0
 """Most seconds between asks while waiting out an unavailable origin (the retries honoured Retry-After)."""
 SPREAD_MAX = 30.0
@@ -72,55 +45,81 @@ SPREAD_MAX = 30.0
 half of t (at most this), so a cluster does not spend the new window's budget in its first second."""
 
 
-class OriginClient:
-    """Talks to one hub endpoint. Thread-safe (urllib3 pools are)."""
+class Origin:
+    """One origin of any kind, its calls retried; thread-safe."""
 
     def __init__(
         self,
+        kind: Kind,
         settings: OriginSettings,
-        max_connections: int = 16,
         interrupt: threading.Event | None = None,
         scrub: Scrub = as_is,
     ) -> None:
-        """`scrub`: how log lines name the model (a daemon's job: as metrics do, agent.core.modelnames)."""
+        """`settings`: the retry policy's, and what planning reads (the token); `interrupt`: set when the
+        waits of `patiently` must end now (the daemon stopping); `scrub`: how log lines name the model (a
+        daemon's job: as metrics do, agent.core.modelnames)."""
+        self.kind = kind
         self.settings = settings
+        self.endpoint = kind.endpoint
         self.scrub = scrub
         self._interrupt = interrupt or threading.Event()
-        """Set when the waits of `patiently` must end now (the daemon stopping)."""
-        self.endpoint = settings.endpoint.rstrip("/")
-        # A third of the bound at most per try: a silent server is asked three times and said so.
-        self._timeout = urllib3.Timeout(
-            connect=min(settings.connect_timeout, settings.answer_within / 3),
-            read=min(settings.read_timeout, settings.answer_within / 3),
-        )
-        self._pool = urllib3.PoolManager(
-            num_pools=8,
-            # Room for the hedges (agent.origin.hedging) beside the workers' connections: a full pool
-            # discards a connection coming back, and says so in a warning each time.
-            maxsize=2 * max(1, max_connections),
-            block=False,
-            retries=False,
-            timeout=self._timeout,
-        )
         self._public: dict[str, bool] = {}
         self._lock = threading.Lock()
         self._told = 0
         """Requests waiting out the origin's 429 or 5xx now (`told_to_wait`)."""
 
     def __repr__(self) -> str:
-        return f"OriginClient({self.endpoint!r})"
+        return f"Origin({self.kind!r})"
 
     def close(self) -> None:
-        self._pool.clear()
+        self.kind.close()
 
-    # --- plumbing --------------------------------------------------------------------------------
+    # --- what a kind holds, retried ----------------------------------------------------------------
 
-    def headers_for(self, url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"User-Agent": self.settings.user_agent, "Accept-Encoding": "identity"}
-        if self.settings.token and same_host(url, self.endpoint):
-            headers["Authorization"] = f"Bearer {self.settings.token}"
-        headers.update(extra or {})
-        return headers
+    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
+        """A branch, tag or commit -> (40-hex commit, its files): `Kind.resolve`, and its further pages."""
+        found = self.retrying(f"{repo_id}@{revision}", lambda: self.kind.resolve(repo_id, revision))
+        self._public[repo_id] = found.public
+        files, page = list(found.files), found.next_page
+        if page is not None:
+            what = self.scrub(f"{repo_id}@{revision}")
+            log.info("%s: the revision lists no file metadata; asking for the tree", what)
+        for _ in range(MAX_PAGES):
+            if page is None:
+                return found.commit, files
+            one_page = functools.partial(self.kind.list_files, repo_id, found.commit, page)
+            more, page = self.retrying(f"{repo_id}@{found.commit[:12]} file list", one_page)
+            files.extend(more)
+        raise OriginError(f"{repo_id}: file list has more than {MAX_PAGES} pages")
+
+    def reported_public(self, repo_id: str) -> bool:
+        """Whether this origin's last `revision` of `repo_id` was told the repo is public (`Resolved.public`).
+        False when it was not resolved here."""
+        return self._public.get(repo_id, False)
+
+    def has_repo(self, repo_id: str) -> None:
+        """Return when the origin has `repo_id`; NotFoundError when it does not (AuthError: it has it,
+        gated or forbidden to this node)."""
+        self.retrying(f"{repo_id} at the origin", lambda: self.kind.has_repo(repo_id))
+
+    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
+        return self.retrying(f"{repo_id}/{path}", lambda: self.kind.file_metadata(repo_id, commit, path))
+
+    def download_url(self, repo_id: str, commit: str, path: str) -> str:
+        """Where a file's bytes are asked for without a metadata request first (small files)."""
+        return self.retrying(f"{repo_id}/{path}", lambda: self.kind.download_url(repo_id, commit, path))
+
+    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
+        """A URL libtorrent may fetch the file from with no credential (an LFS file's signed CDN URL), or
+        None when the kind's URLs need one."""
+        meta = self.patiently(lambda: self.file_metadata(repo_id, commit, path))
+        return meta.url if meta.web_seed else None
+
+    def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
+        """One attempt (the range engine retries it with the reading of its body: `retrying`)."""
+        return self.kind.open_range(url, start, end, what)
+
+    # --- retries and patience ----------------------------------------------------------------------
 
     def backoff(self, attempt: int, hint: float | None) -> float:
         """Full jitter (AWS style): uniform(0, base*2^attempt), capped at backoff_max. When the origin said
@@ -177,8 +176,8 @@ class OriginClient:
 
     @property
     def told_to_wait(self) -> bool:
-        """Whether a request of this client is waiting (between retries, or out of patience) because the
-        origin answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
+        """Whether a request of this origin is waiting (between retries, or out of patience) because it
+        answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
         holder then reports no stall (agent.fetch.sources.policy): another node taking its lease over would be
         told the same, and both would then pull the blob (1.5 x S measured through a 30-s rate limit).
         Refused or dropped connections do not count: they may be this node's own trouble."""
@@ -217,250 +216,3 @@ class OriginClient:
                         raise
                 if self.interrupted:
                     raise
-
-    def request(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        headers: dict[str, str] | None = None,
-        follow_redirects: bool = True,
-    ) -> urllib3.BaseHTTPResponse:
-        """One request (no retries): follows redirects itself so the token stays on the origin host.
-
-        Returns the response unread (preload_content=False) for 2xx/3xx-not-followed, its `url` the URL
-        that answered; raises `Retryable` for transient failures and a mapped `WeightswarmError` for the
-        rest (`CdnRefusedError` when a host the origin redirected to refused).
-        """
-        for _ in range(_MAX_REDIRECTS + 1):
-            resp = self._send(method, url, what, headers)
-            if follow_redirects and resp.status in REDIRECTS:
-                location = resp.headers.get("Location")
-                resp.drain_conn()
-                release(resp)
-                if not location:
-                    raise OriginError(f"{what}: redirect without Location from {host_of(url)}")
-                url = urljoin(url, location)
-                continue
-            if resp.status >= 400:
-                body = resp.read(4096) if method != "HEAD" else b""
-                release(resp)
-                raise_for_status(resp.status, resp.headers, body, what, url, self.endpoint)
-            resp.url = url
-            return resp
-        raise OriginError(f"{what}: too many redirects")
-
-    def _send(
-        self, method: str, url: str, what: str, headers: dict[str, str] | None
-    ) -> urllib3.BaseHTTPResponse:
-        # A pooled keep-alive connection the server has since closed fails at once; that is not
-        # an origin failure, so one immediate resend on a fresh connection comes before backoff.
-        for fresh_try in (False, True):
-            try:
-                return self._pool.request(
-                    method,
-                    url,
-                    headers=self.headers_for(url, headers),
-                    redirect=False,
-                    preload_content=False,
-                    decode_content=False,
-                )
-            except Urllib3Error as exc:
-                stale = isinstance(exc, ProtocolError) and not fresh_try
-                if not stale:
-                    raise _unanswered(what, url, exc, self._timeout) from None
-        raise AssertionError("unreachable")
-
-    def get_json(self, url: str, what: str) -> tuple[object, urllib3.BaseHTTPResponse]:
-        def attempt() -> tuple[object, urllib3.BaseHTTPResponse]:
-            resp = self.request("GET", url, what, {"Accept": "application/json"})
-            try:
-                body = read_capped(resp, self.settings.max_json_bytes, what)
-            except Urllib3Error as exc:
-                raise _unavailable(f"{what}: connection dropped", exc) from None
-            finally:
-                release(resp)
-            try:
-                return json.loads(body), resp
-            except ValueError:
-                raise OriginError(f"{what}: origin sent invalid JSON: {snippet(body, 80)}") from None
-
-        return self.retrying(what, attempt)
-
-    # --- the hub API -----------------------------------------------------------------------------
-
-    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
-        """Revision (branch, tag or commit) -> (40-hex commit, its files), in one API call: the revision
-        with its files' metadata (`?blobs=true`: size, git blob id, LFS sha256, as huggingface_hub's
-        `model_info(files_metadata=True)` asks). The tree listing only for an origin that leaves them out.
-        Each node plans from the origin itself: a plan shared through the tracker would let one
-        compromised node choose the bytes every node installs."""
-        url = f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}?blobs=true"
-        data, _ = self.get_json(url, f"{repo_id}@{revision}")
-        sha = data.get("sha") if isinstance(data, dict) else None
-        if not isinstance(sha, str) or not is_commit(sha.lower()):
-            raise OriginError(f"{repo_id}@{revision}: origin did not return a commit sha")
-        assert isinstance(data, dict)
-        self._public[repo_id] = data.get("private") is False and data.get("gated") is False
-        commit = sha.lower()
-        files = siblings(data, repo_id)
-        if files is None:
-            what = self.scrub(f"{repo_id}@{revision}")
-            log.info("%s: the revision lists no file metadata; asking for the tree", what)
-            files = self._tree(repo_id, commit)
-        return commit, files
-
-    def reported_public(self, repo_id: str) -> bool:
-        """Whether this client's last `revision` of `repo_id` was told the repo is public: `private` and
-        `gated` both explicitly false (a missing or null field, or a gating mode, is not public; see
-        docs/security.md). False when it was not resolved here."""
-        return self._public.get(repo_id, False)
-
-    def _tree(self, repo_id: str, commit: str) -> list[RemoteFile]:
-        """Every file at `commit` (recursive tree listing, following `Link: rel="next"` pages)."""
-        url: str | None = f"{self.endpoint}/api/models/{repo_id}/tree/{commit}?recursive=true"
-        files: list[RemoteFile] = []
-        for _ in range(_MAX_PAGES):
-            if url is None:
-                return files
-            data, resp = self.get_json(url, f"{repo_id}@{commit[:12]} file list")
-            if not isinstance(data, list):
-                raise OriginError(f"{repo_id}: file list is not a JSON array")
-            files.extend(f for f in (tree_file(item, repo_id) for item in data) if f is not None)
-            nxt = link_next(resp.headers.get("Link"))
-            url = urljoin(url, nxt) if nxt else None
-            if url is not None and not same_host(url, self.endpoint):
-                raise OriginError(f"{repo_id}: the file list's next page is on another host ({host_of(url)})")
-        raise OriginError(f"{repo_id}: file list has more than {_MAX_PAGES} pages")
-
-    def download_url(self, repo_id: str, commit: str, path: str) -> str:
-        """The file's `resolve` URL (a small file's 307 leads to its bytes)."""
-        return f"{self.endpoint}/{repo_id}/resolve/{commit}/{quote(path)}"
-
-    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
-        """The file's download URL after its redirects (an LFS file's signed CDN URL): no token needed."""
-        return self.patiently(lambda: self.file_metadata(repo_id, commit, path)).url
-
-    def has_repo(self, repo_id: str) -> None:
-        """The model info of `repo_id` answers (NotFoundError: the Hub's RepoNotFound)."""
-        self.get_json(f"{self.endpoint}/api/models/{repo_id}", f"{repo_id} at the origin")
-
-    def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
-        return self.request("GET", url, what, {"Range": f"bytes={start}-{end - 1}"})
-
-    def file_metadata(self, repo_id: str, commit: str, path: str) -> FileMetadata:
-        """HEAD /resolve/, following redirects on the origin's own host (a small file's 307 to its
-        resolve-cache URL) but not to another (an LFS file's 302 to the CDN, whose URL is the answer)."""
-        what = f"{repo_id}/{path}"
-
-        def attempt() -> FileMetadata:
-            url: str | None = self.download_url(repo_id, commit, path)
-            hops: list[Hop] = []
-            while url is not None:
-                if len(hops) > _MAX_REDIRECTS:
-                    raise OriginError(f"{what}: too many redirects")
-                resp = self.request("HEAD", url, what, follow_redirects=False)
-                release(resp)
-                hops.append(Hop(resp.status, resp.headers, url))
-                url = next_hop(hops[-1])
-            return file_metadata(hops, what)
-
-        return self.retrying(what, attempt)
-
-
-def _unavailable(what: str, exc: BaseException) -> Retryable:
-    return Retryable(OriginUnavailableError(f"{what} ({_reason(exc)})"))
-
-
-def _unanswered(what: str, url: str, exc: BaseException, timeout: urllib3.Timeout) -> Retryable:
-    """A request that got no answer, in words a person can act on (never the URL's query: a signed CDN
-    URL carries credentials)."""
-    host = host_of(url)
-    if isinstance(exc, NameResolutionError):
-        said = f"the host name of {host} is not known (DNS)"
-    elif isinstance(exc, NewConnectionError):  # a ConnectTimeoutError too, but one that came at once
-        cause = "refused the connection" if "refused" in str(exc).lower() else "cannot be connected to"
-        said = f"{host} {cause}"
-    elif isinstance(exc, ConnectTimeoutError):
-        said = f"{host} accepted no connection within {timeout.connect_timeout:g}s"
-    elif isinstance(exc, ReadTimeoutError):
-        said = f"{host} accepted the connection but sent nothing in {timeout.read_timeout:g}s"
-    elif isinstance(exc, ProtocolError):
-        said = f"{host} closed the connection without an answer"
-    else:
-        said = f"no answer from {host} ({_reason(exc)})"
-    return Retryable(OriginUnansweredError(f"{what}: origin not answering: {said}"))
-
-
-def _reason(exc: BaseException) -> str:
-    """A short cause without URLs' query strings (signed CDN URLs carry credentials)."""
-    reason = getattr(exc, "reason", None) or exc
-    return type(reason).__name__
-
-
-def read_capped(resp: urllib3.BaseHTTPResponse, cap: int, what: str) -> bytes:
-    """A whole API answer of at most `cap` bytes: refused by its Content-Length before a byte is read, or
-    once more than `cap` came (a hostile origin's endless JSON must not fill the agent's memory)."""
-    length = resp.headers.get("Content-Length", "")
-    if length.strip().isdigit() and int(length) > cap:
-        raise OriginError(f"{what}: the origin's answer is {int(length)} bytes, more than the {cap} allowed")
-    parts: list[bytes] = []
-    got = 0
-    while got <= cap:
-        data = resp.read(min(1 << 20, cap + 1 - got))
-        if not data:
-            return b"".join(parts)
-        parts.append(data)
-        got += len(data)
-    raise OriginError(f"{what}: the origin's answer is more than the {cap} bytes allowed")
-
-
-def read_body_into(resp: urllib3.BaseHTTPResponse, view: memoryview) -> int:
-    """Fill `view` from the raw body; fewer bytes only at its end, 0 once it is complete.
-
-    Reads from the socket straight into the caller's buffer. `resp.read(n)` costs, per block,
-    a zeroed bytearray plus a bytes copy in http.client and an allocation: measured at loopback
-    rates that was a large share of `agent fetch`'s CPU, which on a 2-core node competes with
-    hashing. urllib3's own byte count is bypassed, so callers decide keep-alive themselves
-    (`body_complete`). A dropped connection or a read timeout surfaces as a Retryable.
-    """
-    raw = getattr(resp, "_fp", None)
-    if not isinstance(raw, http.client.HTTPResponse):  # not urllib3's usual response: the portable path
-        try:
-            data = resp.read(len(view))
-        except Urllib3Error as exc:
-            raise _unavailable("connection dropped", exc) from None
-        view[: len(data)] = data
-        return len(data)
-    try:
-        return raw.readinto(view)
-    except (OSError, http.client.HTTPException) as exc:
-        raise _unavailable("connection dropped", exc) from None
-
-
-def release(resp: urllib3.BaseHTTPResponse) -> None:
-    """Hand a response's connection back to the pool when its body is over; close it otherwise.
-
-    http.client keeps a HEAD's response open until it is read or collected, and a refused one lives on in
-    its error's traceback while the client backs off. The next request on that connection (another
-    thread's range) was then sent and answered but failed on the client (ResponseNotReady) and was sent
-    again: a range the origin served twice (a daemon test's egress, 1.08 x S).
-    """
-    try:
-        if body_complete(resp):
-            raw = getattr(resp, "_fp", None)
-            if isinstance(raw, http.client.HTTPResponse):
-                raw.close()  # what reading its empty rest would do: the connection is idle again
-        else:
-            resp.close()
-        resp.release_conn()
-    except Exception:  # noqa: BLE001 - cleanup must not mask the real error
-        pass
-
-
-def body_complete(resp: urllib3.BaseHTTPResponse) -> bool:
-    """Whether every body byte was read through `read_body_into` (the connection can be reused)."""
-    raw = getattr(resp, "_fp", None)
-    if isinstance(raw, http.client.HTTPResponse):
-        return raw.length == 0
-    return not resp.length_remaining

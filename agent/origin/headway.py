@@ -13,7 +13,7 @@ counts answers at one byte, and to a patience that restarts on any moved byte. T
 - **a rate floor**: over each `FetchSettings.origin_rate_window` seconds, the blob must bring at least
   `FetchSettings.origin_min_rate` bytes a second, from the origin and from feeds alike (an
   `OriginStalledError`: the partial keeps what it has, and gives back the rest of its reservation).
-  Time spent waiting out an origin that said "later" (429, 5xx: `OriginClient.patiently`'s own bound)
+  Time spent waiting out an origin that said "later" (429, 5xx: `Origin.patiently`'s own bound)
   or stepping aside for other work does not count.
 
 A later rule that lowers a file's streams (a CDN refusing a second one) composes with this: fewer

@@ -1,37 +1,49 @@
-"""The kinds of origin, by the URL scheme of `--origin` (agent.origin.base has the interface): a new
-kind is a module implementing `Origin` and one entry here, which also says whether the agent's
-HF-compatible endpoint can reach it for its clients (agent.origin.hub_api `ClientApi`)."""
+"""The kinds of origin, by the URL scheme of `--origin` (agent.origin.base has the interface): a new kind is
+a module with a class implementing `Kind` and one entry here, which also says whether the agent's
+HF-compatible endpoint can reach it for its clients (agent.origin.hub_api `ClientApi`).
+
+Entries name their classes by dotted path, imported on first use (as uvicorn's protocol table): an
+`agent fetch` of a hub model never loads obstore, nor a bucket fetch httpx.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from agent.core.errors import ConfigError
 from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
-from agent.origin.base import Origin, OriginFactory
-from agent.origin.bucket import BucketOrigin
-from agent.origin.client import OriginClient
-from agent.origin.hub_api import ClientApi, ClientApiFactory, HubClientApi
-from agent.origin.oci_origin import OciOrigin
+from agent.origin.client import Origin
+
+if TYPE_CHECKING:
+    from agent.origin.base import KindFactory
+    from agent.origin.hub_api import ClientApi, ClientApiFactory
 
 
 @dataclass(frozen=True)
 class OriginKind:
     what: str
     """What the origin is, in a sentence's words ("object storage")."""
-    origin: OriginFactory
-    """The origin the fetch engine uses, with the node's token."""
-    client_api: ClientApiFactory | None
-    """How the HF endpoint asks the origin for its clients; None for an origin without the Hub's API,
-    whose nodes' HF endpoint serves nothing (`open_client_api` says why)."""
+    kind: str
+    """`module:Class` of its `Kind` (built from its settings and the most connections it may open)."""
+    client_api: str | None
+    """`module:Class` of how the HF endpoint asks the origin for its clients (a `ClientApi`); None for an
+    origin without the Hub's API, whose nodes' HF endpoint serves nothing (`open_client_api` says why)."""
+    hub_token: bool
+    """Whether the node's hub token (`OriginSettings.token`) is this kind's credential; False: it is
+    dropped before the kind is built (a store or registry has credentials of its own)."""
 
 
-HUB = OriginKind("an HF-compatible hub", OriginClient, HubClientApi)
+HUB = OriginKind(
+    "an HF-compatible hub", "agent.origin.hub:HubOrigin", "agent.origin.hub_api:HubClientApi", hub_token=True
+)
 """huggingface.co, a mirror, `agent serve-hub`."""
-BUCKET = OriginKind("object storage", BucketOrigin, None)
+BUCKET = OriginKind("object storage", "agent.origin.bucket:BucketOrigin", None, hub_token=False)
 """S3 and S3-compatible stores, GCS, Azure Blob (agent.origin.bucket)."""
 
 ORIGIN_KINDS: dict[str, OriginKind] = {
@@ -40,13 +52,19 @@ ORIGIN_KINDS: dict[str, OriginKind] = {
     "s3": BUCKET,
     "gs": BUCKET,
     "az": BUCKET,
-    "oci": OriginKind("an OCI registry", OciOrigin, None),  # agent.origin.oci
+    "oci": OriginKind("an OCI registry", "agent.origin.oci_origin:OciOrigin", None, hub_token=False),
 }
 
 
 class NoClientApi(ConfigError):
     """The origin has no client API; the message says why and is fit for the endpoint's clients (it
     names the origin's kind and scheme, never its URL)."""
+
+
+def load(dotted: str) -> object:
+    """The object `module:name` names, its module imported now if it was not yet."""
+    module, _, name = dotted.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _kind(endpoint: str) -> OriginKind:
@@ -63,9 +81,14 @@ def open_origin(
     interrupt: threading.Event | None = None,
     scrub: Scrub = as_is,
 ) -> Origin:
-    """The origin `settings.endpoint` names, as its kind builds it; `scrub`: how its log lines name the
-    model (a daemon's job: agent.core.modelnames)."""
-    return _kind(settings.endpoint).origin(settings, max_connections, interrupt, scrub)
+    """The origin `settings.endpoint` names, as its kind builds it, with the retries and patience of
+    agent.origin.client `Origin`; `interrupt` ends its waits (the daemon stopping), `scrub`: how its log
+    lines name the model (a daemon's job: agent.core.modelnames)."""
+    kind = _kind(settings.endpoint)
+    if not kind.hub_token:
+        settings = dataclasses.replace(settings, token=None)
+    factory = cast("KindFactory", load(kind.kind))
+    return Origin(factory(settings, max_connections), settings, interrupt, scrub)
 
 
 def open_client_api(settings: OriginSettings) -> ClientApi:
@@ -74,7 +97,7 @@ def open_client_api(settings: OriginSettings) -> ClientApi:
     scheme = urlsplit(settings.endpoint).scheme.lower()
     kind = ORIGIN_KINDS.get(scheme)
     if kind is not None and kind.client_api is not None:
-        return kind.client_api(settings)
+        return cast("ClientApiFactory", load(kind.client_api))(settings)
     hubs = ", ".join(f"{s}://" for s in sorted(ORIGIN_KINDS) if ORIGIN_KINDS[s].client_api is not None)
     what = f"is {kind.what} ({scheme}://)" if kind is not None else f"({scheme}://) is of no known kind"
     serves = f"the HF-compatible endpoint serves hub origins only ({hubs})"

@@ -1,4 +1,4 @@
-"""An OCI registry as an origin (agent.origin.base `Origin`): the thin adapter over the registry client
+"""An OCI registry as an origin kind (agent.origin.base `Kind`): the thin adapter over the registry client
 (agent.origin.oci). `settings.endpoint` is the `oci://` reference; the hub token is never sent.
 
 A revision is the reference's manifest: its digest is the commit (`commit_of`), its raw layers the files,
@@ -16,36 +16,33 @@ import threading
 import urllib3
 
 from agent.core.errors import IntegrityError, NotFoundError, OriginError
-from agent.core.modelnames import Scrub, as_is
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile
-from agent.origin.client import OriginClient
+from agent.origin.base import Resolved
 from agent.origin.oci.auth import Authorizer, credentials_for
 from agent.origin.oci.modelpack import Layer, layers_of
 from agent.origin.oci.reference import commit_of, parse_oci_url
 from agent.origin.oci.registry import Registry, base_url, token_getter
+from agent.origin.session import HttpSession
 
 
-class OciOrigin(OriginClient):
-    """One `oci://REGISTRY/REPOSITORY:TAG` (or `@sha256:…`)."""
+class OciOrigin:
+    """One `oci://REGISTRY/REPOSITORY:TAG` (or `@sha256:…`). Thread-safe; each call one attempt (the
+    wrapper, agent.origin.client `Origin`, retries)."""
 
-    def __init__(
-        self,
-        settings: OriginSettings,
-        max_connections: int = 16,
-        interrupt: threading.Event | None = None,
-        scrub: Scrub = as_is,
-    ) -> None:
-        super().__init__(dataclasses.replace(settings, token=None), max_connections, interrupt, scrub)
+    def __init__(self, settings: OriginSettings, max_connections: int = 16) -> None:
+        self.http = HttpSession(dataclasses.replace(settings, token=None), max_connections)
+        self.endpoint = self.http.endpoint
         self.ref = parse_oci_url(self.endpoint)
         plain = self.ref.registry in settings.oci_plain_http
         credentials = credentials_for(self.ref.registry, settings.oci_auth_file)
 
         def send(method: str, url: str, headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
-            return self._send(method, url, f"{self.ref.registry}", headers)
+            return self.http.send(method, url, f"{self.ref.registry}", headers)
 
         auth = Authorizer(self.ref.registry, credentials, plain, token_getter(send))
         self.registry = Registry(self.ref, base_url(self.ref, settings.oci_plain_http), send, auth)
+        self._lock = threading.Lock()
         self._layers: dict[str, dict[str, Layer]] = {}
         self._digest_of: dict[str, str] = {}
         """blob URL -> its sha256 (`open_range` is handed URLs)."""
@@ -53,8 +50,11 @@ class OciOrigin(OriginClient):
     def __repr__(self) -> str:
         return f"OciOrigin({self.ref.url!r})"
 
+    def close(self) -> None:
+        self.http.close()
+
     def _plan(self, what: str) -> tuple[str, dict[str, Layer]]:
-        found = self.retrying(what, lambda: self.registry.manifest(self.ref.reference, what))
+        found = self.registry.manifest(self.ref.reference, what)
         commit = commit_of(found.digest)
         layers = {layer.path: layer for layer in layers_of(found.body, what)}
         tars = [p for p, layer in layers.items() if layer.archive]
@@ -66,16 +66,18 @@ class OciOrigin(OriginClient):
             self._layers[commit] = layers
         return commit, layers
 
-    def revision(self, repo_id: str, revision: str) -> tuple[str, list[RemoteFile]]:
-        """The reference's manifest now: the URL's tag (or `main`, or the commit it resolves to)."""
+    def resolve(self, repo_id: str, revision: str) -> Resolved:
+        """The reference's manifest now: the URL's tag (or `main`, or the commit it resolves to). Never
+        public: a registry's readers are whoever its credentials allow, so each node reads it itself."""
         commit, layers = self._plan(f"{repo_id} ({self.ref.url})")
         if revision not in ("main", self.ref.revision, commit):
             raise NotFoundError(f"{repo_id}@{revision}: {self.ref.url} resolves to commit {commit[:12]}, "
                                 f"its revision is {self.ref.revision}")
-        return commit, [RemoteFile(p, layer.size, layer.sha256, is_lfs=True) for p, layer in layers.items()]
+        files = [RemoteFile(p, layer.size, layer.sha256, is_lfs=True) for p, layer in layers.items()]
+        return Resolved(commit, files)
 
-    def reported_public(self, repo_id: str) -> bool:
-        return False  # a registry's readers are whoever its credentials allow: each node reads it itself
+    def list_files(self, repo_id: str, commit: str, page: str) -> tuple[list[RemoteFile], str | None]:
+        raise OriginError(f"{repo_id}: a manifest has no further pages")  # `resolve` lists every layer
 
     def has_repo(self, repo_id: str) -> None:
         self._plan(f"{repo_id} ({self.ref.url})")
@@ -97,10 +99,11 @@ class OciOrigin(OriginClient):
         """A HEAD of the layer's blob with this node's credentials (its entitlement to the bytes)."""
         what = f"{repo_id}/{path}"
         layer = self._layer(commit, path, what)
-        size = self.retrying(what, lambda: self.registry.blob_size("sha256:" + layer.sha256, what))
+        size = self.registry.blob_size("sha256:" + layer.sha256, what)
         if size is not None and size != layer.size:
             raise IntegrityError(f"{what}: the registry's blob is {size} bytes, not {layer.size} as listed")
-        return FileMetadata(commit=None, blob_id=None, size=layer.size, url=self._url(layer))
+        # No web seed: a registry's blobs need its credentials, and libtorrent has none.
+        return FileMetadata(commit=None, blob_id=None, size=layer.size, url=self._url(layer), web_seed=False)
 
     def _url(self, layer: Layer) -> str:
         url = self.registry.blob_url("sha256:" + layer.sha256)
@@ -110,9 +113,6 @@ class OciOrigin(OriginClient):
 
     def download_url(self, repo_id: str, commit: str, path: str) -> str:
         return self._url(self._layer(commit, path, f"{repo_id}/{path}"))
-
-    def web_seed_url(self, repo_id: str, commit: str, path: str) -> str | None:
-        return None  # a registry's blobs need its credentials; libtorrent has none
 
     def open_range(self, url: str, start: int, end: int, what: str) -> urllib3.BaseHTTPResponse:
         with self._lock:

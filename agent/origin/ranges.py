@@ -55,7 +55,6 @@ from agent.core.progress import FileProgress
 from agent.core.settings import FetchSettings
 from agent.origin import hedging, streams
 from agent.origin.answers import CdnRefusedError, Retryable
-from agent.origin.base import Origin
 from agent.origin.chunks import (
     READ_BLOCK,
     BlobJob,
@@ -67,11 +66,12 @@ from agent.origin.chunks import (
     chunks_of,
     cut_response,
 )
-from agent.origin.client import body_complete, release
+from agent.origin.client import Origin
 from agent.origin.headway import MEAGRE, SAME_BYTE, Headway
 from agent.origin.hedging import HEDGE_AFTER
 from agent.origin.location import FileLocation
 from agent.origin.prefix import hash_prefix
+from agent.origin.session import body_complete, release
 from agent.origin.share import Share
 from agent.origin.streams import StreamLimits, StreamRefused
 

@@ -16,8 +16,9 @@ from agent.core.progress import Progress
 from agent.core.settings import OriginSettings, Settings
 from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
 from agent.kube.requests import ModelRef, parse_model_ref
-from agent.origin.bucket import BucketOrigin, listing_commit
+from agent.origin.bucket import listing_commit
 from agent.origin.bucket_url import allowed_bucket, split_bucket_url
+from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
 from tests.support.cluster import agent_cli, same_files
 from tests.support.s3kit import FaultProxy, S3Server, Store, put_object, write_bucket_model
@@ -114,7 +115,7 @@ def test_an_object_changed_after_the_listing_fails_clearly_and_leaves_nothing(
 ):
     files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
     settings = settings_for(tmp_path, url_of(store, store_bucket))
-    client = BucketOrigin(settings.origin)
+    client = open_origin(settings.origin)
     try:
         plan = plan_from_origin(client, REPO, "main")
         shard = next(p for p in files if p.endswith(".safetensors"))
@@ -136,7 +137,7 @@ def test_a_range_of_an_object_replaced_mid_download_is_refused(
     """The signed URL's ranges carry If-Match with the listed ETag: a replaced object answers 412, not bytes
     of its new content spliced into the old."""
     files = write_bucket_model(store, store_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
-    client = BucketOrigin(OriginSettings(endpoint=url_of(store, store_bucket)))
+    client = open_origin(OriginSettings(endpoint=url_of(store, store_bucket)))
     try:
         commit, _ = client.revision(REPO, "main")
         shard = next(p for p in files if p.endswith(".safetensors"))
@@ -219,11 +220,11 @@ def test_the_hub_token_never_goes_to_a_store(tmp_path, s3_server, s3_bucket, s3_
     origin = dataclasses.replace(
         OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"), token="hf_secret_token_value"
     )
-    client = BucketOrigin(origin)
+    client = open_origin(origin)
     assert client.settings.token is None
     commit, _ = client.revision(REPO, "main")
     url = client.file_metadata(REPO, commit, "config.json").url
-    assert "Authorization" not in client.headers_for(url)
+    assert "Authorization" not in client.kind.http.headers_for(url)
     client.close()
 
 
@@ -260,7 +261,7 @@ def test_a_bucket_models_plan_records_no_entitlement_a_hub_repo_could_use(
 
     write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=1 << 20, shards=1)
     entitlements = Entitlements(StateDir(tmp_path / "state"))
-    client = BucketOrigin(OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"))
+    client = open_origin(OriginSettings(endpoint=f"s3://{s3_bucket}/{PREFIX}"))
     try:
         plan = plan_fetch(client, None, REPO, "main", entitlements=entitlements, publisher_key=None)
     finally:

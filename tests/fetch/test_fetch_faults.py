@@ -300,14 +300,14 @@ def test_persistent_5xx_gives_up(tmp_path, origin):
 
 def test_token_is_sent_to_the_origin_host_only():
     from agent.core.settings import OriginSettings
-    from agent.origin.client import OriginClient
+    from agent.origin.kinds import open_origin
 
-    client = OriginClient(OriginSettings(endpoint="http://127.0.0.1:8080", token=TOKEN))
-    assert (
-        client.headers_for("http://127.0.0.1:8080/org/m/resolve/main/x")["Authorization"] == f"Bearer {TOKEN}"
-    )
+    client = open_origin(OriginSettings(endpoint="http://127.0.0.1:8080", token=TOKEN))
+    http = client.kind.http
+    on_origin = http.headers_for("http://127.0.0.1:8080/org/m/resolve/main/x")
+    assert on_origin["Authorization"] == f"Bearer {TOKEN}"
     for elsewhere in ("http://127.0.0.2:8080/_cdn/x", "http://127.0.0.1:9090/x", "https://127.0.0.1:8080/x"):
-        assert "Authorization" not in client.headers_for(elsewhere)
+        assert "Authorization" not in http.headers_for(elsewhere)
     assert TOKEN not in repr(client)
 
 
@@ -557,17 +557,18 @@ def test_a_refused_head_leaves_its_connection_fit_for_the_next_request(origin):
     that request again: a whole range served twice (a daemon test's egress, 1.08 x S). One connection
     here, so every request reuses the HEAD's."""
     from agent.core.settings import OriginSettings
-    from agent.origin.client import OriginClient, body_complete, release
+    from agent.origin.kinds import open_origin
+    from agent.origin.session import body_complete, release
 
     srv, files = origin
-    client = OriginClient(OriginSettings(endpoint=srv.url, max_retries=1), max_connections=1)
+    client = open_origin(OriginSettings(endpoint=srv.url, max_retries=1), max_connections=1)
     shard = shards(files)[0]
     meta = client.file_metadata(REPO, "main", shard)
     srv.faults.status_queue = [(429, {"Retry-After": "1", "X-Error-Code": "RateLimited"})]
     srv.reset_counters()
     with pytest.raises(RateLimitedError) as refused:
         client.file_metadata(REPO, "main", shard)
-    resp = client.request("GET", meta.url, shard, {"Range": "bytes=0-99"})
+    resp = client.kind.http.request("GET", meta.url, shard, {"Range": "bytes=0-99"})
     assert resp.read() == files[shard][:100] and body_complete(resp)
     release(resp)
     assert refused.value  # still held, as a retrying caller holds it

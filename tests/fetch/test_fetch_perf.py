@@ -24,7 +24,7 @@ from agent.core.progress import Progress
 from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
 from agent.fetch.publish import publish_directory
 from agent.hub.server import HubServer
-from agent.origin.client import OriginClient
+from agent.origin.kinds import open_origin
 from agent.origin.ranges import OriginSource
 from tests.support.fetchkit import REPO, MiB, model, settings_for, snapshot_contents
 from tests.support.procs import loop_until
@@ -63,7 +63,7 @@ def test_standalone_fetch_skips_pieces_daemon_source_keeps_them_publish_still_wo
 
         # The daemon's path builds OriginSource with its default: piece hashes computed in the one pass.
         full = settings_for(tmp_path / "daemon", srv.url)
-        client = OriginClient(full.origin)
+        client = open_origin(full.origin)
         try:
             plan = plan_from_origin(client, REPO, "main")
             FetchEngine(full, OriginSource(client, full.fetch), Progress(quiet=True)).run(plan)

@@ -67,7 +67,7 @@ def test_a_cli_fetch_from_a_host_allowing_one_stream_per_file_succeeds(tmp_path,
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         assert snapshot_contents(Path(result.stdout.strip().splitlines()[-1])) == files
-        # A reset of a pooled connection is asked again at once on a fresh one (`OriginClient._send`).
+        # A reset of a pooled connection is asked again at once on a fresh one (`HttpSession.send`).
         assert_learned(srv.cdn_streams, files, asks=2 if answer == "reset" else 1)
 
 

@@ -15,7 +15,7 @@ from agent.core.plan import FetchPlan, FileEntry
 from agent.core.progress import FileProgress
 from agent.fetch.engine import install_downloaded
 from agent.origin.answers import CdnRefusedError, host_of, same_host
-from agent.origin.base import Origin
+from agent.origin.client import Origin
 from agent.origin.location import FileLocation
 from agent.origin.ranges import OriginSource
 from agent.relay.receiver import RelayReceiver

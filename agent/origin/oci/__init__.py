@@ -3,5 +3,5 @@
 `reference` (oci:// URLs, the allow-list; no I/O, what the CLI and the daemon's request checks load),
 `auth` (docker config credentials, Basic and the Bearer token flow), `registry` (the OCI distribution
 API: manifests, indexes, blobs with Range, redirects to storage) and `modelpack` (a manifest's layers as
-files). The adapter to the fetch engine's `Origin` is agent.origin.oci_origin.
+files). The adapter, an origin `Kind` (agent.origin.base), is agent.origin.oci_origin.
 """

@@ -17,9 +17,9 @@ import urllib3
 
 from agent.core.errors import AuthError, IntegrityError, NotFoundError, OriginError
 from agent.origin.answers import raise_for_status
-from agent.origin.client import read_capped, release
 from agent.origin.oci.auth import MAX_TOKEN_BYTES, Authorizer
 from agent.origin.oci.reference import OciRef
+from agent.origin.session import read_capped, release
 
 Send = Callable[[str, str, dict[str, str]], urllib3.BaseHTTPResponse]
 """method, URL, headers -> the answer unread, redirects not followed; raises the adapter's `Retryable`
