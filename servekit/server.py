@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from types import FrameType
 
 import uvicorn
@@ -42,3 +43,21 @@ class QuietServer(uvicorn.Server):
         super().handle_exit(sig, frame)
         if self.should_exit:
             self.exit_now()
+
+
+class BindError(OSError):
+    """A listening socket could not be had; the message names the address and why."""
+
+
+def bind_tcp(host: str, port: int, backlog: int, what: str) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when the host has a colon); BindError naming `what`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise BindError(f"cannot listen on {what}: {exc.strerror}") from None
+    sock.listen(backlog)
+    return sock

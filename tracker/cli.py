@@ -335,14 +335,11 @@ def _listen(app: TrackerApp, settings: TrackerSettings, log_level: str) -> None:
 
 def _bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (the server is given its sockets: the probe port is a second)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    from servekit.server import BindError, bind_tcp
+
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
+        sock = bind_tcp(host, port, 2048, f"{host}:{port}")
+    except BindError as exc:
+        raise ConfigError(str(exc)) from None
     sock.set_inheritable(True)
     return sock

@@ -29,7 +29,7 @@ from agent.core.settings import Settings
 from agent.core.sockets import SocketPath
 from servekit.limits import PROBE_LIMITS, ConnectionLimits, Gate, raise_open_file_limit
 from servekit.protocol import ProbePort, uvicorn_options
-from servekit.server import QuietServer
+from servekit.server import BindError, QuietServer, bind_tcp
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +47,10 @@ def split_hostport(value: str, what: str) -> tuple[str, int]:
 
 def tcp_listener(listen: str, what: str) -> socket.socket:
     host, port = split_hostport(listen, what)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {what} {listen}: {exc.strerror}") from None
-    sock.listen(_BACKLOG)
-    return sock
+        return bind_tcp(host, port, _BACKLOG, f"{what} {listen}")
+    except BindError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def unix_listener(path: Path, mode: int, what: str) -> socket.socket:

@@ -13,14 +13,13 @@ import psutil
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 from tests.support.cluster import AgentProcess, TrackerProcess, admin_request, agent_cli
+from tests.support.fetchkit import allocated
 from tests.support.procs import loop_until
 
 MiB, GiB = 2**20, 2**30
 HOSTILE, HONEST = "acme/hostile", "acme/honest"
 
 
-def allocated(root: Path) -> int:
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def fetch(agent: AgentProcess, repo_id: str, wait: float = 60) -> dict[str, Any]:

@@ -27,7 +27,9 @@ from agent.origin.headway import MEAGRE, Headway
 from tests.support.cluster import BIN
 from tests.support.fetchkit import (
     REPO,
+    GiB,
     MiB,
+    allocated,
     leftovers,
     model,
     repo_dir,
@@ -35,13 +37,6 @@ from tests.support.fetchkit import (
     shards,
     snapshot_contents,
 )
-
-GiB = 2**30
-
-
-def allocated(root: Path) -> int:
-    """Bytes of disk the files under `root` hold (allocated blocks, not apparent sizes)."""
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def run_cli(*args: str, timeout: float = 120) -> tuple[int, str, str, int]:

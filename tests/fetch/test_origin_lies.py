@@ -22,7 +22,9 @@ from agent.hub.server import HubServer
 from agent.hub.testmodel import change_shard
 from tests.support.fetchkit import (
     REPO,
+    GiB,
     MiB,
+    allocated,
     assert_one_line_error,
     fetch_args,
     leftovers,
@@ -31,13 +33,6 @@ from tests.support.fetchkit import (
     shards,
     snapshot_contents,
 )
-
-GiB = 2**30
-
-
-def allocated(root: Path) -> int:
-    """Bytes of disk that the files under `root` hold (allocated blocks, not apparent sizes)."""
-    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def test_an_origin_that_lists_ten_gib_and_sends_three_mib_leaves_no_allocation(tmp_path: Path):

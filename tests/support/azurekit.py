@@ -20,13 +20,12 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import quote
 
-from tests.support.procs import free_port, loop_until, require, stop_process
+from tests.support.procs import free_port, listening, loop_until, require, stop_process
 
 AZURITE = Path(__file__).resolve().parents[2] / ".tools" / "node_modules" / ".bin" / "azurite-blob"
 """Where `./dev tools` installs it (the version pinned there)."""
@@ -67,20 +66,12 @@ class AzuriteServer:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=self.workdir,
                                          start_new_session=True)
         try:
-            loop_until(self._listening, timeout=30, what="azurite listening")
+            proc = self.proc
+            loop_until(lambda: listening(proc, self.port, self.log, "azurite"), 30, what="azurite listening")
         except BaseException:
             self.stop()
             raise
 
-    def _listening(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"azurite exited: {self.log.read_text(errors='replace')[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-        except OSError:
-            return False
-        return True
 
     def stop(self) -> None:
         """SIGTERM to its process group (node alone), then `stop_process`: reaped either way."""

@@ -15,6 +15,7 @@ from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
 
 MiB = 2**20
+GiB = 2**30
 REPO = "org/tiny"
 
 
@@ -141,3 +142,8 @@ def assert_one_line_error(result: Any, exit_code: int, *needles: str) -> None:
     assert not any(f"agent/{m}.py" in result.output for m in ("cli", "fetch", "origin", "download", "cache"))
     for needle in needles:
         assert needle in lines[-1], lines[-1]
+
+
+def allocated(root: Path) -> int:
+    """Bytes of disk the files under `root` hold (allocated blocks, not apparent sizes)."""
+    return sum(p.stat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())

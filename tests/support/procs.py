@@ -31,6 +31,17 @@ def loop_until(
     return last
 
 
+def listening(proc: subprocess.Popen[Any], port: int, log: Path, name: str) -> bool:
+    """Whether the server `proc` accepts on 127.0.0.1:`port` yet; fails with its log's tail if it exited."""
+    if proc.poll() is not None:
+        raise AssertionError(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago on `host`, for TCP and UDP, and that no outgoing connection
     will take before the server binds it.

@@ -41,7 +41,7 @@ from urllib.parse import quote, unquote
 import pytest
 
 from tests.support.cluster import write_model
-from tests.support.procs import free_port, loop_until, require, require_module, stop_process
+from tests.support.procs import free_port, listening, loop_until, require, require_module, stop_process
 
 REGION = "us-east-1"
 BLOCK = 256 * 1024
@@ -85,7 +85,8 @@ class S3Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, start_new_session=True)
         try:
-            loop_until(self._listening, timeout=30, what="moto_server listening")
+            proc = self.proc
+            loop_until(lambda: listening(proc, self.port, self.log, "moto_server"), 30, what="moto listening")
             iam = self.client("iam", key=("setup", "setup"))
             iam.create_user(UserName="ws")
             key = iam.create_access_key(UserName="ws")["AccessKey"]
@@ -96,15 +97,6 @@ class S3Server:
             self.stop()
             raise
 
-    def _listening(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"moto_server exited: {self.log.read_text(errors='replace')[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-        except OSError:
-            return False
-        return True
 
     def _check_auth(self) -> None:
         """From here authentication is on: a wrong secret is refused, the user's keys are not."""
