@@ -22,7 +22,15 @@ from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from tracker.settings import TrackerSettings
-from tracker.store import AnnounceResult, LocalPeers, OverLimitError, PeerAddr, PeerStore, SwarmCounts
+from tracker.store import (
+    AnnounceResult,
+    LocalPeers,
+    OverLimitError,
+    PeerAddr,
+    PeerStore,
+    SwarmCounts,
+    UnregisteredTorrentError,
+)
 from wirekit.bencode import bencode
 
 MAX_QUERY_BYTES = 32 * 1024  # room for a 256-hash scrape (~18 KiB)
@@ -268,6 +276,8 @@ async def announce(
         result = await store.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
     except OverLimitError as exc:
         return failure(str(exc)), "limit"
+    except UnregisteredTorrentError as exc:
+        return failure(str(exc)), "error"
     return announce_response(req, result, settings), req.event or "update"
 
 
@@ -286,6 +296,8 @@ def announce_now(
         result = peers.announce(req.infohash, req.peer, req.seeder, req.event, req.numwant, agent)
     except OverLimitError as exc:
         return failure(str(exc)), "limit"
+    except UnregisteredTorrentError as exc:
+        return failure(str(exc)), "error"
     return announce_response(req, result, settings), req.event or "update"
 
 

@@ -15,12 +15,20 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import overload
 
 from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, SwarmLimits
-from tracker.store import AnnounceResult, OverLimitError, PeerAddr, StoreStats, SwarmCounts
+from tracker.store import (
+    UNREGISTERED,
+    AnnounceResult,
+    OverLimitError,
+    PeerAddr,
+    StoreStats,
+    SwarmCounts,
+    UnregisteredTorrentError,
+)
 
 # (packed ip, port, expires at (monotonic), compact form: ip + port, as BEP 23 lists it, peer_id,
 #  announced with the agents' passkey)
@@ -187,11 +195,18 @@ class _Peers(Sequence[PeerAddr]):
 
 class PeerTable:
     """Swarms by infohash, within `limits`; expired peers are swept per swarm when it is announced to,
-    and by `sweep_step` over the whole table (a round at most every ttl / 4)."""
+    and by `sweep_step` over the whole table (a round at most every ttl / 4). `registered(infohash)`:
+    whether a blob's metainfo has it, asked for interop-passkey announces only (None: every one is)."""
 
-    def __init__(self, ttl: float, limits: SwarmLimits | None = None) -> None:
+    def __init__(
+        self,
+        ttl: float,
+        limits: SwarmLimits | None = None,
+        registered: Callable[[bytes], bool] | None = None,
+    ) -> None:
         self.ttl = ttl
         self.limits = limits or SwarmLimits()
+        self._registered = registered
         self._swarms: dict[bytes, _Swarm] = {}
         self._ledger = _Ledger()
         self._round: list[bytes] = []
@@ -204,6 +219,8 @@ class PeerTable:
     def announce(
         self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
+        if not agent and self._registered is not None and not self._registered(infohash):
+            raise UnregisteredTorrentError(UNREGISTERED)
         now = time.monotonic()
         ledger = self._ledger
         swarm = self._swarms.get(infohash)

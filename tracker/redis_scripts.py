@@ -1,11 +1,12 @@
 """The Lua scripts of the Redis store's swarm (tracker.store_redis): one announce is one script (one round
 trip, atomic across replicas), and so is each step of the sweep of the tracker-wide sets.
 
-An announce counts against `SwarmLimits` in three sorted sets scored by expiry, members infohash + peer
-id: the announcing address's entries with its passkey, and every entry with each passkey; and the
-swarms in one more (members infohashes). A new entry over a limit is refused before anything is
-written. Every set is trimmed a bounded number of members per step: Redis runs one script at a time, so
-one that read a whole set would stall every replica.
+An interop-passkey announce is refused unless a blob's metainfo has its infohash (the index key
+`ih:<infohash>`). An announce counts against `SwarmLimits` in three sorted sets scored by expiry,
+members infohash + peer id: the announcing address's entries with its passkey, and every entry with
+each passkey; and the swarms in one more (members infohashes). A new entry over a limit is refused
+before anything is written. Every set is trimmed a bounded number of members per step: Redis runs one
+script at a time, so one that read a whole set would stall every replica.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ ANNOUNCE = (
     + """
 -- pa: this address's entries with this passkey, cls / oth: every entry with this passkey / the other
 -- (members infohash .. peer id, scored by expiry): what the limits count.
-local s, l, a, d, t, ips, pa, cls, oth = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
-  KEYS[8], KEYS[9]
+-- known: the infohash's entry in the metainfo's index (tracker.store_redis), without which the interop
+-- passkey announces nothing.
+local s, l, a, d, t, ips, pa, cls, oth, known = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
+  KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local pid, addr, seeder, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local numwant, ttl, ih = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local max_swarms, max_class, per_address, max_peers =
   tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+if ARGV[8] ~= '1' and redis.call('EXISTS', known) == 0 then return {-1, 'unregistered', {}} end
 local function trim(key, hash, most)
   -- A bounded step (never a whole key at once): each announce adds at most one member.
   local dead = redis.call('ZRANGEBYSCORE', key, '-inf', now, 'LIMIT', 0, most or 100)

@@ -103,6 +103,15 @@ class OverLimitError(Exception):
     is the bencoded failure reason the client gets."""
 
 
+UNREGISTERED = "unregistered torrent: the interop passkey announces only blobs the tracker has metainfo for"
+
+
+class UnregisteredTorrentError(Exception):
+    """An interop-passkey announce for an infohash the tracker holds no metainfo for (a relay, rank or
+    place key, or anything else no blob has): refused, nothing stored. Stock clients crowding a relay
+    key's listing would cost the agents' relay its sources."""
+
+
 # Every method is async so that the Redis store never blocks the event loop.
 
 
@@ -128,7 +137,8 @@ class PeerStore(abc.ABC):
         self, infohash: bytes, peer: PeerAddr, seeder: bool, event: str, numwant: int, agent: bool = True
     ) -> AnnounceResult:
         """Record (or, for event=stopped, remove) the peer; return counts and up to numwant peers.
-        `agent`: the announce carried the agents' passkey, so its address joins `peer_addresses`."""
+        `agent`: the announce carried the agents' passkey, so its address joins `peer_addresses`; without
+        it (the interop passkey) UnregisteredTorrentError unless a blob's metainfo has this infohash."""
 
     @abc.abstractmethod
     async def scrape(self, infohashes: list[bytes]) -> dict[bytes, SwarmCounts]:

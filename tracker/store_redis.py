@@ -5,7 +5,8 @@ of their addresses; every key gets a PEXPIRE of one peer TTL on each announce, s
 swarm vanishes by itself. An announce is one Lua script (one round trip, atomic).
 Leases are `max_holders` slot keys taken with SET NX PX: a holder that dies simply lets
 its key expire. Manifests and metainfo are plain keys without expiry (durable as far as
-the Redis persistence configuration makes them); a manifest write is one Lua script, so the
+the Redis persistence configuration makes them), with an index by infohash (`ih:<infohash>`, what an
+interop-passkey announce needs); a manifest write is one Lua script, so the
 check against the set of published repos, the comparison with a stored manifest of the same
 commit (a commit's files never change) and the write are atomic across replicas.
 """
@@ -38,6 +39,7 @@ from tracker.errors import (
 from tracker.redis_scripts import ANNOUNCE, NOW, TRIM
 from tracker.settings import ADDRESS_FULL, PEERS_FULL, SWARMS_FULL, TrackerSettings
 from tracker.store import (
+    UNREGISTERED,
     AnnounceResult,
     LeaseHolder,
     LeaseState,
@@ -48,6 +50,7 @@ from tracker.store import (
     Store,
     StoreStats,
     SwarmCounts,
+    UnregisteredTorrentError,
 )
 
 _LEASE_ACQUIRE = (
@@ -133,9 +136,17 @@ return 0
 """
 
 _PUT_METAINFO = """
+-- KEYS[3]: the infohash's entry in the index interop announces are checked against (the blob id), set
+-- again with the same dict too: an agent registering its blobs again fills it in a store from before it.
 if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 1 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('SET', KEYS[3], ARGV[2])
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[3], ARGV[2])
+  return 0
+end
 return -2
 """
 
@@ -143,6 +154,7 @@ _QUARANTINE = """
 local info = redis.call('GET', KEYS[1])
 if not info or redis.sha1hex(info) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[4])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 redis.call('RPUSH', KEYS[3], ARGV[2])
 redis.call('LTRIM', KEYS[3], -100, -1)
@@ -242,6 +254,7 @@ class RedisStore(Store):
             self._k(b"held:" + mine, ip),
             self._k(b"entries", mine),
             self._k(b"entries", theirs),
+            self._k(b"ih", infohash),
         ]
         limits = self._limits
         per_class, per_address = limits.peers_for(agent)
@@ -261,6 +274,8 @@ class RedisStore(Store):
         ]
         complete, incomplete, flat = await self._announce(keys=keys, args=args)
         if int(complete) < 0:
+            if _b(incomplete) == b"unregistered":
+                raise UnregisteredTorrentError(UNREGISTERED)
             raise OverLimitError(_REFUSED[_b(incomplete)])
         peers: list[PeerAddr] = []
         for i in range(0, len(flat), 2):
@@ -352,8 +367,12 @@ class RedisStore(Store):
     # -- metainfo ------------------------------------------------------------------------
     async def put_metainfo(self, blob_id: str, infohash: str, info: bytes) -> bool:
         # One script: the quarantine check and the write are atomic with a report on another replica.
-        keys = [self._k(b"meta", blob_id), self._k(b"quar", f"{blob_id}:{infohash}")]
-        outcome = int(await self._put_meta(keys=keys, args=[info]))
+        keys = [
+            self._k(b"meta", blob_id),
+            self._k(b"quar", f"{blob_id}:{infohash}"),
+            self._k(b"ih", bytes.fromhex(infohash)),
+        ]
+        outcome = int(await self._put_meta(keys=keys, args=[info, blob_id]))
         if outcome == -1:
             raise QuarantinedMetainfoError(blob_id, infohash)
         if outcome == -2:
@@ -382,6 +401,7 @@ class RedisStore(Store):
             self._k(b"meta", blob_id),
             self._k(b"quar", f"{blob_id}:{infohash}"),
             self._k(b"qlog", blob_id),
+            self._k(b"ih", bytes.fromhex(infohash)),
         ]
         # The script removes the dict only if it is still the reported one (sha1 = infohash).
         args: list[str | int] = [infohash, json.dumps(record), self._hold_ms]

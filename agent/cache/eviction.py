@@ -47,6 +47,7 @@ from agent.cache.layout import BlobDigest, StateDir, write_atomic
 from agent.cache.partials import INCOMPLETE
 from agent.core.errors import CacheFullError, NotFoundError
 from agent.core.metainfo import infohash
+from agent.core.modelnames import RepoName, as_is
 from agent.core.settings import OpsSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -351,10 +352,12 @@ def remove_model(
     revision: str | None = None,
     readers: BlobReaders | None = None,
     leaving: BlobLeaving | None = None,
+    name: RepoName = as_is,
 ) -> Removed:
     """`agent rm REPO[@REV]`: the revision(s), then every blob of the repo no remaining revision uses.
 
-    Content another repo shares stays for that repo (only this repo's link goes), still seeded."""
+    Content another repo shares stays for that repo (only this repo's link goes), still seeded. `name`:
+    how a log line names the repo (the daemon's `ModelNames.repo`: its logs are shipped)."""
     repos = scan_cache(settings.cache_dir)
     repo = repos.get(repo_id)
     commits = repo.commit_for(revision) if repo else []
@@ -369,7 +372,7 @@ def remove_model(
     for blob_id in sorted(set(repo.blobs) - still_used):
         with readers.evicting(blob_id) as claimed:
             if not claimed:
-                log.warning("%s: blob %s is being served; left in place", repo_id, blob_id[:12])
+                log.warning("%s: blob %s is being served; left in place", name(repo_id), blob_id[:12])
                 continue
             freed += _unlink_blob(repos, repo, blob_id, settings.state_dir, leaving)
             gone.append(blob_id)
@@ -424,8 +427,11 @@ class Evictor:
         pins: Callable[[], Iterable[str]] = lambda: (),
         leaving: BlobLeaving | None = None,
         on_evict: Callable[[Evicted], None] | None = None,
+        name: RepoName = as_is,
     ) -> None:
+        """`name`: how a log line names a repo (the daemon's `ModelNames.repo`)."""
         self.settings = settings
+        self._name = name
         self.usage = usage
         self.readers = readers
         self._pins = pins
@@ -521,7 +527,7 @@ class Evictor:
                 "evicted %s %s of %s (%d bytes, last used %s)",
                 "partial blob" if blob_id.endswith(INCOMPLETE) else "blob",
                 blob_id[:12],
-                ", ".join(item.repo_ids),
+                ", ".join(map(self._name, item.repo_ids)),
                 size,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last)) if last else "never",
             )

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from agent.cache.layout import StateDir, is_blob_id, is_commit, repo_folder_name, write_atomic
+from agent.core.modelnames import Scrub, as_is
 from agent.core.plan import FetchPlan
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,10 @@ class Provenance:
     """The records of one state dir (a read-modify-write per fetch: the last writer of a repo wins, and a
     lost record costs only the snapshot-only check)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, scrub: Scrub = as_is) -> None:
+        """`scrub`: a daemon job's (agent.core.modelnames), as its log lines name the repo's file."""
         self.root = StateDir(state_dir).origins
+        self._scrub = scrub
 
     def _path(self, repo_id: str) -> Path:
         return self.root / f"{repo_folder_name(repo_id)}.json"
@@ -61,7 +64,7 @@ class Provenance:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            log.info("ignoring %s: %s", self._path(repo_id), exc)
+            log.info("%s", self._scrub(f"ignoring {self._path(repo_id)}: {exc}"))
             return {}
         if not isinstance(data, dict) or data.get("version") != _VERSION:
             return {}
@@ -82,7 +85,7 @@ class Provenance:
             write_atomic(self._path(plan.repo_id), json.dumps(out, sort_keys=True).encode(), fsync=False)
         except OSError as exc:
             # The fetch itself is fine; only an outage or a repair would miss this record.
-            log.warning("cannot write %s: %s", self._path(plan.repo_id), exc.strerror)
+            log.warning("%s", self._scrub(f"cannot write {self._path(plan.repo_id)}: {exc.strerror}"))
 
     def origin_of(self, repo_id: str) -> str | None:
         origin = self._load(repo_id).get("origin")

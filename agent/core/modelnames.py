@@ -47,6 +47,10 @@ def as_is(text: str) -> str:
     return text
 
 
+RepoName = Callable[[str], str]
+"""A repo id -> how a log line names it (`ModelNames.repo`; `as_is` where every name may be shown)."""
+
+
 class ModelNames:
     """Thread-safe; one per daemon. `public(repo_id)`: the origin last reported the repo public."""
 
@@ -67,7 +71,17 @@ class ModelNames:
             return name
         full = f"{name}={source}" if source else name
         digest = hmac.new(self._key, full.encode(), hashlib.sha256).hexdigest()[:_DIGITS]
-        label = HIDDEN_PREFIX + digest
+        return self._remember(HIDDEN_PREFIX + digest, full)
+
+    def repo(self, repo_id: str) -> str:
+        """The name of a repo as a whole (a line about its blobs or its access, no revision at hand): its
+        id if public, else a hidden label of the id alone (listed on the admin socket as `org/name`)."""
+        if self._public(repo_id):
+            return repo_id
+        digest = hmac.new(self._key, repo_id.encode(), hashlib.sha256).hexdigest()[:_DIGITS]
+        return self._remember(HIDDEN_PREFIX + digest, repo_id)
+
+    def _remember(self, label: str, full: str) -> str:
         with self._lock:
             self._known.pop(label, None)
             self._known[label] = full

@@ -94,7 +94,9 @@ class NodeOps:
         self.extra_pins: set[str] = set()
         """`REPO[@REV]` pinned for pods on this node (`pin_for_pods`); replaced, never mutated: the
         evictor copies it each pass."""
-        self.evictor = Evictor(settings, self.usage, self.readers, self._pins, seeder.leaving, self._evicted)
+        self.evictor = Evictor(
+            settings, self.usage, self.readers, self._pins, seeder.leaving, self._evicted, names.repo
+        )
         self.evictor.cannot_fit_hooks.append(lambda _e: self.metrics.cache_full.inc())
         self.hf = HfEndpoint(settings, self.readers, self.usage, self.metrics, request_model, arrivals)
         self._cache_bytes: tuple[float, int] = (float("-inf"), 0)
@@ -205,12 +207,15 @@ class NodeOps:
                 f"{repo_id} is in use on this node ({', '.join(sorted(set(users)))}: a pod's request, a "
                 "running fetch or --pin); pass --force to remove it anyway"
             )
-        removed = remove_model(self.settings, repo_id, revision, self.readers, self._seeder.leaving)
+        removed = remove_model(
+            self.settings, repo_id, revision, self.readers, self._seeder.leaving, self.metrics.names.repo
+        )
         self.usage.forget(set(removed.blobs) - set(removed.shared))
         return removed
 
     def _publish(self, directory: Path, repo_id: str, revision: str) -> PublishResult:
         s = self.settings
         source, root = check_publish_source(s, directory)
-        check_publishable(s, repo_id, registering=self._tracker is not None)
-        return publish_directory(s, source, repo_id, revision, self._tracker, self._seeder.seed, root)
+        name = self.metrics.names.repo
+        check_publishable(s, repo_id, registering=self._tracker is not None, name=name)
+        return publish_directory(s, source, repo_id, revision, self._tracker, self._seeder.seed, root, name)

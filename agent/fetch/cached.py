@@ -67,14 +67,20 @@ def quick(origin: OriginSettings) -> OriginSettings:
 
 
 def cached_plan(
-    settings: Settings, repo_id: str, revision: str, include: Sequence[str] = (), exclude: Sequence[str] = ()
+    settings: Settings,
+    repo_id: str,
+    revision: str,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    scrub: Scrub = as_is,
 ) -> FetchPlan | None:
-    """The plan of `repo_id@revision` when every wanted file is in place in the cache, else None."""
+    """The plan of `repo_id@revision` when every wanted file is in place in the cache, else None
+    (`scrub`: a daemon job's, for the log line of an unreadable record)."""
     cache = RepoCache(settings.cache_dir, settings.state_dir, repo_id)
     commit = revision if is_commit(revision) else cache.read_ref(revision)
     if commit is None or not is_commit(commit) or not (cache.snapshots_dir / commit).is_dir():
         return None
-    record = Provenance(settings.state_dir).listing(repo_id, commit)
+    record = Provenance(settings.state_dir, scrub).listing(repo_id, commit)
     if record is not None:
         paths, known = record
         chosen_paths = [p for p in paths if wanted(p, include, exclude)]

@@ -177,7 +177,7 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     # manifest at once); only when neither can plan it does the job wait for the origin.
     # A revision the cache holds whole is served from it when the origin cannot be asked (one quick
     # try, not the retries and the patience): a node that holds a model starts its pods through an outage.
-    cached = cached_plan(settings, key.repo_id, key.revision, key.include, key.exclude)
+    cached = cached_plan(settings, key.repo_id, key.revision, key.include, key.exclude, scrub)
 
     def ask(origin: Origin, standby: bool) -> FetchPlan:
         return plan_fetch(
@@ -227,7 +227,8 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
         # objects (a new commit that changed others) is planned by content here, whoever reads the rest.
         ListingIds(settings.state_dir).learnt(listed, plan)
     if not plan.from_cache:
-        Provenance(settings.state_dir).record(client.endpoint, dataclasses.replace(plan, files=result.files))
+        fetched = dataclasses.replace(plan, files=result.files)
+        Provenance(settings.state_dir, scrub).record(client.endpoint, fetched)
     _publish_manifest(ctx, plan, scrub)
     job.finish(str(result.snapshot_path))
 

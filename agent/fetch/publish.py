@@ -39,6 +39,7 @@ from agent.core.errors import (
 )
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
+from agent.core.modelnames import RepoName, as_is
 from agent.core.settings import Settings
 from agent.core.signing import load_private_key, manifest_payload, sign_manifest
 from agent.origin.kinds import open_origin
@@ -111,20 +112,21 @@ def check_can_register(settings: Settings) -> None:
     load_private_key(daemon.publisher_signing_key)  # an unusable key is a ConfigError now, not after copying
 
 
-def check_publishable(settings: Settings, repo_id: str, registering: bool) -> None:
+def check_publishable(settings: Settings, repo_id: str, registering: bool, name: RepoName = as_is) -> None:
     """Everything that must hold before a publish copies a byte: a valid repo id, what registering
     with the tracker needs (`registering`), and a repo id the origin does not have."""
     check_repo_id(repo_id)
     if registering:
         check_can_register(settings)
-    check_repo_id_unowned(settings, repo_id)
+    check_repo_id_unowned(settings, repo_id, name)
 
 
-def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
+def check_repo_id_unowned(settings: Settings, repo_id: str, name: RepoName = as_is) -> None:
     """Refuse a repo id the origin has, so a local publish never shadows a Hub repo (clients asking
     for it would get the local files). A private repo the node's token cannot see looks absent
     (the Hub answers it with RepoNotFound), which no check can tell apart. When the origin cannot
-    be asked, refuse unless `daemon.publish_unchecked_ids` (an air-gapped cluster)."""
+    be asked, refuse unless `daemon.publish_unchecked_ids` (an air-gapped cluster). `name`: how a log
+    line names the repo (the daemon's `ModelNames.repo`)."""
     client = open_origin(settings.origin, max_connections=1)
     try:
         client.has_repo(repo_id)
@@ -134,7 +136,7 @@ def check_repo_id_unowned(settings: Settings, repo_id: str) -> None:
         pass  # it exists, gated or forbidden to this node
     except WeightswarmError as exc:
         if settings.daemon.publish_unchecked_ids:
-            log.warning("publishing %s without knowing whether the origin has it: %s", repo_id, exc)
+            log.warning("publishing %s without knowing whether the origin has it: %s", name(repo_id), exc)
             return
         raise RefusedError(
             f"cannot ask the origin whether it has {repo_id} ({exc}); publish under an id the origin "
@@ -206,10 +208,12 @@ def publish_directory(
     tracker: TrackerClient | None = None,
     seed: SeedBlob | None = None,
     boundary: Path | None = None,
+    name: RepoName = as_is,
 ) -> PublishResult:
     """`boundary`: where the folder's symlinks may point (`local_files`). With a `tracker`, the
     manifest is signed with `settings.daemon.publisher_signing_key` and registered with the
-    publisher-role token (both checked before anything is copied)."""
+    publisher-role token (both checked before anything is copied). `name`: how a log line names the
+    repo (the daemon's `ModelNames.repo`)."""
     check_repo_id(repo_id)
     safe_relpath(revision)
     if tracker is not None:
@@ -267,6 +271,8 @@ def publish_directory(
             tracker.publish_manifest(repo_id, commit, revision, manifest, signature=signature)
             published = True
         except TrackerError as exc:
-            log.warning("%s@%s is in the local cache but not on the tracker: %s", repo_id, commit[:12], exc)
+            log.warning(
+                "%s@%s is in the local cache but not on the tracker: %s", name(repo_id), commit[:12], exc
+            )
             raise
     return PublishResult(repo_id, revision, commit, cache.snapshot_dir(commit), manifest, published, seeded)

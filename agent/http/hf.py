@@ -133,7 +133,7 @@ class HfEndpoint:
             # Not a start failure: the node still fetches for its pods; only this endpoint has nothing
             # to proxy. Asking such an origin's URL over HTTP would only look like an outage to a client.
             self.not_served = str(exc)
-        self.checker = OriginAccess(self.api, self.access) if self.api is not None else None
+        self.checker = None if self.api is None else OriginAccess(self.api, self.access, metrics.names.repo)
         self._said: OrderedDict[str, float] = OrderedDict()
         self._said_lock = threading.Lock()
 

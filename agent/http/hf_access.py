@@ -34,6 +34,7 @@ from typing import Any
 
 from fastapi import Response
 
+from agent.core.modelnames import RepoName, as_is
 from agent.http.hf_answers import hub_error, origin_refusal
 from agent.origin.hub_api import Answer, ClientApi, Unreachable
 
@@ -130,15 +131,17 @@ class AccessCache:
         return (known is not None and known.public) or self.granted(repo_id, credential)
 
 
-def redirected(what: str, repo_id: str, status: int) -> tuple[int, str]:
-    """A redirect on an access request: no decision (not followed, so no other URL decides)."""
-    log.warning("the origin answered the %s of %s with HTTP %d; not followed", what, repo_id, status)
+def redirected(what: str, repo_id: str, status: int, name: RepoName) -> tuple[int, str]:
+    """A redirect on an access request: no decision (not followed, so no other URL decides). `name`: how
+    the log line names the repo (the answer, for the client who asked, names it)."""
+    log.warning("the origin answered the %s of %s with HTTP %d; not followed", what, name(repo_id), status)
     return 502, f"the origin answered the {what} of {repo_id} with a redirect (HTTP {status}); not followed"
 
 
-def visibility_of(repo_id: str, answer: Answer) -> Visibility:
+def visibility_of(repo_id: str, answer: Answer, name: RepoName = as_is) -> Visibility:
     """The origin's answer to the agent's anonymous model-info request, read strictly: public only
-    with `"private": false` and `"gated": false` both present in a 200 JSON object."""
+    with `"private": false` and `"gated": false` both present in a 200 JSON object. `name`: as in
+    `redirected`."""
     status = answer.status
     info: Any = None
     if status == 200:
@@ -153,11 +156,11 @@ def visibility_of(repo_id: str, answer: Answer) -> Visibility:
         if private is False and gated in ("auto", "manual"):
             msg = f"Access to model {repo_id} is restricted. You must have access to it and be authenticated."
             return Visibility(False, False, gated, (401, msg, "GatedRepo"))
-        log.warning("the origin's model info of %s does not say it is public: tokens only", repo_id)
+        log.warning("the origin's model info of %s does not say it is public: tokens only", name(repo_id))
         msg = f"the origin does not say that {repo_id} is public; send a token that may read it"
         return Visibility(False, private is not False, gated or "auto", (403, msg, None))
     if 300 <= status < 400:
-        return Visibility(False, True, False, (*redirected("model info", repo_id, status), None))
+        return Visibility(False, True, False, (*redirected("model info", repo_id, status, name), None))
     if status >= 400:  # private or missing: the origin's own refusal, which does not say which
         message = answer.headers.get("x-error-message") or "Repository not found"
         return Visibility(False, True, False, (status, message, answer.headers.get("x-error-code")))
@@ -176,10 +179,12 @@ class _Throttled(Exception):
 class OriginAccess:
     """Asks the origin whether a client may read a repo's files, and keeps its answers (`cache`)."""
 
-    def __init__(self, api: ClientApi, cache: AccessCache) -> None:
-        """`api` asks the origin (agent.origin.hub_api: it follows no redirect of these requests)."""
+    def __init__(self, api: ClientApi, cache: AccessCache, name: RepoName) -> None:
+        """`api` asks the origin (agent.origin.hub_api: it follows no redirect of these requests); `name`:
+        how log lines name a repo (agent.core.modelnames)."""
         self.api = api
         self.cache = cache
+        self.name = name
 
     async def check(self, repo_id: str, authorization: str | None) -> Response | None:
         """None when the client may read the repo's files, else the answer to send it (the origin's
@@ -198,7 +203,7 @@ class OriginAccess:
         except _Throttled as exc:
             return origin_refusal(exc.answer, "the origin is rate limiting this node; retry later")
         except Unreachable as exc:
-            log.warning("origin unreachable for the access check of %s (%s)", repo_id, exc)
+            log.warning("origin unreachable for the access check of %s (%s)", self.name(repo_id), exc)
             return hub_error(503, f"origin unreachable: cannot check access to {repo_id}; retry later")
 
     async def _ask_visibility(self, repo_id: str) -> Visibility:
@@ -206,7 +211,7 @@ class OriginAccess:
         answer = await self.api.model_info(repo_id)
         if answer.status == 429:
             raise _Throttled(answer)
-        visibility = visibility_of(repo_id, answer)
+        visibility = visibility_of(repo_id, answer, self.name)
         self.cache.set_visibility(repo_id, visibility)
         return visibility
 
@@ -221,5 +226,5 @@ class OriginAccess:
             return None
         self.cache.revoke(repo_id, credential)
         if 300 <= status < 400:
-            return hub_error(*redirected("auth check", repo_id, status))
+            return hub_error(*redirected("auth check", repo_id, status, self.name))
         return origin_refusal(answer, f"the origin refused access to {repo_id}")

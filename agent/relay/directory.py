@@ -58,7 +58,7 @@ Trust: the relayed bytes are origin bytes passed on, as a direct origin download
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then
 takes the lease path again). Relay requests need the relay credential, derived from the passkey
 (the passkey itself never goes to a peer), come only from addresses the peer gate admits, and go only
-to them: the tracker lists whoever announced a key, interop clients included.
+to them (the tracker refuses the interop passkey on these keys, which no metainfo has).
 """
 
 from __future__ import annotations

@@ -160,6 +160,40 @@ def test_info_logs_name_a_gated_repo_by_its_label_and_a_public_one_by_its_name(t
                      rf"{re.escape(public)}", log), log
 
 
+def test_eviction_and_access_lines_name_a_gated_repo_by_a_label(tmp_path, make_hub, caplog):
+    """Issue 62 part 5, the lines about a repo's blobs or access rather than a job: the evictor making
+    room for a public model names the gated one it evicts by a label, as does the HF endpoint's warning
+    when the origin cannot be asked about the gated repo. `agent verify`'s repair lines are the CLI's
+    (the operator's terminal), not the daemon's."""
+    write_models(tmp_path / "hub", [SECRET, PUBLIC], total_bytes=2**20, shards=2, seed=3)
+    hub = make_hub(tmp_path / "hub", tokens=[GOOD], gated=[SECRET])
+    settings = agent_settings(tmp_path, "node", hub.url, None)
+    settings = dataclasses.replace(
+        settings,
+        origin=dataclasses.replace(settings.origin, token=GOOD),
+        ops=dataclasses.replace(settings.ops, cache_max_bytes=3 * 2**19),  # one model at a time
+    )
+    caplog.set_level("INFO")
+    daemon = Daemon(settings)
+    daemon.start()
+    try:
+        for repo_id in (SECRET, PUBLIC):
+            job = daemon.request_model(repo_id, "main", lend=True)
+            assert job.wait(90) and job.status().phase == "Ready", job.status()
+        hub.stop()
+        answer = httpx.get(f"{daemon.api_url}/{SECRET}/resolve/main/config.json", timeout=30)
+        assert answer.status_code == 503, answer.text
+    finally:
+        daemon.stop()
+    # The daemon's lines: not the test hub's access log, nor this test's own HTTP client.
+    ours = [r for r in caplog.records if r.levelno >= 20 and not r.name.startswith(("agent.hub", "httpx"))]
+    lines = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in ours]
+    evicted = [line for line in lines if "evicted blob" in line]
+    assert evicted and all(re.search(r" of hidden-[0-9a-f]{16} \(", line) for line in evicted), lines
+    assert any(f"access check of {HIDDEN_PREFIX}" in line for line in lines), "\n".join(lines)
+    assert not [line for line in lines if "secret-project" in line.lower()]
+
+
 SOURCES = {"peers", "origin", "cache"}
 """Issue 63 item 8: where bytes came from, in every series."""
 MODEL = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+@[^@\s]+|hidden-[0-9a-f]{16}")

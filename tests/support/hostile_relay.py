@@ -8,10 +8,13 @@ raw-socket HTTP/1.1 server on its own loopback address that answers the relay ro
 - "stall": a MiB, then nothing while the connection stays open (as a process whose upstream hung);
 - "trickle": a byte every `every` seconds (a slow-read attack turned round: Slowloris sends its
   request's headers a few bytes at a time to hold a server's worker, this holds the receiver's);
+- "head": the reply head a byte every `every` seconds (0: as fast as the socket takes them), a header
+  line that never ends (Slowloris's trick against a server's header read, turned round: RFC 9112 sets no
+  limit on a head's size or time, so the reader must; Node.js stops at 16 KiB, `headersTimeout`);
 - "refuse": a bare 503, to record who asks and with what credential.
 
 Each connection runs at most `HOLD` seconds and every socket closes at `stop`. `requests` records the
-head of each request (lower-case header names)."""
+head of each request (lower-case header names), `held` how long each connection lasted."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from urllib.parse import quote_from_bytes
 import httpx
 
 from tests.support.procs import free_port
+from wirekit.bencode import bdecode
 
 MiB = 2**20
 HOLD = 120.0
@@ -35,6 +39,8 @@ class HostileRelay:
         self.host, self.data, self.size, self.mode, self.every = host, data, len(data), mode, every
         self.port = free_port(host)
         self.requests: list[dict[str, str]] = []
+        self.held: list[float] = []
+        """Seconds each connection lasted, until the receiver left (a send failed) or we ended it."""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
@@ -92,6 +98,9 @@ class HostileRelay:
             if self.mode == "refuse":
                 conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
                 return
+            if self.mode == "head":
+                self._endless_head(conn, began)
+                return
             first, _, last = headers.get("range", "bytes=0-").removeprefix("bytes=").partition("-")
             start, end = int(first), int(last) + 1 if last else self.size
             close = "Connection: close\r\n" if self.mode == "close" else ""
@@ -119,11 +128,27 @@ class HostileRelay:
             return  # the receiver closed the connection
         finally:
             conn.close()
+            with self._lock:
+                self.held.append(time.monotonic() - began)
 
 
-def announce_relay_source(tracker_url: str, passkey: str, key: bytes, host: str, port: int) -> None:
+    def _endless_head(self, conn: socket.socket, began: float) -> None:
+        """A 206's status line, then a header line a byte at a time until the receiver leaves (a send
+        fails: OSError), or `HOLD`, or `stop`."""
+        head = b"HTTP/1.1 206 Partial Content\r\nX-Pad: "
+        conn.settimeout(5)  # a receiver that stops reading without closing: sendall times out, we end
+        at = 0
+        while not self._stop.is_set() and time.monotonic() - began < HOLD:
+            conn.sendall(head[at : at + 1] if at < len(head) else b"a")
+            at += 1
+            if self.every and self._stop.wait(self.every):
+                return
+
+
+def announce_relay_source(tracker_url: str, passkey: str, key: bytes, host: str, port: int) -> dict:
     """Announce `host:port` as a seeder of the tracker key `key` (a blob's relay key), from `host`, with
-    `passkey` in the path: the agents' passkey (a stolen one) or the interop passkey (any stock client)."""
+    `passkey` in the path: the agents' passkey (a stolen one) or the interop passkey (any stock client).
+    The tracker's bencoded answer."""
     query = (
         f"info_hash={quote_from_bytes(key)}&peer_id={quote_from_bytes(b'-XX0001-' + b'h' * 12)}"
         f"&port={port}&left=0&event=started&compact=1"
@@ -131,4 +156,5 @@ def announce_relay_source(tracker_url: str, passkey: str, key: bytes, host: str,
     transport = httpx.HTTPTransport(local_address=host)
     with httpx.Client(transport=transport, timeout=10) as client:
         resp = client.get(f"{tracker_url}/announce/{passkey}?{query}")
-    assert resp.status_code == 200 and b"failure" not in resp.content, resp.content
+    assert resp.status_code == 200, resp.content
+    return dict(bdecode(resp.content))

@@ -26,6 +26,7 @@ from tests.support.cluster import (
     model_origin,
 )
 from tests.support.hostile_relay import HostileRelay, announce_relay_source
+from tests.support.procs import loop_until
 
 MiB = 2**20
 SHARD = 24 * MiB  # relayed: 16 MiB or more
@@ -90,12 +91,16 @@ class SocketsTo:
         self._thread.join(5)
 
 
-def receive_past(hostile: HostileRelay, one_shard, tracker, make_agent, passkey: str) -> float:
-    """List `hostile` as the blob's relay source (announced with `passkey`), then fetch the model on a new
-    node b: the seconds its fetch took, with the shard from peers, and memory and open files bounded."""
-    path, data = shard(one_shard)
-    blob = hashlib.sha256(data).hexdigest()
-    announce_relay_source(tracker.url, passkey, relay_infohash(blob), hostile.host, hostile.port)
+def list_source(hostile: HostileRelay, one_shard, tracker, passkey: str) -> dict:
+    """Announce `hostile` on the blob's relay key with `passkey`: the tracker's answer."""
+    blob = hashlib.sha256(shard(one_shard)[1]).hexdigest()
+    return announce_relay_source(tracker.url, passkey, relay_infohash(blob), hostile.host, hostile.port)
+
+
+def receive_past(hostile: HostileRelay, one_shard, tracker, make_agent) -> float:
+    """Fetch the model on a new node b, `hostile` listed (or not) as the blob's relay source: the seconds
+    its fetch took, with the shard from peers, and memory and open files bounded."""
+    path, _ = shard(one_shard)
     b = make_agent("b", one_shard, tracker, daemon=RELAY_STALL)
     me = psutil.Process()
     rss, fds = me.memory_info().rss, me.num_fds()
@@ -134,7 +139,8 @@ def test_a_relay_source_that_misbehaves_costs_the_receiver_a_bounded_time_then_t
     _, data = shard(one_shard)
     hostile = HostileRelay("127.0.0.3", data, mode, every=every or 0.5)
     try:
-        took = receive_past(hostile, one_shard, tracker, make_agent, PASSKEY)
+        assert b"failure reason" not in list_source(hostile, one_shard, tracker, PASSKEY)
+        took = receive_past(hostile, one_shard, tracker, make_agent)
         assert took < BOUND
         # Asked (with the credential: it holds an agent's address), and not again without bound.
         assert hostile.requests, "the receiver never asked the hostile source: no test"
@@ -144,16 +150,44 @@ def test_a_relay_source_that_misbehaves_costs_the_receiver_a_bounded_time_then_t
 
 
 @pytest.mark.timeout(120)
-def test_a_stock_client_listed_as_a_relay_source_is_never_asked_nor_sent_the_credential(
+@pytest.mark.parametrize("every", [0.5, 0.0])
+def test_a_relay_source_sending_its_reply_head_a_byte_at_a_time_is_left_within_the_stall_time(
+    one_shard, tracker, make_agent, seeded, every
+):
+    """A source (holding the agents' passkey) that sends its reply head a byte every half second, or an
+    endless head as fast as the socket takes it: http.client read a head line by line with a timeout per
+    read (100 lines of 64 KiB), so a byte within each timeout held the receiver as long as the source
+    liked. The head must be whole within the relay's stall time and 16 KiB (agent.relay.heads): the
+    source is left after one request, within the stall time, and the blob comes from the seed."""
+    _, data = shard(one_shard)
+    hostile = HostileRelay("127.0.0.4", data, "head", every=every)
+    try:
+        assert b"failure reason" not in list_source(hostile, one_shard, tracker, PASSKEY)
+        took = receive_past(hostile, one_shard, tracker, make_agent)
+        assert took < BOUND
+        assert len(hostile.requests) == 1, [r[":path"] for r in hostile.requests]
+        loop_until(lambda: len(hostile.held) == 1, timeout=10, what="the hostile connection to end")
+        # Left at the stall time (a byte every 0.5 s) or at 16 KiB (at once); the source notices at its
+        # next byte, up to `every` later.
+        assert hostile.held[0] < STALL + 1.5, hostile.held
+    finally:
+        hostile.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_stock_client_cannot_list_itself_as_a_relay_source_nor_is_it_asked(
     one_shard, tracker, make_agent, seeded
 ):
     """Attack 5 of issue 62: anyone with the interop passkey (handed to stock clients) announced a blob's
     relay key, was listed as a relay source, and was sent the relay credential with the receiver's first
-    request. A receiver now asks only the sources the peer gate admits as agents."""
+    request. The tracker now refuses an interop announce of a key no blob's metainfo has (a relay key),
+    and a receiver asks only the sources the peer gate admits as agents besides."""
     _, data = shard(one_shard)
     hostile = HostileRelay("127.0.0.2", data, "refuse")
     try:
-        receive_past(hostile, one_shard, tracker, make_agent, INTEROP_PASSKEY)
+        answer = list_source(hostile, one_shard, tracker, INTEROP_PASSKEY)
+        assert answer.get(b"failure reason", b"").startswith(b"unregistered torrent"), answer
+        receive_past(hostile, one_shard, tracker, make_agent)
         assert hostile.requests == [], hostile.requests
     finally:
         hostile.stop()

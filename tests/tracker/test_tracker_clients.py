@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.procs import free_port, kill_process, loop_until, require, require_module
 from tests.support.stock import stock_session
-from tests.support.trackerkit import AUTH, SETTINGS, Tracker, make_info, run_server
+from tests.support.trackerkit import AUTH, SETTINGS, Tracker, compact_ports, make_info, run_server
 from wirekit.bencode import bdecode, bencode
 
 lt = require_module("libtorrent", "a dependency of weightswarm: pip install -e '.[dev]' (./dev does)")
@@ -274,3 +274,67 @@ def test_agent_swarm_logs_tracker_refusals_without_the_passkey(
         )
     assert line == f"tracker error for {blob_id} from {tracker.url}/announce/***: unknown or missing passkey"
     assert "not-the-passkey" not in caplog.text
+
+
+INTEROP = "test-interop-passkey-0123"
+
+
+def _announced(session: object, handle: object, what: str) -> object:
+    """The next reply or failure of `handle`'s tracker: a `tracker_reply_alert` or `tracker_error_alert`."""
+    return _next_alert(
+        session,
+        lambda a: isinstance(a, lt.tracker_reply_alert | lt.tracker_error_alert) and a.handle == handle,
+        30,
+        what,
+    )
+
+
+def test_the_interop_passkey_announces_only_blobs_with_metainfo_never_relay_keys(
+    store_settings, tmp_path: Path
+) -> None:
+    """Issue 62: a stock client with the interop passkey announced a blob's relay key (and rank and place
+    keys: no torrent has them), crowding the 50 sources an agent's announce reply lists. libtorrent, as any
+    stock client holding a magnet link, announces the relay key with the interop passkey: a bencoded
+    failure, nothing stored; the same client seeding a blob whose metainfo the tracker holds is listed."""
+    from agent.relay.directory import relay_infohash
+
+    settings = replace(store_settings, interop_passkey=INTEROP, interval=2, min_interval=1)
+    with run_server(settings) as tracker:
+        blob_id, info = make_info(DATA, PIECE)
+        assert tracker.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info).status_code == 201
+        ih = bytes.fromhex(tracker.http.get(f"/v1/blobs/{blob_id}").json()["infohash"])
+        key = relay_infohash(blob_id)
+        # An agent offers the blob over the relay: the key's one source.
+        assert b"failure reason" not in tracker.announce(key, b"-WS0100-relay-agent1", 7001, left=0)
+        interop_url = f"{tracker.url}/announce/{INTEROP}"
+        alerts = lt.alert.category_t.tracker_notification | lt.alert.category_t.error_notification
+        session = make_session(alert_mask=int(alerts))
+        magnet = lt.add_torrent_params()
+        magnet.info_hashes = lt.info_hash_t(lt.sha1_hash(key))
+        magnet.save_path = str(tmp_path / "magnet")
+        magnet.trackers = [interop_url]
+        magnet.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+        relay = session.add_torrent(magnet)  # type: ignore[attr-defined]
+        (tmp_path / blob_id).write_bytes(DATA)
+        atp = _params(tracker, info, tmp_path)
+        atp.trackers = [interop_url]  # type: ignore[attr-defined]
+        seed = session.add_torrent(atp)  # type: ignore[attr-defined]
+        try:
+            refused = _announced(session, relay, "the tracker's answer to the relay key's announce")
+            assert isinstance(refused, lt.tracker_error_alert), refused.message()  # type: ignore[attr-defined]
+            assert refused.failure_reason().startswith("unregistered torrent"), refused.failure_reason()
+            # Nothing stored: the key still lists its one agent, and the stock client in no reply.
+            listed = tracker.scrape(key)[b"files"][key]
+            assert listed == {b"complete": 1, b"downloaded": 0, b"incomplete": 0}, listed
+            reply = tracker.announce(key, b"-WS0100-relay-agent2", 7002, numwant=50)
+            assert compact_ports(reply[b"peers"]) == [7001], reply
+
+            loop_until(lambda: seed.status().is_seeding, timeout=60, what="the stock seeder's check")
+            accepted = _announced(session, seed, "the tracker's answer to the blob's announce")
+            message = accepted.message()  # type: ignore[attr-defined]
+            assert isinstance(accepted, lt.tracker_reply_alert), message
+            loop_until(lambda: tracker.scrape(ih)[b"files"][ih][b"complete"] == 1, timeout=30, what="listed")
+        finally:
+            session.remove_torrent(relay)  # type: ignore[attr-defined]
+            session.remove_torrent(seed)  # type: ignore[attr-defined]
+            del session

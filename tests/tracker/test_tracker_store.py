@@ -536,3 +536,35 @@ def test_connections_pooled_before_a_redis_restart_fail_no_request(tmp_path) -> 
         assert asyncio.run(around_a_restart()) == [None] * 8
     finally:
         server.stop()
+
+
+def test_an_interop_announce_needs_the_blobs_metainfo_and_loses_it_with_a_quarantine(
+    store_settings: TrackerSettings,
+) -> None:
+    """The interop passkey announces only infohashes a blob's metainfo has (a relay, rank or place key
+    never has one): before the metainfo, a failure and nothing stored; after it, listed; once the dict
+    is quarantined, refused again. The agents' passkey is never asked for metainfo."""
+    import hashlib
+    from urllib.parse import quote_from_bytes
+
+    interop = "test-interop-passkey-4567"
+    with run_server(replace(store_settings, interop_passkey=interop)) as t:
+        blob_id, info = make_info(b"i" * 40_000)
+        ih = hashlib.sha1(info).digest()
+
+        def stock(n: int) -> dict:
+            query = f"info_hash={quote_from_bytes(ih)}&peer_id={quote_from_bytes(peer_id(n))}&port={7000 + n}"
+            return dict(bdecode(t.anon.get(f"{t.url}/announce/{interop}?{query}&left=0").content))
+
+        refused = stock(1)
+        assert refused[b"failure reason"].startswith(b"unregistered torrent"), refused
+        assert t.scrape(ih)[b"files"][ih] == {b"complete": 0, b"downloaded": 0, b"incomplete": 0}
+        assert b"failure reason" not in t.announce(ih, peer_id(9), 7009, left=0)  # an agent: not asked
+        assert t.http.put(f"/v1/blobs/{blob_id}/metainfo", content=info, headers=AUTH).status_code == 201
+        assert b"failure reason" not in stock(2)
+        assert t.scrape(ih)[b"files"][ih][b"complete"] == 2
+        report = {"infohash": ih.hex(), "reason": "test", "node_id": "n1"}
+        quarantined = t.http.post(f"/v1/blobs/{blob_id}/metainfo/report", json=report, headers=AUTH)
+        assert quarantined.json()["quarantined"] is True, quarantined.text
+        assert stock(3)[b"failure reason"].startswith(b"unregistered torrent")
+        assert 'tracker_announces_total{event="error"} 2.0' in t.http.get("/metrics").text
