@@ -18,6 +18,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -43,6 +44,8 @@ MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
 RAW_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
 RAW_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+_BLOB_GET = re.compile(r'"GET /v2/[^ "]+/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" ([0-9]{3}) ([0-9]+)')
+"""A blob GET in the access log (`… "GET /v2/…/blobs/sha256:… HTTP/1.1" 206 1048576 …`)."""
 
 
 def bcrypt_hash(password: str) -> str:
@@ -136,14 +139,16 @@ class TokenService:
 class Registry:
     """`docker-registry serve CONFIG` on 127.0.0.1:<free port>, filesystem storage in `directory`."""
 
-    def __init__(self, directory: Path, auth: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, auth: dict[str, Any], access_log: bool = False) -> None:
+        """`access_log`: the registry logs every request (gorilla's combined format, body bytes included):
+        `blob_bytes_served` counts its egress from its own account."""
         self.directory = directory
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.base = f"http://{self.host}"
         config = {
             "version": 0.1,
-            "log": {"level": "error", "accesslog": {"disabled": True}},
+            "log": {"level": "error", "accesslog": {"disabled": not access_log}},
             "storage": {"filesystem": {"rootdirectory": str(directory / "storage")}},
             "http": {"addr": self.host, "secret": os.urandom(16).hex()},
             "auth": auth,
@@ -172,6 +177,12 @@ class Registry:
             self.proc.kill()
             self.proc.wait(10)
         self.log.close()
+
+    def blob_bytes_served(self) -> int:
+        """Body bytes of the blob GETs the registry answered 200 or 206, from its own access log."""
+        self.log.flush()
+        text = (self.directory / "registry.log").read_text(errors="replace")
+        return sum(int(m.group(2)) for m in _BLOB_GET.finditer(text) if m.group(1) in ("200", "206"))
 
     def blob_file(self, digest_hex: str) -> Path:
         """Where the filesystem driver keeps a blob's bytes (to break one on disk)."""
