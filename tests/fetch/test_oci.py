@@ -19,6 +19,7 @@ from tests.support.ocikit import (
     SERVICE,
     Pusher,
     Registry,
+    Storage,
     TokenService,
     bcrypt_hash,
     docker_config,
@@ -58,6 +59,21 @@ def token_registry(tmp_path: Path) -> Iterator[tuple[Registry, TokenService]]:
     yield registry, service
     registry.stop()
     service.stop()
+
+
+@pytest.fixture
+def redirecting_registry(tmp_path: Path) -> Iterator[tuple[Registry, Storage]]:
+    """A registry that answers blob reads with a 307 to its storage host (distribution's `redirect`
+    storage middleware, as it does with S3 or GCS storage), the storage host on another address."""
+    (tmp_path / "reg").mkdir()
+    htpasswd = tmp_path / "reg" / "htpasswd"
+    htpasswd.write_text(f"{USER}:{bcrypt_hash(PASSWORD)}\n")
+    storage = Storage(tmp_path / "reg" / "storage")
+    registry = Registry(tmp_path / "reg", {"htpasswd": {"realm": "test", "path": str(htpasswd)}},
+                        redirect_to=storage.base)
+    yield registry, storage
+    registry.stop()
+    storage.stop()
 
 
 def basic(user: str, password: str) -> str:
@@ -146,3 +162,33 @@ def test_a_layer_whose_bytes_do_not_match_its_digest_is_refused(tmp_path, basic_
     assert done.returncode == 6, done.stderr
     snapshot = tmp_path / "hub" / repo_folder_name(REPO) / "snapshots"
     assert not any(p.name.endswith(".safetensors") for p in snapshot.rglob("*"))
+
+
+def test_blobs_redirected_to_storage_are_read_there_without_the_registry_login(
+    tmp_path, redirecting_registry
+):
+    registry, storage = redirecting_registry
+    files = model_files()
+    push_model(Pusher(registry.base, basic(USER, PASSWORD)), NAME, "v1", files)
+    config = docker_config(tmp_path, registry.host, USER, PASSWORD)
+    url = f"oci://{registry.host}/{NAME}:v1"
+    done = agent_cli(*fetch_args(tmp_path, url, registry), env={"REGISTRY_AUTH_FILE": str(config)})
+    assert done.returncode == 0, done.stderr
+    same_files(Path(done.stdout.strip().splitlines()[-1]), files)
+    # Every blob's bytes came from the storage host, and no request there carried the registry's login.
+    read = {path.split("/")[-2] for path, _ in storage.requests if path.endswith("/data")}
+    assert read >= {hashlib.sha256(d).hexdigest() for d in files.values()}, read
+    assert storage.bytes_served >= sum(len(d) for d in files.values())
+    assert [auth for _, auth in storage.requests if auth is not None] == []
+
+    # The storage host refusing (an expired or wrongly signed URL): one clear line, nothing installed.
+    storage.refuse = True
+    again = tmp_path / "again"
+    again.mkdir()
+    refused = agent_cli(*fetch_args(again, url, registry), env={"REGISTRY_AUTH_FILE": str(config)})
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    # The storage host named, the registry not blamed, the URL not shown (a signed one carries its key).
+    assert "download host 127.0.0.2" in last and "refused the signed URL (403)" in last, last
+    assert "granted access" in last and "/docker/registry/v2" not in refused.stderr, last
+    assert not any((again / "hub").rglob("snapshots/*/*.safetensors"))

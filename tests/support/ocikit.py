@@ -139,9 +139,13 @@ class TokenService:
 class Registry:
     """`docker-registry serve CONFIG` on 127.0.0.1:<free port>, filesystem storage in `directory`."""
 
-    def __init__(self, directory: Path, auth: dict[str, Any], access_log: bool = False) -> None:
+    def __init__(
+        self, directory: Path, auth: dict[str, Any], access_log: bool = False, redirect_to: str | None = None
+    ) -> None:
         """`access_log`: the registry logs every request (gorilla's combined format, body bytes included):
-        `blob_bytes_served` counts its egress from its own account."""
+        `blob_bytes_served` counts its egress from its own account. `redirect_to`: a base URL the registry
+        answers blob GETs and HEADs with a 307 to (distribution's `redirect` storage middleware, as with
+        S3 or GCS storage: the blob's storage path under that URL; a `Storage` serves it)."""
         self.directory = directory
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -153,6 +157,8 @@ class Registry:
             "http": {"addr": self.host, "secret": os.urandom(16).hex()},
             "auth": auth,
         }
+        if redirect_to:
+            config["middleware"] = {"storage": [{"name": "redirect", "options": {"baseurl": redirect_to}}]}
         (directory / "config.yml").write_text(json.dumps(config))  # YAML reads JSON
         self.log = (directory / "registry.log").open("wb")
         self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(directory / "config.yml")],
@@ -188,6 +194,67 @@ class Registry:
         """Where the filesystem driver keeps a blob's bytes (to break one on disk)."""
         blobs = self.directory / "storage" / "docker/registry/v2/blobs/sha256"
         return blobs / digest_hex[:2] / digest_hex / "data"
+
+
+class Storage:
+    """The storage host a registry redirects blob reads to (S3/GCS behind a signed URL, here the registry's
+    own filesystem storage over HTTP on another loopback address): GET with Range, answers 206. Records
+    whether a request carried an Authorization header (a registry's login must not reach it); `refuse`:
+    answer 403 with an S3-style error body, as an expired signed URL gets."""
+
+    def __init__(self, root: Path, host: str = "127.0.0.2") -> None:
+        self.root = root
+        self.port = free_port()
+        self.base = f"http://{host}:{self.port}"
+        self.requests: list[tuple[str, str | None]] = []
+        """(path, its Authorization header or None) of every request."""
+        self.refuse = False
+        self.bytes_served = 0
+        storage = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                storage._answer(self)
+
+            do_HEAD = do_GET  # noqa: N815
+
+        self._httpd = ThreadingHTTPServer((host, self.port), Handler)
+        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        path = urlsplit(h.path).path
+        self.requests.append((path, h.headers.get("Authorization")))
+        file = (self.root / path.lstrip("/")).resolve()
+        if self.refuse or not file.is_relative_to(self.root.resolve()) or not file.is_file():
+            body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
+            h.send_response(403 if self.refuse else 404)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body if h.command == "GET" else b"")
+            return
+        data = file.read_bytes()
+        start, end = 0, len(data)
+        ranged = re.fullmatch(r"bytes=([0-9]+)-([0-9]*)", h.headers.get("Range", ""))
+        if ranged:
+            start, end = int(ranged.group(1)), min(len(data), int(ranged.group(2) or len(data) - 1) + 1)
+        h.send_response(206 if ranged else 200)
+        if ranged:
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        h.send_header("Content-Length", str(end - start))
+        h.end_headers()
+        if h.command == "GET":
+            h.wfile.write(data[start:end])
+            self.bytes_served += end - start
 
 
 @dataclass
