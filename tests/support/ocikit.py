@@ -7,6 +7,11 @@ service that answers `{"token": JWT}`; the registry checks the JWT's signature a
 and its `iss`, `aud` (the service), `exp` and `access` claims). The token service here is a small one
 on loopback: it signs RS256 JWTs with a key made per run and puts the certificate in the `x5c` header.
 
+Blob reads redirected to storage (`Registry(redirect_to=…)` and `Storage`) use distribution's own
+`redirect` storage middleware (distribution.github.io/distribution/storage-drivers/middleware), which
+answers a blob GET or HEAD with a 307 to its storage path under a base URL, as registries on S3 or GCS
+answer with a signed URL.
+
 Artifacts are pushed by the OCI API by hand (`push_artifact`: a monolithic blob upload, POST then PUT
 with `?digest=`, then a PUT of the manifest), an independent client of the registry, not the agent's.
 """
@@ -206,6 +211,7 @@ class Storage:
         self.root = root
         self.port = free_port()
         self.base = f"http://{host}:{self.port}"
+        self._lock = threading.Lock()
         self.requests: list[tuple[str, str | None]] = []
         """(path, its Authorization header or None) of every request."""
         self.refuse = False
@@ -232,7 +238,8 @@ class Storage:
 
     def _answer(self, h: BaseHTTPRequestHandler) -> None:
         path = urlsplit(h.path).path
-        self.requests.append((path, h.headers.get("Authorization")))
+        with self._lock:
+            self.requests.append((path, h.headers.get("Authorization")))
         file = (self.root / path.lstrip("/")).resolve()
         if self.refuse or not file.is_relative_to(self.root.resolve()) or not file.is_file():
             body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
@@ -254,7 +261,8 @@ class Storage:
         h.end_headers()
         if h.command == "GET":
             h.wfile.write(data[start:end])
-            self.bytes_served += end - start
+            with self._lock:
+                self.bytes_served += end - start
 
 
 @dataclass
