@@ -9,7 +9,7 @@ import pytest
 
 from agent.core.errors import AuthError, ConfigError
 from agent.kube.requests import parse_model_ref
-from agent.origin.oci.auth import credentials_for, parse_challenge
+from agent.origin.oci.auth import Authorizer, Credentials, credentials_for, parse_challenge
 from agent.origin.oci.reference import allowed_registry, commit_of, parse_oci_url
 
 DIGEST = "sha256:" + "ab" * 32
@@ -67,3 +67,26 @@ def test_a_bearer_challenge_is_read_as_registries_send_it():
     assert scheme == "bearer"
     assert params == {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
                       "scope": "repository:samalba/my-app:pull,push"}
+
+
+def test_the_login_goes_to_a_plain_http_token_realm_only_for_a_registry_named_plain_http():
+    """A registry (or whoever answers for it) naming an http:// realm would get the login in clear:
+    refused before any request, unless the operator named the registry in --oci-plain-http."""
+    asked: list[tuple[str, dict[str, str]]] = []
+
+    def get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        asked.append((url, headers))
+        return 200, json.dumps({"token": "t0k3n", "expires_in": 300}).encode()
+
+    login = Credentials("puller", "s3cret")
+    challenge = 'Bearer realm="http://evil.example/token",service="reg",scope="repository:m:pull"'
+    strict = Authorizer("reg.example", login, plain_http=False, get=get)
+    with pytest.raises(AuthError, match="not HTTPS; refused") as caught:
+        strict.challenged(challenge, None, "acme/m")
+    assert asked == [] and "s3cret" not in str(caught.value) and strict.header() is None
+    named = Authorizer("reg.example:5000", login, plain_http=True, get=get)
+    named.challenged(challenge, None, "acme/m")
+    assert named.header() == "Bearer t0k3n"
+    ((url, headers),) = asked
+    assert url.startswith("http://evil.example/token?") and headers == {"Authorization": login.basic()}
+    assert "s3cret" not in repr(named) and "s3cret" not in repr(login)

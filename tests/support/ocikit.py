@@ -7,6 +7,11 @@ service that answers `{"token": JWT}`; the registry checks the JWT's signature a
 and its `iss`, `aud` (the service), `exp` and `access` claims). The token service here is a small one
 on loopback: it signs RS256 JWTs with a key made per run and puts the certificate in the `x5c` header.
 
+Blob reads redirected to storage (`Registry(redirect_to=…)` and `Storage`) use distribution's own
+`redirect` storage middleware (distribution.github.io/distribution/storage-drivers/middleware), which
+answers a blob GET or HEAD with a 307 to its storage path under a base URL, as registries on S3 or GCS
+answer with a signed URL.
+
 Artifacts are pushed by the OCI API by hand (`push_artifact`: a monolithic blob upload, POST then PUT
 with `?digest=`, then a PUT of the manifest), an independent client of the registry, not the agent's.
 """
@@ -18,6 +23,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -43,6 +49,8 @@ MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
 RAW_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
 RAW_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
+_BLOB_GET = re.compile(r'"GET /v2/[^ "]+/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" ([0-9]{3}) ([0-9]+)')
+"""A blob GET in the access log (`… "GET /v2/…/blobs/sha256:… HTTP/1.1" 206 1048576 …`)."""
 
 
 def bcrypt_hash(password: str) -> str:
@@ -136,18 +144,26 @@ class TokenService:
 class Registry:
     """`docker-registry serve CONFIG` on 127.0.0.1:<free port>, filesystem storage in `directory`."""
 
-    def __init__(self, directory: Path, auth: dict[str, Any]) -> None:
+    def __init__(
+        self, directory: Path, auth: dict[str, Any], access_log: bool = False, redirect_to: str | None = None
+    ) -> None:
+        """`access_log`: the registry logs every request (gorilla's combined format, body bytes included):
+        `blob_bytes_served` counts its egress from its own account. `redirect_to`: a base URL the registry
+        answers blob GETs and HEADs with a 307 to (distribution's `redirect` storage middleware, as with
+        S3 or GCS storage: the blob's storage path under that URL; a `Storage` serves it)."""
         self.directory = directory
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.base = f"http://{self.host}"
         config = {
             "version": 0.1,
-            "log": {"level": "error", "accesslog": {"disabled": True}},
+            "log": {"level": "error", "accesslog": {"disabled": not access_log}},
             "storage": {"filesystem": {"rootdirectory": str(directory / "storage")}},
             "http": {"addr": self.host, "secret": os.urandom(16).hex()},
             "auth": auth,
         }
+        if redirect_to:
+            config["middleware"] = {"storage": [{"name": "redirect", "options": {"baseurl": redirect_to}}]}
         (directory / "config.yml").write_text(json.dumps(config))  # YAML reads JSON
         self.log = (directory / "registry.log").open("wb")
         self.proc = subprocess.Popen([str(REGISTRY_BIN), "serve", str(directory / "config.yml")],
@@ -173,10 +189,80 @@ class Registry:
             self.proc.wait(10)
         self.log.close()
 
+    def blob_bytes_served(self) -> int:
+        """Body bytes of the blob GETs the registry answered 200 or 206, from its own access log."""
+        self.log.flush()
+        text = (self.directory / "registry.log").read_text(errors="replace")
+        return sum(int(m.group(2)) for m in _BLOB_GET.finditer(text) if m.group(1) in ("200", "206"))
+
     def blob_file(self, digest_hex: str) -> Path:
         """Where the filesystem driver keeps a blob's bytes (to break one on disk)."""
         blobs = self.directory / "storage" / "docker/registry/v2/blobs/sha256"
         return blobs / digest_hex[:2] / digest_hex / "data"
+
+
+class Storage:
+    """The storage host a registry redirects blob reads to (S3/GCS behind a signed URL, here the registry's
+    own filesystem storage over HTTP on another loopback address): GET with Range, answers 206. Records
+    whether a request carried an Authorization header (a registry's login must not reach it); `refuse`:
+    answer 403 with an S3-style error body, as an expired signed URL gets."""
+
+    def __init__(self, root: Path, host: str = "127.0.0.2") -> None:
+        self.root = root
+        self.port = free_port()
+        self.base = f"http://{host}:{self.port}"
+        self._lock = threading.Lock()
+        self.requests: list[tuple[str, str | None]] = []
+        """(path, its Authorization header or None) of every request."""
+        self.refuse = False
+        self.bytes_served = 0
+        storage = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                storage._answer(self)
+
+            do_HEAD = do_GET  # noqa: N815
+
+        self._httpd = ThreadingHTTPServer((host, self.port), Handler)
+        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
+    def _answer(self, h: BaseHTTPRequestHandler) -> None:
+        path = urlsplit(h.path).path
+        with self._lock:
+            self.requests.append((path, h.headers.get("Authorization")))
+        file = (self.root / path.lstrip("/")).resolve()
+        if self.refuse or not file.is_relative_to(self.root.resolve()) or not file.is_file():
+            body = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"
+            h.send_response(403 if self.refuse else 404)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body if h.command == "GET" else b"")
+            return
+        data = file.read_bytes()
+        start, end = 0, len(data)
+        ranged = re.fullmatch(r"bytes=([0-9]+)-([0-9]*)", h.headers.get("Range", ""))
+        if ranged:
+            start, end = int(ranged.group(1)), min(len(data), int(ranged.group(2) or len(data) - 1) + 1)
+        h.send_response(206 if ranged else 200)
+        if ranged:
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        h.send_header("Content-Length", str(end - start))
+        h.end_headers()
+        if h.command == "GET":
+            h.wfile.write(data[start:end])
+            with self._lock:
+                self.bytes_served += end - start
 
 
 @dataclass

@@ -235,6 +235,8 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- define "weightswarm.secretDir" -}}/etc/weightswarm/credentials{{- end }}
 {{- /* Where buckets.credentials.filesSecret is mounted in the agent container (its keys as files). */}}
 {{- define "weightswarm.bucketsDir" -}}/etc/weightswarm/buckets{{- end }}
+{{- /* Where registries.credentials.existingSecret's docker config is mounted in the agent container. */}}
+{{- define "weightswarm.registriesDir" -}}/etc/weightswarm/registries{{- end }}
 
 {{/* Host path of one agent hostPath volume: call with (list $ "hub"). */}}
 {{- define "weightswarm.agent.hostPath" -}}
@@ -280,6 +282,12 @@ Container paths of the hostPath volumes; the host side is agent.hostPathRoot. Th
 {{- end }}
 {{- if hasKey .Values.agent.config "WEIGHTSWARM_BUCKET" }}
 {{- fail "agent.config.WEIGHTSWARM_BUCKET: list bucket prefixes in buckets.allow instead (the agent's --bucket arguments, which take precedence over the variable)" }}
+{{- end }}
+{{- if hasKey .Values.agent.config "WEIGHTSWARM_REGISTRY" }}
+{{- fail "agent.config.WEIGHTSWARM_REGISTRY: list registry prefixes in registries.allow instead (the agent's --registry arguments, which take precedence over the variable)" }}
+{{- end }}
+{{- if hasKey .Values.agent.config "WEIGHTSWARM_OCI_PLAIN_HTTP" }}
+{{- fail "agent.config.WEIGHTSWARM_OCI_PLAIN_HTTP: list plain-HTTP registries in registries.plainHttp instead" }}
 {{- end }}
 {{- if and .Values.serviceMonitor.enabled (not .Values.agent.metricsOnNetwork) }}
 {{- fail "serviceMonitor.enabled=true needs agent.metricsOnNetwork=true: with it off the agents serve /metrics on their admin socket only" }}
