@@ -21,6 +21,8 @@ The agent's state lives in `state_dir`, never inside the hub cache (`StateDir` o
     <state_dir>/entitlements.json         repos this node proved it may read (agent.fetch.entitlement)
     <state_dir>/entitlements.key          the key of the token HMACs in it (mode 0600)
     <state_dir>/origins/<repo>.json       where a repo came from, its commits' files (agent.cache.provenance)
+    <state_dir>/layers/models--org--name/blobs/<sha256>   a registry's tar layer, kept while seeded
+                                          (agent.fetch.layers)
 
 Every file others may read appears through `os.replace` of a fully written temp file.
 """
@@ -226,6 +228,10 @@ class StateDir:
     @property
     def origins(self) -> Path:
         return self.root / "origins"
+
+    @property
+    def layers(self) -> Path:
+        return self.root / "layers"
 
     def sidecar(self, blob_id: str) -> Path:
         return self.digests / f"{check_blob_id(blob_id)}.json"

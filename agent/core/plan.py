@@ -27,6 +27,9 @@ class FileEntry:
     content_known: bool = True
     """False: `blob_id` only names this listing of the object (agent.origin.bucket `listing_id`); the
     download learns the sha256 and the blob is installed under it (`FetchResult.files` has it)."""
+    archive: str = ""
+    """A registry's tar layer, by its media type: `blob_id` is the layer's sha256, and the plan's files
+    are unpacked from it before the snapshot is made (agent.fetch.layers); "" for a file."""
 
     @property
     def small(self) -> bool:

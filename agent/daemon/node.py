@@ -42,6 +42,7 @@ from agent.daemon.nodeops import NodeOps, label_key
 from agent.daemon.threadnames import name_os_threads
 from agent.fetch.job import FetchContext, run_fetch_job
 from agent.fetch.jobs import Job, JobKey, JobTable
+from agent.fetch.layers import clear_layers
 from agent.fetch.sources.policy import SourcePolicy
 from agent.http.api import ADMIN, PODS, NodeApi, create_app
 from agent.origin.bucket_url import allowed_bucket
@@ -232,6 +233,7 @@ class Daemon:
         started = time.monotonic()
         # Before any torrent or fetch: a partial that is being resumed is not stale.
         sweep_partials(s.cache_dir, s.state_dir, s.ops.partial_max_age)
+        clear_layers(s.state_dir)  # the last run's layers were seeded for its peers; nothing seeds them now
         self.gate.refresh()  # before any torrent: who may connect
         restored = self.seeder.restore()
         log.info("seeding %d blobs (%.2fs to restore)", restored, time.monotonic() - started)

@@ -42,6 +42,7 @@ from agent.core.plan import FetchPlan, FetchResult, FileEntry
 from agent.core.progress import FileProgress, Progress
 from agent.core.settings import FetchSettings, Settings
 from agent.fetch.cached import cached_plan, filter_files, plan_or_cached
+from agent.fetch.layers import unpack_layers
 from agent.fetch.safetensors import check_index, check_safetensors
 from agent.origin.client import Origin
 from agent.origin.kinds import open_origin
@@ -67,19 +68,21 @@ def plan_from_origin(
     exclude: Sequence[str] = (),
 ) -> FetchPlan:
     """Resolve with the file list (one origin call), filter. Unsafe paths anywhere in the listing refuse
-    the whole plan."""
+    the whole plan. A registry's tar layers stay whole: the filters pick among their files once they are
+    unpacked (agent.fetch.layers)."""
     check_repo_id(repo_id)
     commit, listing = client.revision(repo_id, revision)
     for f in listing:
         safe_relpath(f.path)
-    chosen = filter_files(listing, include, exclude)
+    chosen = [f for f in listing if f.archive] + filter_files([f for f in listing if not f.archive], include,
+                                                             exclude)
     if not chosen:
         if include or exclude:
             raise NotFoundError(
                 f"{repo_id}@{revision}: no file matches --include {list(include)} / --exclude {list(exclude)}"
             )
         raise NotFoundError(f"{repo_id}@{revision}: the repository has no files")
-    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known) for f in chosen)
+    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known, f.archive) for f in chosen)
     return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
 
 
@@ -384,7 +387,14 @@ def fetch_snapshot(
 
         if before_exit is not None:
             before_exit.append(save_records)
-        engine = FetchEngine(settings, source, progress or Progress(quiet=True), source.streams_per_file)
+        shown = progress or Progress(quiet=True)
+
+        def fetch_layers(layers: FetchPlan, where: Settings) -> None:
+            FetchEngine(where, source, shown, source.streams_per_file).run(layers)
+
+        # Nothing here seeds a registry's tar layer, so it goes once unpacked.
+        plan = unpack_layers(settings, plan, include, exclude, fetch_layers, keep=False)
+        engine = FetchEngine(settings, source, shown, source.streams_per_file)
         result = engine.run(plan)
         if not plan.from_cache:
             fetched = dataclasses.replace(plan, files=result.files)

@@ -30,6 +30,7 @@ from agent.fetch.cached import cached_plan, plan_or_cached
 from agent.fetch.engine import FetchEngine
 from agent.fetch.entitlement import Entitlements, NotEntitledError
 from agent.fetch.jobs import STAGES, Job, JobFile
+from agent.fetch.layers import layered, unpack_layers
 from agent.fetch.planning import plan_fetch
 from agent.fetch.sources.policy import BlobOutcome, SourcePolicy
 from agent.fetch.sources.swarm_source import SwarmSource
@@ -200,6 +201,11 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     listed = plan
     if unknown(plan):
         plan, read_here = _identify(ctx, job, client, plan, scrub)
+    identified = plan
+    turn = ctx.turn_of(job)
+    if layered(plan):
+        plan, unpacked = _unpack(ctx, job, client, plan, turn)
+        read_here |= unpacked
     files = [JobFile(e.path, e.size, e.blob_id) for e in plan.files]
     for fp in files:
         if fp.blob_id in read_here:
@@ -216,16 +222,15 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
                 job.file_progress(e.path, e.size, outcome.source)
         job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
 
-    turn = ctx.turn_of(job)
     origin = OriginSource(client, f, turn=turn)
     source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_blob, ctx.relay)
     result = SwarmFetchEngine(
         settings, source, JobProgress(job), turn, ctx.stopping, origin.streams_per_file
     ).run(plan)
-    if listed is not plan:
+    if listed is not identified:
         # Every blob is verified against the ids the commit was planned by: the next listing of the same
         # objects (a new commit that changed others) is planned by content here, whoever reads the rest.
-        ListingIds(settings.state_dir).learnt(listed, plan)
+        ListingIds(settings.state_dir).learnt(listed, identified)
     if not plan.from_cache:
         fetched = dataclasses.replace(plan, files=result.files)
         Provenance(settings.state_dir, scrub).record(client.endpoint, fetched)
@@ -247,6 +252,31 @@ def _identify(
         return index.identify(plan), index.read_here
     finally:
         job.add_bytes(origin=index.bytes_from_origin)
+
+
+def _unpack(
+    ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan, turn: Turn
+) -> tuple[FetchPlan, set[str]]:
+    """A registry plan with its tar layers unpacked (agent.fetch.layers): each layer through the swarm as
+    any blob (leases, relay, peers), kept in the state dir and seeded for the peers while the daemon runs;
+    and the blobs of the files unpacked from them. The job shows the layers' progress meanwhile."""
+    f = ctx.settings.fetch
+    job.set_plan(plan.commit, [JobFile(e.path, e.size, e.blob_id) for e in plan.files])
+
+    def on_layer(entry: FileEntry, outcome: BlobOutcome, engine_bytes: int) -> None:
+        job.file_progress(entry.path, entry.size, outcome.source)
+        job.add_bytes(peers=outcome.bytes_from_peers, origin=outcome.bytes_from_origin + engine_bytes)
+
+    def fetch_layers(layers: FetchPlan, where: Settings) -> None:
+        origin = OriginSource(client, f, turn=turn)
+        source = SwarmSource(ctx.fetcher, origin, f.verify_safetensors, on_layer, ctx.relay)
+        progress = JobProgress(job)
+        SwarmFetchEngine(where, source, progress, turn, ctx.stopping, origin.streams_per_file).run(layers)
+
+    key = job.key
+    unpacked = unpack_layers(ctx.settings, plan, key.include, key.exclude, fetch_layers, keep=True)
+    before = {e.blob_id for e in plan.files}
+    return unpacked, {e.blob_id for e in unpacked.files if e.blob_id not in before}
 
 
 def _publish_manifest(ctx: FetchContext, plan: FetchPlan, scrub: Scrub) -> None:

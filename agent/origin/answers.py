@@ -83,6 +83,9 @@ class RemoteFile:
     is_lfs: bool
     content_known: bool = True
     """False for an object store's object: its sha256 is computed by the first node to read it."""
+    archive: str = ""
+    """A registry's tar layer, by its media type: not a file, its files are unpacked from it
+    (agent.fetch.layers); "" for a file."""
 
 
 @dataclass(frozen=True)

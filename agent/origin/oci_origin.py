@@ -3,9 +3,10 @@
 
 A revision is the reference's manifest: its digest is the commit (`commit_of`), its raw layers the files,
 each with its digest as content id (known before the first byte, as a Hub model's LFS oids are: the
-daemon plans and shares it as a Hub model, leases and relay included). Every request carries this
-node's own registry credentials (the docker config); the bytes come through the HTTP engine
-(agent.origin.ranges) from the blob URL, a redirect to storage followed per range.
+daemon plans and shares it as a Hub model, leases and relay included). A tar layer is listed as one
+entry (`RemoteFile.archive`), moved as a raw layer is and unpacked on each node (agent.fetch.layers).
+Every request carries this node's own registry credentials (the docker config); the bytes come through
+the HTTP engine (agent.origin.ranges) from the blob URL, a redirect to storage followed per range.
 """
 
 from __future__ import annotations
@@ -57,11 +58,6 @@ class OciOrigin:
         found = self.registry.manifest(self.ref.reference, what)
         commit = commit_of(found.digest)
         layers = {layer.path: layer for layer in layers_of(found.body, what)}
-        tars = [p for p, layer in layers.items() if layer.archive]
-        if tars:
-            raise OriginError(
-                f"{what}: tar layers ({tars[0][:100]!r}) are not read yet; push the files as raw layers"
-            )
         with self._lock:
             self._layers[commit] = layers
         return commit, layers
@@ -73,7 +69,10 @@ class OciOrigin:
         if revision not in ("main", self.ref.revision, commit):
             raise NotFoundError(f"{repo_id}@{revision}: {self.ref.url} resolves to commit {commit[:12]}, "
                                 f"its revision is {self.ref.revision}")
-        files = [RemoteFile(p, layer.size, layer.sha256, is_lfs=True) for p, layer in layers.items()]
+        files = [
+            RemoteFile(p, layer.size, layer.sha256, is_lfs=True, archive=layer.media_type * layer.archive)
+            for p, layer in layers.items()
+        ]
         return Resolved(commit, files)
 
     def list_files(self, repo_id: str, commit: str, page: str) -> tuple[list[RemoteFile], str | None]:

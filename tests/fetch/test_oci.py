@@ -15,15 +15,20 @@ from agent.cache.layout import repo_folder_name
 from tests.support.cluster import agent_cli, same_files, write_model
 from tests.support.ocikit import (
     ISSUER,
+    RAW_WEIGHT,
     REGISTRY_BIN,
     SERVICE,
+    TAR_GZIP_WEIGHT,
+    TAR_WEIGHT,
     Pusher,
     Registry,
     Storage,
     TokenService,
     bcrypt_hash,
     docker_config,
+    push_artifact,
     push_model,
+    tar_layer,
 )
 
 REPO = "acme/oci-model"
@@ -43,7 +48,8 @@ def basic_registry(tmp_path: Path) -> Iterator[Registry]:
     (tmp_path / "reg").mkdir()
     htpasswd = tmp_path / "reg" / "htpasswd"
     htpasswd.write_text(f"{USER}:{bcrypt_hash(PASSWORD)}\n")
-    registry = Registry(tmp_path / "reg", {"htpasswd": {"realm": "test", "path": str(htpasswd)}})
+    registry = Registry(tmp_path / "reg", {"htpasswd": {"realm": "test", "path": str(htpasswd)}},
+                        access_log=True)
     yield registry
     registry.stop()
 
@@ -194,61 +200,76 @@ def test_blobs_redirected_to_storage_are_read_there_without_the_registry_login(
     assert not any((again / "hub").rglob("snapshots/*/*.safetensors"))
 
 
-def test_tar_layers_packed_by_tarfile_come_from_the_registry_and_unpack_into_their_files(
+def layered_model(files: dict[str, bytes]) -> list[tuple[str, bytes, str]]:
+    """The model as a ModelPack artifact of three layers: the weights raw, the tokenizer files in a `.tar`
+    layer, the rest in a `.tar+gzip` layer (as modctl packs a model's directories)."""
+    weights = {p: d for p, d in files.items() if p.endswith(".safetensors")}
+    tokenizer = {p: d for p, d in files.items() if p.startswith("tokenizer")}
+    rest = {p: d for p, d in files.items() if p not in weights and p not in tokenizer}
+    assert weights and tokenizer and rest, sorted(files)
+    return [*((RAW_WEIGHT, d, p) for p, d in weights.items()),
+            (TAR_WEIGHT, tar_layer(tokenizer), "tokenizer"),
+            (TAR_GZIP_WEIGHT, tar_layer(rest, compress=True), "config")]
+
+
+def test_tar_and_tar_gzip_layers_are_unpacked_into_the_snapshot_as_blobs_of_the_cache(
     tmp_path, basic_registry
 ):
-    """The tar layer path end to end but for the fetch engine (not wired yet, docs/registries.md): layers
-    written by Python's tarfile, pushed by the OCI API, read back with the agent's registry client and
-    checked against their digests, then unpacked with their files' sha256."""
-    import gzip
-    import io
+    files = model_files(1 << 20, 1)
+    files["tokenizer/nested/merges.txt"] = b"a b\n" * 3000
+    layers = layered_model(files)
+    push_artifact(Pusher(basic_registry.base, basic(USER, PASSWORD)), NAME, "v1", layers)
+    config = docker_config(tmp_path, basic_registry.host, USER, PASSWORD)
+    url = f"oci://{basic_registry.host}/{NAME}:v1"
+    done = agent_cli(*fetch_args(tmp_path, url, basic_registry), env={"REGISTRY_AUTH_FILE": str(config)})
+    assert done.returncode == 0, done.stderr
+    snapshot = Path(done.stdout.strip().splitlines()[-1])
+    same_files(snapshot, files)
+    # Every file, raw or unpacked, is a blob named by its sha256 (the HF layout); no layer is in the hub
+    # cache, and the standalone CLI (which seeds nothing) kept none in its state dir either.
+    blobs = tmp_path / "hub" / repo_folder_name(REPO) / "blobs"
+    assert {p.name for p in blobs.iterdir()} == {hashlib.sha256(d).hexdigest() for d in files.values()}
+    assert not list((tmp_path / "state").rglob("layers/*/blobs/*"))
+
+    import huggingface_hub
+
+    offline = huggingface_hub.snapshot_download(REPO, revision="v1", cache_dir=tmp_path / "hub",
+                                                local_files_only=True)
+    same_files(offline, files)
+
+    # Fetched again: planned from what this node unpacked, no layer read from the registry again.
+    before = basic_registry.blob_bytes_served()
+    assert before >= sum(len(data) for _, data, _ in layers)
+    again = agent_cli(*fetch_args(tmp_path, url, basic_registry), env={"REGISTRY_AUTH_FILE": str(config)})
+    assert again.returncode == 0, again.stderr
+    assert basic_registry.blob_bytes_served() == before
+
+
+@pytest.mark.parametrize("hostile", ["../escape.txt", "/etc/escape.txt", "link"])
+def test_a_hostile_tar_layer_fails_the_fetch_with_one_line_and_writes_nothing(
+    tmp_path, basic_registry, hostile
+):
     import tarfile
 
-    from agent.core.settings import OriginSettings
-    from agent.origin.oci.modelpack import layers_of
-    from agent.origin.oci.tarlayer import unpack_layer
-    from agent.origin.oci_origin import OciOrigin
-
     files = model_files(1 << 20, 1)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, data in files.items():
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    layers = {"application/vnd.cncf.model.weight.v1.tar": buf.getvalue(),
-              "application/vnd.cncf.model.weight.v1.tar+gzip": gzip.compress(buf.getvalue())}
-    pusher = Pusher(basic_registry.base, basic(USER, PASSWORD))
-    config = b"{}"
-    manifest = {
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "artifactType": "application/vnd.cncf.model.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.cncf.model.config.v1+json",
-                   "digest": pusher.blob(NAME, config), "size": len(config)},
-        "layers": [{"mediaType": media, "digest": pusher.blob(NAME, data), "size": len(data),
-                    "annotations": {"org.cncf.model.filepath": f"weights{i}"}}
-                   for i, (media, data) in enumerate(layers.items())],
-    }
-    pusher.manifest(NAME, "tars", manifest)
-    auth = docker_config(tmp_path, basic_registry.host, USER, PASSWORD)
-    settings = OriginSettings(endpoint=f"oci://{basic_registry.host}/{NAME}:tars",
-                              oci_plain_http=(basic_registry.host,), oci_auth_file=auth)
-    origin = OciOrigin(settings)
-    try:
-        found = origin.registry.manifest("tars", "acme/m")
-        listed = layers_of(found.body, "acme/m")
-        assert [layer.archive for layer in listed] == [True, True]
-        for layer in listed:
-            resp = origin.registry.open_blob("sha256:" + layer.sha256, 0, layer.size, "acme/m")
-            blob = resp.read()
-            resp.release_conn()
-            assert hashlib.sha256(blob).hexdigest() == layer.sha256
-            (tmp_path / layer.sha256).write_bytes(blob)
-            dest = tmp_path / f"unpacked-{layer.path}"
-            dest.mkdir()
-            got = unpack_layer(tmp_path / layer.sha256, layer.media_type, dest, "acme/m", max_bytes=1 << 30)
-            want = {p: hashlib.sha256(d).hexdigest() for p, d in files.items()}
-            assert {u.path: u.sha256 for u in got} == want
-            same_files(dest, files)
-    finally:
-        origin.close()
+    bad = tarfile.TarInfo(hostile)
+    if hostile == "link":
+        bad.type, bad.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    else:
+        bad.size = 5
+    layers = [*layered_model(files)[:-1], (TAR_GZIP_WEIGHT, tar_layer({"ok.txt": b"ok"}, True, [bad]), "x")]
+    push_artifact(Pusher(basic_registry.base, basic(USER, PASSWORD)), NAME, "v1", layers)
+    config = docker_config(tmp_path, basic_registry.host, USER, PASSWORD)
+    url = f"oci://{basic_registry.host}/{NAME}:v1"
+    done = agent_cli(*fetch_args(tmp_path, url, basic_registry), env={"REGISTRY_AUTH_FILE": str(config)})
+    assert done.returncode == 6, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "refused" in last and ("unsafe path" in last or "symbolic link" in last), done.stderr
+    # Nothing in any snapshot, no unpacked file among the blobs, nothing outside the cache.
+    root = tmp_path / "hub" / repo_folder_name(REPO)
+    assert not [p for p in (root / "snapshots").rglob("*") if not p.is_dir()]
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "hub" / "escape.txt").exists()
+    unpacked = {hashlib.sha256(d).hexdigest() for p, d in files.items() if not p.endswith(".safetensors")}
+    assert not unpacked & {p.name for p in (root / "blobs").iterdir()}
+    assert not [p for p in (root / "blobs").iterdir() if p.name.startswith(".")]

@@ -46,6 +46,10 @@ def entry(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str
     return info, data if kind == tarfile.REGTYPE else None
 
 
+def into(dest):
+    return lambda path: dest / path
+
+
 def model_tar(fmt: int = tarfile.PAX_FORMAT) -> bytes:
     return pack([entry("tokenizer/", kind=tarfile.DIRTYPE), *(entry(p, d) for p, d in FILES.items())], fmt)
 
@@ -58,7 +62,7 @@ def test_a_tar_layer_unpacks_into_its_files_with_their_sha256(tmp_path, media, f
     layer.write_bytes(gzip.compress(data) if media == TAR_GZ else data)
     dest = tmp_path / "out"
     dest.mkdir()
-    got = unpack_layer(layer, media, dest, "acme/m", max_bytes=1 << 30)
+    got = unpack_layer(layer, media, "acme/m", 1 << 30, into(dest))
     assert {u.path: (u.size, u.sha256) for u in got} == {
         p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in FILES.items()
     }
@@ -73,7 +77,7 @@ def test_long_paths_come_through_pax_and_gnu_headers(tmp_path):
         layer.write_bytes(pack([entry(name, b"x" * 700)], fmt))
         dest = tmp_path / f"out{fmt}"
         dest.mkdir()
-        (got,) = unpack_layer(layer, TAR, dest, "acme/m", max_bytes=1 << 20)
+        (got,) = unpack_layer(layer, TAR, "acme/m", 1 << 20, into(dest))
         assert got.path == name and (dest / name).read_bytes() == b"x" * 700
 
 
@@ -101,7 +105,7 @@ def test_a_hostile_listing_is_refused_whole_before_anything_is_written(tmp_path,
     dest = tmp_path / "out"
     dest.mkdir()
     with pytest.raises(IntegrityError, match="refused") as caught:
-        unpack_layer(layer, TAR, dest, "acme/m", max_bytes=1 << 20)
+        unpack_layer(layer, TAR, "acme/m", 1 << 20, into(dest))
     assert said in str(caught.value)
     assert list(dest.iterdir()) == []  # not even the good file before it
 
@@ -112,7 +116,7 @@ def test_more_content_than_allowed_is_refused_before_writing(tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
     with pytest.raises(IntegrityError, match="unpacks to more than 1000000 bytes"):
-        unpack_layer(layer, TAR_GZ, dest, "acme/m", max_bytes=1_000_000)
+        unpack_layer(layer, TAR_GZ, "acme/m", 1_000_000, into(dest))
     assert list(dest.iterdir()) == []
 
 
@@ -133,7 +137,7 @@ def test_an_oversized_pax_record_is_refused_with_memory_and_fds_bounded(tmp_path
     dest.mkdir()
     for _ in range(20):
         with pytest.raises(IntegrityError, match=f"at most {MAX_RECORD}"):
-            unpack_layer(layer, TAR, dest, "acme/m", max_bytes=1 << 40)
+            unpack_layer(layer, TAR, "acme/m", 1 << 40, into(dest))
     assert me.memory_info().rss - rss < 16 << 20, (me.memory_info().rss - rss) >> 20
     assert me.num_fds() <= fds + 2
     assert list(dest.iterdir()) == []
@@ -147,11 +151,11 @@ def test_zstd_layers_need_the_zstandard_package(tmp_path):
         layer = tmp_path / "layer"
         layer.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(64))
         with pytest.raises(OriginError, match="needs the `zstandard` package"):
-            unpack_layer(layer, TAR_ZSTD, tmp_path, "acme/m", max_bytes=1 << 20)
+            unpack_layer(layer, TAR_ZSTD, "acme/m", 1 << 20, into(tmp_path))
         return
     layer = tmp_path / "layer"
     layer.write_bytes(zstandard.ZstdCompressor().compress(model_tar()))
     dest = tmp_path / "out"
     dest.mkdir()
-    got = unpack_layer(layer, TAR_ZSTD, dest, "acme/m", max_bytes=1 << 30)
+    got = unpack_layer(layer, TAR_ZSTD, "acme/m", 1 << 30, into(dest))
     assert {u.path for u in got} == set(FILES)

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import base64
 import datetime
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
 import subprocess
+import tarfile
 import threading
 import time
 import warnings
@@ -296,22 +299,43 @@ class Pusher:
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+TAR_WEIGHT = "application/vnd.cncf.model.weight.v1.tar"
+TAR_GZIP_WEIGHT = "application/vnd.cncf.model.weight.v1.tar+gzip"
+
+
+def tar_layer(files: dict[str, bytes], compress: bool = False, extra: list[tarfile.TarInfo] = ()) -> bytes:
+    """A tar layer as modctl and oras write one (Python's tarfile, pax format): `files` at their paths,
+    gzipped when `compress`; `extra` entries (links, hostile paths) after them."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info, io.BytesIO(bytes(info.size)) if info.size else None)
+    return gzip.compress(buf.getvalue()) if compress else buf.getvalue()
+
+
+def push_artifact(pusher: Pusher, repo: str, tag: str, layers: list[tuple[str, bytes, str]]) -> str:
+    """A ModelPack artifact of the given layers (media type, bytes, `org.cncf.model.filepath`); the
+    manifest's digest."""
+    config = json.dumps({"descriptor": {"name": repo}, "modelfs": {"type": "layers", "diffIds": []},
+                         "config": {}}).encode()
+    described = {"mediaType": MODEL_CONFIG, "digest": pusher.blob(repo, config), "size": len(config)}
+    listed = [{"mediaType": media, "digest": pusher.blob(repo, data), "size": len(data),
+               "annotations": {"org.cncf.model.filepath": path}} for media, data, path in layers]
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "artifactType": MODEL_ARTIFACT, "config": described, "layers": listed}
+    return pusher.manifest(repo, tag, manifest)
+
+
 def push_model(pusher: Pusher, repo: str, tag: str, files: dict[str, bytes]) -> str:
     """A ModelPack artifact of raw layers, one per file (`*.safetensors` weights, the rest config
     files); the manifest's digest."""
-    config = json.dumps({"descriptor": {"name": repo}, "modelfs": {"type": "layers", "diffIds": []},
-                         "config": {}}).encode()
-    config_digest = pusher.blob(repo, config)
-    layers = []
-    for path, data in files.items():
-        media = RAW_WEIGHT if path.endswith(".safetensors") else RAW_CONFIG
-        layers.append({"mediaType": media, "digest": pusher.blob(repo, data), "size": len(data),
-                       "annotations": {"org.cncf.model.filepath": path}})
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "artifactType": MODEL_ARTIFACT,
-                "config": {"mediaType": MODEL_CONFIG, "digest": config_digest, "size": len(config)},
-                "layers": layers}
-    return pusher.manifest(repo, tag, manifest)
+    layers = [(RAW_WEIGHT if path.endswith(".safetensors") else RAW_CONFIG, data, path)
+              for path, data in files.items()]
+    return push_artifact(pusher, repo, tag, layers)
 
 
 def docker_config(directory: Path, registry: str, user: str, password: str) -> Path:

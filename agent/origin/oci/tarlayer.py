@@ -8,22 +8,23 @@ directory); links, devices, FIFOs and sparse files refuse the layer, as do more 
 entries or more than `max_bytes` of content. The tar format is read here, not by `tarfile`, so what a
 hostile layer can make the agent hold is bounded: a header block, a pax or GNU long-name record of at
 most `MAX_RECORD` bytes, one copy buffer. `tar+zstd` needs the `zstandard` package; without it the layer
-is refused with a message saying so.
+is refused with a message saying so. Each file is hashed as it is written (sha256, xxh3: what the cache's
+sidecar keeps), so it is installed as a blob of the hub cache without a second read (agent.fetch.layers).
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from agent.cache.layout import safe_relpath
 from agent.core.errors import IntegrityError, OriginError
+from agent.core.hashing import BlobHasher, BlobHashes
 
 BLOCK = 512
 MAX_MEMBERS = 100_000
@@ -38,8 +39,18 @@ _PAX, _GLOBAL_PAX, _LONG_NAME, _LONG_LINK = b"x", b"g", b"L", b"K"
 class Unpacked:
     path: str
     """Its path in the snapshot."""
-    size: int
-    sha256: str
+    written: Path
+    """Where its bytes are (`unpack_layer`'s `target_for`)."""
+    hashes: BlobHashes
+    """Its sha256 (`content_id`), size and xxh3, from the one pass that wrote it."""
+
+    @property
+    def sha256(self) -> str:
+        return self.hashes.content_id
+
+    @property
+    def size(self) -> int:
+        return self.hashes.size
 
 
 @dataclass(frozen=True)
@@ -199,19 +210,23 @@ def listing(layer_file: Path, media_type: str, what: str, max_bytes: int) -> lis
     return list(files.items())
 
 
-def unpack_layer(layer_file: Path, media_type: str, dest: Path, what: str, max_bytes: int) -> list[Unpacked]:
-    """The layer's files written under `dest` (a new, empty directory), each hashed as it is written;
-    IntegrityError (nothing written) when its listing is refused."""
+def unpack_layer(
+    layer_file: Path, media_type: str, what: str, max_bytes: int, target_for: Callable[[str], Path | None]
+) -> list[Unpacked]:
+    """The layer's files, each written to a new file at `target_for(path)` (None: skipped, a file the
+    request does not want) and hashed as it is written; IntegrityError, nothing written, when its listing
+    is refused. The caller removes what was written if this raises."""
     expected = dict(listing(layer_file, media_type, what, max_bytes))
     out: list[Unpacked] = []
     with _open(layer_file, media_type, what) as stream:
         for member in _members(stream, what):
-            if member.is_dir or expected.get(member.path) != member.size:
+            listed = not member.is_dir and expected.get(member.path) == member.size
+            target = target_for(member.path) if listed else None
+            if target is None:
                 _skip(stream, _padded(member.size), what)
                 continue
-            target = dest / member.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256()
+            hasher = BlobHasher(member.size, is_lfs=True, pieces=False)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as f:
                 left = member.size
@@ -219,9 +234,9 @@ def unpack_layer(layer_file: Path, media_type: str, dest: Path, what: str, max_b
                     chunk = stream.read(min(left, _COPY))
                     if not chunk:
                         raise IntegrityError(f"{what}: the tar layer ends inside {member.path[:200]!r}")
-                    digest.update(chunk)
+                    hasher.update(chunk)
                     f.write(chunk)
                     left -= len(chunk)
             _skip(stream, -member.size % BLOCK, what)
-            out.append(Unpacked(member.path, member.size, digest.hexdigest()))
+            out.append(Unpacked(member.path, target, hasher.finish()))
     return out
