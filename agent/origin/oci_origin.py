@@ -118,4 +118,8 @@ class OciOrigin:
             digest = self._digest_of.get(url)
         if digest is None:
             raise OriginError(f"{what}: not a blob URL of {self.ref.url}")
-        return self.registry.open_blob(digest, start, end, what)
+        resp = self.registry.open_blob(digest, start, end, what)
+        # The next range is asked by the blob's URL again, never where this answer ended (urllib3 says the
+        # request's path alone, or a storage redirect's signed URL): every range goes by digest.
+        resp.url = url
+        return resp

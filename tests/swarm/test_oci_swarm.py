@@ -7,6 +7,7 @@ registry outside `--registry` is refused on every channel, and the login never l
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -172,3 +173,43 @@ def test_a_registry_outside_the_allow_list_is_refused_on_every_channel(tmp_path,
         (entry,) = status().values()  # type: ignore[union-attr]
         assert entry["phase"] == "Failed" and "agent serve --registry" in entry["error"], entry
     assert registry.blob_bytes_served() == 0
+
+
+def test_two_daemons_move_a_tar_layer_once_and_each_unpacks_it(tmp_path, registry, agents):
+    """The tar layer is the blob the cluster moves (one lease holder reads it, the other node takes it
+    from its peer), and each node unpacks it itself into blobs of its cache."""
+    from tests.support.ocikit import RAW_WEIGHT, TAR_GZIP_WEIGHT, TAR_WEIGHT, push_artifact, tar_layer
+
+    files = model_files(tmp_path, 8 << 20, 2)
+    weights = {p: d for p, d in files.items() if p.endswith(".safetensors")}
+    first, *rest = sorted(weights)
+    others = {p: d for p, d in files.items() if p not in weights}
+    layers = [(RAW_WEIGHT, files[first], first),
+              (TAR_WEIGHT, tar_layer({p: files[p] for p in rest}), "shards"),
+              (TAR_GZIP_WEIGHT, tar_layer(others, compress=True), "config")]
+    push_artifact(Pusher(registry.base, BASIC), NAME, "v1", layers)
+    layer_bytes = sum(len(data) for _, data, _ in layers)
+    pushed = registry.blob_bytes_served()
+    config = docker_config(tmp_path, registry.host, USER, PASSWORD)
+    options = ("--registry", f"oci://{registry.host}/models", "--oci-plain-http", registry.host)
+    daemons = [agents(f"n{i}", config, *options) for i in range(2)]
+    url = f"oci://{registry.host}/{NAME}:v1"
+    fetch = [str(BIN / "agent"), "fetch", url, "--repo-id", REPO, "--quiet"]
+    procs = [subprocess.Popen([*fetch, "--agent", d.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for d in daemons]
+    for proc in procs:
+        _out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+    statuses = [job for d in daemons for job in jobs_of(d)]
+    for st in statuses:
+        assert st["phase"] == "Ready", st
+        same_files(st["snapshot"], files)  # read through the snapshot's links: each file's bytes verified
+    served = registry.blob_bytes_served() - pushed
+    assert layer_bytes * 0.9 <= served <= layer_bytes * 1.1, (served, layer_bytes)
+    assert sum(st["bytes_from_peers"] for st in statuses) >= layer_bytes * 0.9, statuses
+    for d in daemons:
+        # Each unpacked file is a blob named by its sha256; the layers live in the state dir, not the cache.
+        blobs = {p.name for p in d.cache_dir.rglob("blobs/*")}
+        assert blobs == {hashlib.sha256(data).hexdigest() for data in files.values()}, d.name
+        held = {p.name for p in d.state_dir.rglob("layers/*/blobs/*")}
+        assert held == {hashlib.sha256(data).hexdigest() for media, data, _ in layers if media != RAW_WEIGHT}
