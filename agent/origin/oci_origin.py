@@ -119,4 +119,9 @@ class OciOrigin:
             digest = self._digest_of.get(url)
         if digest is None:
             raise OriginError(f"{what}: not a blob URL of {self.ref.url}")
-        return self.registry.open_blob(digest, start, end, what)
+        resp = self.registry.open_blob(digest, start, end, what)
+        # The URL that answered, as the Kind contract has it (agent.origin.session), is the blob URL
+        # itself: its redirect to storage is followed again per range, and the engine asks for the next
+        # range by this URL (urllib3's own `url` is the path alone, which no blob URL here is).
+        resp.url = url
+        return resp
