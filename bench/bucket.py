@@ -24,7 +24,7 @@ agent 11 MB/s from 128-MiB objects (4 shards), 24-72 MB/s from 64-MiB ones (8, t
 169 MB/s from 32-MiB ones (16). Keep --origin-rate well below the agent's unshaped MB/s (a warning says
 when it is not), so the link, not moto, is the limit.
 
-Part 2, N nodes cold: a tracker and one `agent serve --bucket s3://models/m` per node (bench.stack),
+Part 2, N nodes cold: a tracker and one `agent serve --bucket s3://models/m` per node (bench.cold_source),
 then `agent fetch s3://... --agent unix://...` on every node at once. One node takes the commit's index
 lease and reads the store (agent.fetch.bucket); the others wait for its manifest and take the bytes
 from peers. Printed: first, median and last completion ÷ bench.swarm's bound max(S/U_origin, S/D_node,
