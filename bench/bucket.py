@@ -24,7 +24,7 @@ agent 11 MB/s from 128-MiB objects (4 shards), 24-72 MB/s from 64-MiB ones (8, t
 169 MB/s from 32-MiB ones (16). Keep --origin-rate well below the agent's unshaped MB/s (a warning says
 when it is not), so the link, not moto, is the limit.
 
-Part 2, N nodes cold: a tracker and one `agent serve --bucket s3://models/m` per node (bench.stack),
+Part 2, N nodes cold: a tracker and one `agent serve --bucket s3://models/m` per node (bench.cold_source),
 then `agent fetch s3://... --agent unix://...` on every node at once. One node takes the commit's index
 lease and reads the store (agent.fetch.bucket); the others wait for its manifest and take the bytes
 from peers. Printed: first, median and last completion ÷ bench.swarm's bound max(S/U_origin, S/D_node,
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -53,17 +52,16 @@ from pathlib import Path
 import psutil
 
 from agent.hub.testmodel import parse_size
+from bench.cold_source import ColdRound, payload_sent, run_cold, tree_bytes, write_model
 from bench.netns import Cluster, Proc, cleanup_stale, have_netns_support
-from bench.stack import BIN, ORIGIN_PORT, Model, ModelFile, Stack, wait_for
-from bench.swarm import Bench, Row, tmpfs
+from bench.stack import BIN, ORIGIN_PORT, Model, Stack, wait_for
+from bench.swarm import tmpfs
 
 OUT = Path(__file__).resolve().parent / "out"
 BUCKET = "models"
 REPO = "bench/bucket-model"
 KEY = "bench"
 """Access key id and secret: moto runs without authentication, so any will do (none is a secret)."""
-HEADER = 66
-"""Bytes of headers a packet on the veth (Ethernet, IPv4, TCP with timestamps), as bench.swarm counts."""
 
 _UPLOAD = r"""
 import sys
@@ -100,17 +98,6 @@ class OneRun:
     error: str = ""
 
 
-def human_to_bytes(text: str) -> int:
-    """`agent.core.progress.human_bytes` back to bytes ("512.0 MiB", "1,024.0 MiB", "0 B")."""
-    number, unit = text.replace(",", "").split()
-    return int(float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit])
-
-
-def tree_bytes(path: Path) -> int:
-    """Bytes of every file under `path`, symlinks followed (a snapshot's entries link to its blobs)."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
-
-
 class BucketBench:
     def __init__(self, args: argparse.Namespace, stack: Stack, fs: Path, model: Model) -> None:
         self.a = args
@@ -120,13 +107,8 @@ class BucketBench:
         self.model = model
         self.moto: Proc | None = None
         self.runs: list[OneRun] = []
-        self.rows: list[Row] = []
+        self.cold_round: ColdRound | None = None
         self.notes: list[str] = []
-        self.agents_cpu = self.cold_moto_cpu = float("nan")
-        self.reported: dict[str, int] = {}
-        """Part 2: bytes each node's job reports it took from the store (bytes_from_origin)."""
-        self.takeovers = -1
-        """Part 2: leases the tracker handed from a holder whose reported bytes stood still (-1: unknown)."""
 
     # -- the store -------------------------------------------------------------------------
     @property
@@ -177,10 +159,6 @@ class BucketBench:
             return float("nan")
         return t.user + t.system if t else float("nan")
 
-    def payload_sent(self) -> int:
-        sent, packets = self.c.sent("origin")
-        return sent - HEADER * packets
-
     # -- part 1: one node ------------------------------------------------------------------
     def one(self, member: str, client: str, link: str) -> OneRun:
         dest = self.fs / "one" / f"{client}-{len(self.runs)}"
@@ -194,7 +172,7 @@ class BucketBench:
             argv = [str(BIN / "s5cmd"), "--endpoint-url", self.endpoint, "cp", f"{self.url}/*"]
             argv.append(f"{dest}/files/")
         shaped = member != "origin"
-        sent0 = self.payload_sent() if shaped else 0
+        sent0 = payload_sent(self.c) if shaped else 0
         moto0 = self.moto_cpu()
         # Nothing else is reaped between the two readings: the children's rusage is this client's alone.
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -211,7 +189,7 @@ class BucketBench:
         self.c.stop(proc)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-        wire = (self.payload_sent() - sent0) / self.model.size if shaped else float("nan")
+        wire = (payload_sent(self.c) - sent0) / self.model.size if shaped else float("nan")
         got = tree_bytes(dest / ("cache" if client == "agent" else "files"))
         if not error and got < self.model.size:
             error = f"only {got} of {self.model.size} bytes arrived"
@@ -243,58 +221,13 @@ class BucketBench:
     # -- part 2: N nodes cold --------------------------------------------------------------
     def cold(self) -> None:
         print(f"part 2: {len(self.c.nodes)} nodes cold from the bucket", flush=True)
-        s = self.s
-        s.wipe(self.c.nodes)
-        s.log_prefix = "cold-"
-        s.start_tracker(s.workdir / "tracker.db")
-        bench = Bench(self.a, s, self.model, [])
-        try:
-            s.start_agents(self.c.nodes, ["--bucket", self.url])
-            agents = {p.pid: p for p in s.agents.values()}
-            cpu0 = {pid: self._cpu(pid) for pid in agents}
-            moto0 = self.moto_cpu()
-            net0 = bench.network()
-            sent0 = self.payload_sent()
 
-            def argv(node: str) -> list[str]:
-                admin = s.node_dir(node) / "state" / "admin.sock"
-                return [str(BIN / "agent"), "fetch", self.url, "--repo-id", REPO, "--agent", f"unix://{admin}"]
+        def argv(node: str) -> list[str]:
+            admin = self.s.node_dir(node) / "state" / "admin.sock"
+            return [str(BIN / "agent"), "fetch", self.url, "--repo-id", REPO, "--agent", f"unix://{admin}"]
 
-            res = s.run_fetches(self.c.nodes, argv, self.a.timeout, "fetch", rss_pids=s.agent_pids)
-            egress = self.payload_sent() - sent0
-            bench.record("weightswarm", "cold", self.c.nodes, res, egress, net0)
-            self.agents_cpu = sum(self._cpu(pid) - cpu0[pid] for pid in agents)
-            self.cold_moto_cpu = self.moto_cpu() - moto0
-            self.reported = self._origin_bytes()
-            self.takeovers = self._takeovers()
-        finally:
-            s.stop_agents()
-            s.stop_tracker()
-        self.rows = bench.rows
-
-    @staticmethod
-    def _cpu(pid: int) -> float:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except psutil.Error:
-            return 0.0
-        return float(t.user + t.system + t.children_user + t.children_system)
-
-    def _takeovers(self) -> int:
-        """The tracker's count of leases taken over from a stalled holder (its /metrics)."""
-        text = self.s.curl("tracker", f"{self.s.tracker_url}/metrics", tracker_auth=True) or ""
-        found = re.findall(r"^tracker_lease_takeovers_total (\S+)$", text, re.MULTILINE)
-        return int(float(found[0])) if found else -1
-
-    def _origin_bytes(self) -> dict[str, int]:
-        """Bytes each node's job says it took from the origin (the CLI's last message)."""
-        got = {}
-        for node in self.c.nodes:
-            text = self.s.log(f"fetch-{node}").read_text(errors="replace")
-            found = re.findall(r"from peers, ([\d.,]+ [KMGT]?i?B) from the origin", text)
-            if found:
-                got[node] = human_to_bytes(found[-1])
-        return got
+        self.cold_round = run_cold(self.a, self.s, self.model, "weightswarm", argv, self.moto_cpu,
+                                   ["--bucket", self.url])
 
     # -- output ----------------------------------------------------------------------------
     def _print_single(self, bound1: float) -> None:
@@ -331,11 +264,13 @@ class BucketBench:
         bound1 = max(self.model.size / self.a.origin_rate, self.model.size / self.a.node_rate)
         if self.runs:
             self._print_single(bound1)
-        for row in self.rows:
+        cold = self.cold_round
+        if cold is not None:
+            row = cold.row
             times = sorted(row.times.values())
             first = times[0] if times else float("nan")
-            reported = sum(self.reported.values())
-            readers = ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in sorted(self.reported.items()) if b)
+            reported = sum(cold.reported.values())
+            readers = ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in sorted(cold.reported.items()) if b)
             print()
             print(
                 f"{row.receivers} nodes cold from the bucket: bound max(S/U_origin, S/D_node, "
@@ -353,10 +288,10 @@ class BucketBench:
                 f"{first:>8.1f}{row.median:>9.1f}{row.worst:>8.1f}{row.bound:>8.1f}{first / row.bound:>10.2f}"
                 f"{row.worst / row.bound:>8.2f}{row.egress / row.size:>15.3f}{reported / row.size:>14.3f}"
                 f"{len(row.failures):>7}{row.cpu_busy * 100:>4.0f}%{row.cpu_steal * 100:>5.0f}%"
-                f"{self.agents_cpu:>13.1f}{self.cold_moto_cpu:>11.1f}{anon:>9}"
+                f"{cold.agents_cpu:>13.1f}{cold.source_cpu:>11.1f}{anon:>9}"
             )
             print(f"nodes that read the store (their jobs' bytes_from_origin): {readers or 'none reported'}")
-            print(f"leases the tracker handed over from a holder whose bytes stood still: {self.takeovers}")
+            print(f"leases the tracker handed over from a holder whose bytes stood still: {cold.takeovers}")
             for node, why in sorted(row.failures.items()):
                 print(f"  {node} FAILED: {why}")
         for note in self.notes:
@@ -370,22 +305,6 @@ def _version(dist: str) -> str:
         return version(dist)
     except PackageNotFoundError:
         return "?"
-
-
-def write_model(path: Path, size: str, shards: int) -> Model:
-    subprocess.run(
-        [str(BIN / "agent"), "make-test-model", str(path), REPO, "--size", size, "--shards", str(shards)],
-        check=True,
-        timeout=600,
-        stdout=subprocess.DEVNULL,
-    )
-    root = path / REPO
-    files = tuple(
-        ModelFile(p.relative_to(root).as_posix(), p.stat().st_size, "")
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    )
-    return Model(REPO, "", files)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         # The model, moto's copy (and its multipart parts), part 1's one copy, every node's cache.
         room = size * (args.nodes + 5) + 512 * 2**20
         with tmpfs(Path(tmp) / "fs", room) as fs:
-            model = write_model(fs / "hub", args.size, args.shards)
+            model = write_model(fs / "hub", REPO, args.size, args.shards)
             with Cluster(nodes=args.nodes, node_rate=args.node_rate, origin_rate=args.origin_rate) as c:
                 logdir = args.out / f"bucket-{stamp}-logs"
                 stack = Stack(c, fs, fs / "hub", logdir)
@@ -455,9 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                         {
                             "args": {k: v for k, v in vars(args).items() if k != "out"},
                             "single": [asdict(r) for r in bb.runs],
-                            "cold": [asdict(r) for r in bb.rows],
-                            "cold_reported_origin_bytes": bb.reported,
-                            "cold_lease_takeovers": bb.takeovers,
+                            "cold": asdict(bb.cold_round) if bb.cold_round else None,
                         },
                         indent=1,
                         default=str,

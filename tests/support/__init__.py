@@ -9,7 +9,8 @@
 - `fetchkit`: a small model on a real test hub and settings for the fetch engine;
 - `hostile_relay`: a relay source that misbehaves on purpose (closes, stalls, trickles, records who asks);
 - `ocikit`: a real OCI registry (Debian's docker-registry) with Basic or token auth, its access log as
-  the count of what it served, a storage host it redirects blob reads to, and an OCI API pusher;
+  the count of what it served, a storage host it redirects blob reads to, and the OCI API pusher
+  (bench.oci_push, which the registry benchmark shares);
 - `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher; `kube_api`:
   what its patches, selectors, objects and watch events mean, as a real API server means them.
 """

@@ -12,8 +12,9 @@ Blob reads redirected to storage (`Registry(redirect_to=…)` and `Storage`) use
 answers a blob GET or HEAD with a 307 to its storage path under a base URL, as registries on S3 or GCS
 answer with a signed URL.
 
-Artifacts are pushed by the OCI API by hand (`push_artifact`: a monolithic blob upload, POST then PUT
-with `?digest=`, then a PUT of the manifest), an independent client of the registry, not the agent's.
+Artifacts are pushed by the OCI API by hand (bench.oci_push, shared with the registry benchmark: a
+monolithic blob upload, POST then PUT with `?digest=`, then a PUT of the manifest), an independent client
+of the registry, not the agent's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import base64
 import datetime
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -31,7 +31,6 @@ import tarfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
+# Re-exported: the tests push with these (the push client is bench.oci_push's, shared with the benchmark).
+from bench.oci_push import MODEL_ARTIFACT as MODEL_ARTIFACT
+from bench.oci_push import MODEL_CONFIG as MODEL_CONFIG
+from bench.oci_push import RAW_CONFIG as RAW_CONFIG
+from bench.oci_push import RAW_WEIGHT as RAW_WEIGHT
+from bench.oci_push import Pusher as Pusher
+from bench.oci_push import push_artifact as push_artifact
+from bench.oci_push import push_model as push_model
 from tests.support.procs import free_port, loop_until
 
 REGISTRY_BIN = Path("/usr/bin/docker-registry")
 SERVICE = "weightswarm-test-registry"
 ISSUER = "weightswarm-test-token-service"
-MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
-MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
-RAW_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
-RAW_CONFIG = "application/vnd.cncf.model.weight.config.v1.raw"
 _BLOB_GET = re.compile(r'"GET /v2/[^ "]+/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" ([0-9]{3}) ([0-9]+)')
 """A blob GET in the access log (`… "GET /v2/…/blobs/sha256:… HTTP/1.1" 206 1048576 …`)."""
 
@@ -268,37 +271,6 @@ class Storage:
                 self.bytes_served += end - start
 
 
-@dataclass
-class Pusher:
-    """An OCI API client of the tests' own: pushes blobs and manifests with Basic or a token."""
-
-    base: str
-    authorization: str
-
-    def _request(self, method: str, url: str, body: bytes = b"", headers: dict[str, str] | None = None
-                 ) -> urllib3.BaseHTTPResponse:
-        sent = {"Authorization": self.authorization, **(headers or {})}
-        resp = urllib3.request(method, url, body=body, headers=sent, redirect=False, retries=False)
-        assert resp.status < 400, (method, url.split("?")[0], resp.status, resp.data[:300])
-        return resp
-
-    def blob(self, repo: str, data: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        start = self._request("POST", f"{self.base}/v2/{repo}/blobs/uploads/")
-        location = start.headers["Location"]
-        url = location if location.startswith("http") else self.base + location
-        sep = "&" if "?" in url else "?"
-        headers = {"Content-Type": "application/octet-stream"}
-        self._request("PUT", f"{url}{sep}digest={digest}", data, headers)
-        return digest
-
-    def manifest(self, repo: str, tag: str, manifest: dict[str, Any]) -> str:
-        body = json.dumps(manifest).encode()
-        self._request("PUT", f"{self.base}/v2/{repo}/manifests/{tag}", body,
-                      {"Content-Type": manifest["mediaType"]})
-        return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
 TAR_WEIGHT = "application/vnd.cncf.model.weight.v1.tar"
 TAR_GZIP_WEIGHT = "application/vnd.cncf.model.weight.v1.tar+gzip"
 
@@ -315,27 +287,6 @@ def tar_layer(files: dict[str, bytes], compress: bool = False, extra: list[tarfi
         for info in extra:
             tar.addfile(info, io.BytesIO(bytes(info.size)) if info.size else None)
     return gzip.compress(buf.getvalue()) if compress else buf.getvalue()
-
-
-def push_artifact(pusher: Pusher, repo: str, tag: str, layers: list[tuple[str, bytes, str]]) -> str:
-    """A ModelPack artifact of the given layers (media type, bytes, `org.cncf.model.filepath`); the
-    manifest's digest."""
-    config = json.dumps({"descriptor": {"name": repo}, "modelfs": {"type": "layers", "diffIds": []},
-                         "config": {}}).encode()
-    described = {"mediaType": MODEL_CONFIG, "digest": pusher.blob(repo, config), "size": len(config)}
-    listed = [{"mediaType": media, "digest": pusher.blob(repo, data), "size": len(data),
-               "annotations": {"org.cncf.model.filepath": path}} for media, data, path in layers]
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "artifactType": MODEL_ARTIFACT, "config": described, "layers": listed}
-    return pusher.manifest(repo, tag, manifest)
-
-
-def push_model(pusher: Pusher, repo: str, tag: str, files: dict[str, bytes]) -> str:
-    """A ModelPack artifact of raw layers, one per file (`*.safetensors` weights, the rest config
-    files); the manifest's digest."""
-    layers = [(RAW_WEIGHT if path.endswith(".safetensors") else RAW_CONFIG, data, path)
-              for path, data in files.items()]
-    return push_artifact(pusher, repo, tag, layers)
 
 
 def docker_config(directory: Path, registry: str, user: str, password: str) -> Path:
