@@ -408,13 +408,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         counted = self.command == "GET" and is_object and 200 <= resp.status < 300
         left = 0 if bodiless else int(length) // 2 if drop and length is not None else -1
+        rate = self.server.proxy.rate
+        # Counted open (`streams_per_object`), an answer ends with its last byte, not a pause after it.
+        pace_first = bool(self.server.proxy.streams_per_object)
         while left != 0 and (block := resp.read(BLOCK if left < 0 else min(BLOCK, left))):
-            if self.server.proxy.rate:  # before the write: the answer ends with its last byte
-                time.sleep(len(block) / self.server.proxy.rate)
+            if rate and pace_first:
+                time.sleep(len(block) / rate)
             if counted:  # before the write: a client that has the bytes sees them counted
                 self.server.proxy._served(len(block))
             self.wfile.write(block)
             left -= len(block) if left > 0 else 0
+            if rate and not pace_first:
+                time.sleep(len(block) / rate)
         if drop:
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
