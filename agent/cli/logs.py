@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from agent.core.progress import on_terminal
+
 LOG_FORMATS = ("text", "json")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -68,6 +70,21 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Text lines to stderr; while a progress block is drawn there (agent.core.progress `on_terminal`), a
+    line goes above it as `level: message`, wrapped to the terminal's width, and the block is redrawn
+    under it. A timestamp says nothing the block does not; without a block each line is as formatted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        shown = on_terminal()
+        if shown is None or shown.stream is not self.stream or record.exc_info:
+            return super().emit(record)
+        try:
+            shown.message(f"{record.levelname.lower()}: {record.getMessage()}")
+        except Exception:  # noqa: BLE001 - logging's own error report, as StreamHandler does
+            self.handleError(record)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts (RFC 3339 UTC), level, logger, msg, and exc when there is one."""
 
@@ -90,7 +107,7 @@ def setup_logging(level: str = "WARNING", fmt: str = "text") -> None:
     """Replace the root logger's handlers with one stderr handler in the chosen format."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {fmt!r}")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr) if fmt == "json" else _Stderr(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
     handler.addFilter(RedactSecrets())
     root = logging.getLogger()

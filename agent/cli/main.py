@@ -103,9 +103,9 @@ def fetch_command(repo_id: str, as_repo_id: str | None, revision: str | None, in
     Ctrl-C or SIGTERM stops within a second, keeping partial files: the same command resumes them.
     Handed to the agent daemon, the fetch goes on there; the same command follows it again.
 
-    Exit codes: 0 verified, 2 usage, 3 not found, 4 refused (gated, wrong token), 5 disk full or cache
-    unusable, 6 bad content, 8 origin unreachable or failing, 9 agent daemon unreachable or refusing,
-    130 interrupted (143 on SIGTERM)."""
+    Exit codes: 0 verified, 1 any other failure, 2 usage, 3 not found, 4 refused (gated, wrong token),
+    5 disk full or cache unusable, 6 bad content, 7 the agent daemon stopped before it finished, 8 origin
+    unreachable or failing, 9 agent daemon unreachable or refusing, 130 interrupted (143 on SIGTERM)."""
     from agent.core.progress import Progress, human_bytes
     from agent.origin.bucket_url import is_bucket_url
     from agent.origin.oci.reference import is_oci_url, parse_oci_url, plain_http_hosts
@@ -421,6 +421,11 @@ def wait_command(model: str, timeout: float, agent_url: str | None, cache_dir: P
     Asks the agent to fetch it (so no pod annotation is needed) and shows its progress; while the
     agent is unreachable, checks the hub cache itself. Exit 0 when complete, non-zero with the
     reason on failure or timeout.
+
+    Exit codes: 0 complete, 1 any other failure, 2 usage (a malformed model reference), 3 not found,
+    4 refused (gated, wrong token), 5 disk full or cache unusable, 6 bad content, 7 timed out (--timeout)
+    or the agent stopped first, 8 origin unreachable or failing, 9 the agent refused the request,
+    130 interrupted (143 on SIGTERM).
     """
     from agent.cli.wait import wait_for_model
     from agent.core.progress import Progress

@@ -4,8 +4,10 @@ On a TTY the block is redrawn in place (ANSI cursor-up) at most ~8 times a secon
 the terminal's width (read at each redraw, so a resize is followed: a line that wrapped would leave
 junk that cursor-up cannot reach), and cleared when the fetch ends; otherwise
 (CI logs, kubectl logs) a plain line per file start/finish and a total line every few seconds,
-so logs stay short. No dependency beyond the standard library. Thread-safe: download workers
-call `FileProgress.advance` from many threads.
+so logs stay short. While a block is drawn on a terminal, log lines (a retry's warning) go above it
+through `message` (agent.cli.logs asks `on_terminal`): written past it, the next redraw's cursor-up
+would erase them and leave a stale part of the block behind. No dependency beyond the standard library.
+Thread-safe: download workers call `FileProgress.advance` from many threads.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ _PLAIN_INTERVAL = 5.0
 _MIN_RATE_SECONDS = 0.5
 """No rate is shown over a shorter interval: a blob that was cached, or arrived in one step, has none
 (bytes over a few microseconds once read as "3.7 TiB/s")."""
+
+
+_shown: Progress | None = None
+"""The progress block drawn on a terminal now, if any (`on_terminal`)."""
+
+
+def on_terminal() -> Progress | None:
+    """The progress block being redrawn on a terminal now: a log line goes above it (`Progress.message`)."""
+    return _shown
 
 
 def _rate(done: int, started: float) -> float | None:
@@ -133,9 +144,12 @@ class Progress:
         return fp
 
     def close(self) -> None:
+        global _shown
         with self._lock:
             self._clear()
             self._closed = True
+            if _shown is self:
+                _shown = None
             if not self.quiet and self.total:
                 print(
                     f"  total {human_bytes(self.done)} in {time.monotonic() - self._t0:.1f}s "
@@ -199,6 +213,7 @@ class Progress:
             self._drawn_lines = 0
 
     def _draw(self, force: bool = False) -> None:
+        global _shown
         if self.quiet or self._closed:
             return
         now = time.monotonic()
@@ -217,5 +232,6 @@ class Progress:
             self.stream.write("".join(line + "\n" for line in lines))
             self.stream.flush()
             self._drawn_lines = len(lines)
+            _shown = self
         else:
             print(self._line("total", self.done, self.total, self._t0), file=self.stream, flush=True)

@@ -179,7 +179,8 @@ class BucketIndex:
         """Every object of the plan from the store, hashed as it arrives and installed under its sha256."""
         source = OriginSource(self.client, self.settings.fetch)
         try:
-            result = FetchEngine(self.settings, source, self.progress).run(plan)
+            # The streams per object the store allows (agent.origin.streams) widen the lane, as a hub's do.
+            result = FetchEngine(self.settings, source, self.progress, source.streams_per_file).run(plan)
         finally:
             self.bytes_from_origin += source.bytes_received
         read = set(result.downloaded)

@@ -13,6 +13,9 @@ How the Hub answers in 2026, and so what these functions expect:
   them, and its ETag is the store's own. The Xet headers are ignored here: the bytes come over HTTP.
 - 429s say when to come back with `RateLimit: "<bucket>";r=<left>;t=<seconds>` (IETF draft 9,
   huggingface.co/docs/hub/rate-limits), not always with Retry-After.
+An object store (agent.origin.bucket) says "too many requests" with a 503 and an error code: S3's SlowDown
+("Please reduce your request rate"), Azure's ServerBusy. That is a rate limit like a 429, not a store
+that is down: a concurrent stream refused with it is met by fewer streams (agent.origin.streams).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ a larger value is capped, not trusted."""
 
 _RATELIMIT = re.compile(r'"(?P<bucket>[\w-]+)"\s*;\s*r\s*=\s*(?P<r>\d+)\s*;\s*t\s*=\s*(?P<t>\d+)')
 _XML_MESSAGE = re.compile(rb"<Message>([^<]{1,200})</Message>")
+_THROTTLED = re.compile(rb"<Code>(SlowDown|ServerBusy)</Code>")
+"""A 503's error codes that mean "slow down", not "down": S3's and Azure Storage's (see the module)."""
 
 Headers = Mapping[str, str]
 
@@ -208,6 +213,9 @@ def raise_for_status(status: int, headers: Headers, body: bytes, what: str, url:
     suffix = f": {detail}" if detail else ""
     if status == 429:
         limited = RateLimitedError(f"{what}: origin is rate limiting (429) and kept refusing")
+        raise Retryable(limited, retry_hint(headers))
+    if status == 503 and (throttled := _THROTTLED.search(body)):
+        limited = RateLimitedError(f"{what}: the store asks to slow down (503 {throttled.group(1).decode()})")
         raise Retryable(limited, retry_hint(headers))
     if status in RETRY_STATUSES:
         raise Retryable(OriginOverloadedError(f"{what}: origin error {status}{suffix}"), retry_hint(headers))

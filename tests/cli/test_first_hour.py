@@ -186,6 +186,59 @@ def test_progress_fits_a_60_column_terminal_and_leaves_no_stale_line(tmp_path, s
     assert "%" not in ANSI.sub("", tail), tail
 
 
+def screen(shown: bytes, columns: int) -> list[str]:
+    """The rows a terminal of `columns` columns shows after `shown`: text wraps at the last column, CR and
+    LF move the cursor, ESC[1A goes up a row, ESC[2K blanks the row (all the progress block uses)."""
+    rows, row, col = [[]], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|.", shown.decode("utf-8", "replace"), re.S):
+        if token == "\x1b[1A":
+            row = max(0, row - 1)
+        elif token == "\x1b[2K":
+            rows[row] = []
+        elif token == "\r":
+            col = 0
+        elif token == "\n":
+            row += 1
+        elif not token.startswith("\x1b"):
+            if col >= columns:  # the terminal wraps before the character past the last column
+                row, col = row + 1, 0
+            while len(rows) <= row:
+                rows.append([])
+            line = rows[row]
+            line.extend(" " * (col - len(line) + 1) if len(line) <= col else "")
+            line[col] = token
+            col += 1
+        while len(rows) <= row:
+            rows.append([])
+    return ["".join(r).rstrip() for r in rows]
+
+
+def test_a_retry_line_goes_above_the_progress_block_and_fits_60_columns(tmp_path, slow_hub):
+    """A retry's warning, while the block is drawn: a whole line (wrapped to the terminal) above it, never
+    written into it nor erased by its redraw, with no stale part of the block left behind."""
+    hub, files = slow_hub
+    hub.rate_total = 4 * MiB
+    pty = Pty(60)
+    # One stream per file: its second range is asked for once the first (4 MiB) is in, after the fault.
+    proc = start_fetch(fetch_args(hub.url, tmp_path, "--connections-per-file", "1"), pty)
+    loop_until(lambda: (pty.read_available(0), hub.egress_bytes >= 3 * MiB)[1], timeout=30,
+               what="a few MiB downloaded")
+    hub.faults.status_methods = frozenset({"GET"})
+    hub.faults.status_queue.append((503, {"Retry-After": "5"}))  # 5 s or more: a WARNING (OriginClient)
+    finish(proc, pty, timeout=60)
+    assert proc.returncode == 0, pty.lines()[-8:]
+    assert snapshot_contents(Path(proc.stdout.read().decode().strip().splitlines()[-1])) == files
+    assert not [line for line in pty.lines() if len(line) > 60]
+    rows = screen(pty.shown, 60)
+    assert not [row for row in rows if "%" in row], rows  # the block's last drawing was cleared
+    starts = [i for i, row in enumerate(rows) if row.startswith("warning: ")]
+    assert len(starts) == 1, rows
+    # The warning whole, wrapped under itself ("  "), then the fetch's summary: nothing between or in it.
+    end = next(i for i in range(starts[0] + 1, len(rows)) if rows[i].startswith("  total "))
+    said = " ".join(row.strip() for row in rows[starts[0]:end])
+    assert re.fullmatch(r"warning: .*origin error 503.*; retry 1 of \d+ in \d+\.\ds", said), said
+
+
 class SilentOrigin:
     """A server that accepts connections and never says a byte: a port a firewall or a hung process
     holds. (huggingface_hub waits its 10-s HF_HUB_ETAG_TIMEOUT per request there.)"""

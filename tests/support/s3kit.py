@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +41,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
+from agent.hub.state import StreamRecord
 from tests.support.cluster import write_model
 from tests.support.procs import free_port, listening, loop_until, require, require_module, stop_process
 
@@ -60,6 +62,14 @@ def s3_error(code: str, message: str) -> bytes:
 
 
 SLOWDOWN = s3_error("SlowDown", "Please reduce your request rate.")
+"""S3's throttle: 503 with this error document ("503 Slow Down", Code SlowDown, "Please reduce your request
+rate.": the S3 API reference's Error responses, its list of error codes)."""
+SERVER_BUSY = (
+    b'<?xml version="1.0" encoding="utf-8"?><Error><Code>ServerBusy</Code>'
+    b"<Message>Egress is over the account limit.</Message></Error>"
+)
+"""Azure Storage's throttle: 503 with error code ServerBusy (Azure's "Common REST API error codes"; its body
+the `<Error><Code/><Message/></Error>` of "Status and error codes", the code also in `x-ms-error-code`)."""
 
 
 class S3Server:
@@ -219,6 +229,14 @@ class FaultProxy:
         self._faults = {"slowdown": 0, "drop": 0}
         self.rate: float | None = None
         """Bytes a second each answer's body is held to (None: as fast as moto sends): a slow store."""
+        self.streams_per_object = 0
+        """GETs of one object one client address may have at once (0: any): one more is refused as
+        `streams_answer` says, as a store or the CDN before it may refuse "download acceleration"."""
+        self.streams_answer = "503"
+        """"503" (the store's throttle: S3's SlowDown, Azure's ServerBusy), "429", or "reset" (the
+        connection closed unanswered)."""
+        self._open: Counter[tuple[str, str]] = Counter()
+        self._stream_log: list[StreamRecord] = []
         self._httpd = _ProxyHTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.proxy = self
         self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
@@ -242,10 +260,35 @@ class FaultProxy:
         with self._lock:
             return list(self._requests)
 
+    @property
+    def streams(self) -> list[StreamRecord]:
+        """Every GET of an object: how many GETs of it that address had open with it (itself included),
+        whether it was admitted (`streams_per_object`), and how many objects the address was reading."""
+        with self._lock:
+            return list(self._stream_log)
+
     def reset_counters(self) -> None:
         with self._lock:
             self._bytes_served = 0
             self._requests.clear()
+            self._stream_log.clear()
+
+    @contextlib.contextmanager
+    def _stream(self, client: str, path: str) -> Iterator[bool]:
+        """One GET of object `path` by `client` while the block runs; yields False when it is one too many."""
+        key = (client, path)
+        with self._lock:
+            admitted = not self.streams_per_object or self._open[key] < self.streams_per_object
+            self._open[key] += admitted
+            files = sum(1 for (c, _), n in self._open.items() if c == client and n)
+            streams = self._open[key] + (not admitted)
+            self._stream_log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._lock:
+                    self._open[key] -= 1
 
     def slowdown(self, n: int = 1) -> None:
         """The next `n` GETs of objects get 503 SlowDown with Retry-After: 1, as S3 throttles."""
@@ -294,22 +337,45 @@ class _Handler(BaseHTTPRequestHandler):
             body = self.rfile.read(length) if length else None  # S3 clients send no chunked requests
             if fault == "slowdown":
                 return self._answer(503, SLOWDOWN, {"Retry-After": "1"})
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            if "X-Amz-Signature=" in query and isinstance(proxy.server, S3Server):
-                refusal = presign_refusal(self.command, path, query, headers, proxy.server)
-                if refusal is not None:
-                    return self._answer(403, s3_error(*refusal), {})
-                query = "&".join(p for p in query.split("&") if not unquote(p).startswith("X-Amz-"))
-                host = self.headers.get("Host", "")  # verbatim: the client signed for it
-                headers.update(_header_auth(self.command, path, query, host, proxy.server))
-            upstream = http.client.HTTPConnection("127.0.0.1", proxy.server.port, timeout=60)
-            try:
-                upstream.request(self.command, f"{path}?{query}" if query else path, body, headers)
-                self._relay(upstream.getresponse(), fault == "drop", proxy.server.is_object_path(path))
-            finally:
-                upstream.close()
+            if self.command == "GET" and proxy.server.is_object_path(path):
+                with proxy._stream(self.client_address[0], path) as admitted:
+                    if not admitted:
+                        return self._refuse_stream()
+                    return self._upstream(path, query, body, fault == "drop")
+            self._upstream(path, query, body, fault == "drop")
         except OSError:  # the client or moto went away: no answer to give
             self.close_connection = True
+
+    def _refuse_stream(self) -> None:
+        """One GET of an object too many (`FaultProxy.streams_per_object`), refused as the store would."""
+        answer = self.server.proxy.streams_answer
+        if answer == "reset":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif answer == "429":
+            self._answer(429, s3_error("TooManyRequests", "Please reduce your request rate."), {})
+        elif self.server.proxy.server.scheme == "az":
+            self._answer(503, SERVER_BUSY, {"x-ms-error-code": "ServerBusy"})
+        else:
+            self._answer(503, SLOWDOWN, {})
+
+    def _upstream(self, path: str, query: str, body: bytes | None, drop: bool) -> None:
+        """The request to the store itself, its answer relayed (`drop`: cut halfway)."""
+        proxy = self.server.proxy
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+        if "X-Amz-Signature=" in query and isinstance(proxy.server, S3Server):
+            refusal = presign_refusal(self.command, path, query, headers, proxy.server)
+            if refusal is not None:
+                return self._answer(403, s3_error(*refusal), {})
+            query = "&".join(p for p in query.split("&") if not unquote(p).startswith("X-Amz-"))
+            host = self.headers.get("Host", "")  # verbatim: the client signed for it
+            headers.update(_header_auth(self.command, path, query, host, proxy.server))
+        upstream = http.client.HTTPConnection("127.0.0.1", proxy.server.port, timeout=60)
+        try:
+            upstream.request(self.command, f"{path}?{query}" if query else path, body, headers)
+            self._relay(upstream.getresponse(), drop, proxy.server.is_object_path(path))
+        finally:
+            upstream.close()
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
@@ -334,13 +400,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         counted = self.command == "GET" and is_object and 200 <= resp.status < 300
         left = 0 if bodiless else int(length) // 2 if drop and length is not None else -1
+        rate = self.server.proxy.rate
+        # Counted open (`streams_per_object`), an answer ends with its last byte, not a pause after it.
+        pace_first = bool(self.server.proxy.streams_per_object)
         while left != 0 and (block := resp.read(BLOCK if left < 0 else min(BLOCK, left))):
+            if rate and pace_first:
+                time.sleep(len(block) / rate)
             if counted:  # before the write: a client that has the bytes sees them counted
                 self.server.proxy._served(len(block))
             self.wfile.write(block)
             left -= len(block) if left > 0 else 0
-            if self.server.proxy.rate:
-                time.sleep(len(block) / self.server.proxy.rate)
+            if rate and not pace_first:
+                time.sleep(len(block) / rate)
         if drop:
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
