@@ -123,7 +123,9 @@ def test_a_cli_fetch_from_a_store_allowing_one_stream_per_object_succeeds(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert snapshot_contents(Path(result.stdout.strip().splitlines()[-1])) == files
-    assert_learned(store_proxy.streams, len(files), asks=2 if answer == "reset" else 1)
+    # Not `later_clean` (as in the daemon below): on a loaded machine a first-wave object's slow range can be
+    # hedged, a second stream refused after later objects started; the refusals stay within the bound.
+    assert_learned(store_proxy.streams, len(files), asks=2 if answer == "reset" else 1, later_clean=False)
 
 
 def test_a_daemon_reads_a_store_allowing_one_stream_per_object(
