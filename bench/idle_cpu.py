@@ -3,7 +3,7 @@ it, before its first fetch and after it (seeding what it fetched). A DaemonSet p
 GPU node, all day, beside the inference pods.
 
 What it does, per run and per checkout: serves a small test model (a test hub in this process), starts
-a tracker (`tracker serve`) and --agents `agent serve` on loopback (tests.support.cluster, as
+a tracker (`tracker serve`) and --agents `agent serve` on loopback (bench.launchers, as
 bench.relay_cpu does), waits --settle seconds, samples each process's CPU over --seconds; then has
 every agent fetch the model, waits, samples again. With `--checkout DIR` (an older
 commit from `git worktree add DIR REV`) the same runs with that checkout's processes, interleaved
@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.launchers import AgentProcess, TrackerProcess, model_origin
 from bench.relay_cpu import HERE, fetch
 from bench.tracker_load import cpu_seconds
-from tests.support.cluster import AgentProcess, TrackerProcess, model_origin
 
 REPO = "bench/idle"
 

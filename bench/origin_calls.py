@@ -11,7 +11,7 @@ token, per user with one. A cluster that shares one token shares one budget; nod
 share one. The CDN's signed LFS URLs are not counted.
 
 What it does, per N: the test hub (agent.hub.server, its default behaviour: the Hub of 2026) in this
-process, a fresh `tracker serve` and N `agent serve` on loopback (tests.support.cluster's TrackerProcess and
+process, a fresh `tracker serve` and N `agent serve` on loopback (bench.launchers' TrackerProcess and
 AgentProcess: stopped by PID at the end, whatever happens), empty caches; every agent is asked for the model
 at once (`POST /v1/fetch`) and followed to its end (bounded); each snapshot is checked byte for byte. The
 hub's request log gives the counts per bucket and its egress counter the body bytes (÷ S, the model's size).
@@ -52,6 +52,7 @@ from typing import Any
 
 from agent.hub.server import HubServer
 from agent.hub.testmodel import make_model
+from bench.launchers import AgentProcess, Origin, TrackerProcess, admin_request, assert_snapshot_verifies
 from bench.stack import clean_env, compile_bytecode
 
 REPO = "bench/calls"
@@ -147,8 +148,6 @@ class Run:
 
 
 def _follow(agent: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
-    from tests.support.cluster import admin_request
-
     status = job
     while status["phase"] not in ("Ready", "Failed"):
         left = deadline - time.monotonic()
@@ -161,14 +160,6 @@ def _follow(agent: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
 
 
 def run_cluster(root: Path, work: Path, nodes: int, variant: Variant, timeout: float) -> Run:
-    from tests.support.cluster import (
-        AgentProcess,
-        Origin,
-        TrackerProcess,
-        admin_request,
-        assert_snapshot_verifies,
-    )
-
     base = root / REPO
     files = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
     size = sum(map(len, files.values()))

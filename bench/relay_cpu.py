@@ -50,9 +50,9 @@ import psutil
 
 from agent.http.client import AgentClient
 from agent.hub.testmodel import make_model
+from bench.launchers import AgentProcess, TrackerProcess, model_origin
+from bench.procs import free_port, stop_process
 from bench.stack import ARIA2C_PRIVATE, blob_info, grown, native_threads
-from tests.support.cluster import AgentProcess, TrackerProcess, model_origin
-from tests.support.procs import free_port, stop_process
 from wirekit.bencode import bencode
 
 HERE = Path(__file__).resolve().parent.parent
