@@ -1,5 +1,5 @@
 """Planning a daemon fetch: at the origin, which decides who may read what; the tracker's manifest
-only where that widens no access (docs/security.md, "P2P never widens access").
+only where that widens no access (docs/security.md, "Entitlement before bytes").
 
 - The origin plans it: for a repo it does not report public, the request's token must also get a
   file's HEAD answered (a gated repo's listing is public, its files are not). The answer is recorded

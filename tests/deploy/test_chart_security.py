@@ -1,4 +1,4 @@
-"""The chart's trust boundaries, as the default values render them (docs: ARCHITECTURE "Trust model"):
+"""The chart's trust boundaries, as the default values render them (docs/security.md, "The chart"):
 
 - the tracker's credentials (agent-role token, announce passkey, publisher token) are files from
   Secrets, never variables or arguments; generated once and reused on upgrade;

@@ -1,4 +1,4 @@
-"""Entitlement before bytes (docs/security.md, "P2P never widens access"): a node fetches a gated or
+"""Entitlement before bytes (its section in docs/security.md): a node fetches a gated or
 private repo from its peers only after the origin accepted the token the request runs with; while the
 origin cannot be asked, only what this node recorded the origin's yes for (or a signed, published
 hub-less model). Real agents, a real tracker and the real test hub, on loopback.

@@ -1,4 +1,4 @@
-"""The per-blob source policy: where each blob's bytes come from (ARCHITECTURE "Fetch flow").
+"""The per-blob source policy: where each blob's bytes come from (architecture.md, "The path of one blob").
 
     1. complete in the local cache                          -> done (size + xxh3 sidecar, no re-hash)
     2. tracker knows the metainfo and there are seeders     -> BitTorrent from peers; a blob not `small`
