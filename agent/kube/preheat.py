@@ -30,7 +30,6 @@ from agent.kube.requests import ModelRef, ModelStatus, parse_model_ref
 GROUP = "weightswarm.io"
 VERSION = "v1alpha1"
 PLURAL = "modelpreheats"
-KIND = "ModelPreheat"
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,6 @@ class FileLocation:
         self._url = url
         self._minted = time.monotonic()
         self._worked = False
-        self.renewals = 0
-        """How often the URL was renewed after a refusal."""
 
     @property
     def url(self) -> str:
@@ -67,5 +65,4 @@ class FileLocation:
             log.info("%s: %s refused its download URL (expired?); resolving again", self._what, error.host)
             self._url = self._resolve()
             self._minted, self._worked = time.monotonic(), False
-            self.renewals += 1
             return self._url

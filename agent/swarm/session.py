@@ -413,8 +413,6 @@ class Swarm:
                 path=rec.save_path / rec.final_name,
                 total=rec.total,
                 done=int(st.total_wanted_done),
-                download_rate=int(st.download_payload_rate),
-                upload_rate=int(st.upload_payload_rate),
                 num_peers=int(st.num_peers),
                 num_seeds=int(st.num_seeds),
                 bytes_from_peers=peers,

@@ -47,8 +47,6 @@ class BlobStatus:
     """Where the complete blob is (or will be): save_path / final name."""
     total: int
     done: int
-    download_rate: int
-    upload_rate: int
     num_peers: int
     num_seeds: int
     bytes_from_peers: int

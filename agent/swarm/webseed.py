@@ -134,7 +134,6 @@ class Renewal:
         """The torrent's web seed bytes when `url` was put in."""
         self._worked = False
         self._refusals_seen = 0
-        self.renewals = 0
 
     def look(self, st: BlobStatus) -> bool:
         """Renew the web seed if `st` shows its URL refused since the last look; whether it was swapped.
@@ -158,5 +157,4 @@ class Renewal:
         self._retired.add(self.url)
         self._retired.discard(new)
         self.url, self._bytes_at, self._worked = new, st.bytes_from_web_seeds, False
-        self.renewals += 1
         return True
