@@ -5,8 +5,8 @@
 - an xxh3-128 digest for the cheap "is this blob still intact" sidecar;
 - BitTorrent v1 piece sha1s, so the swarm can publish metainfo without a second read.
 
-The piece sha1s cost about as much CPU as the sha256 (measured ~0.9 core-s/GiB each on the
-2-core CI box, xxh3 ~0.02), so a caller that will never publish metainfo (a standalone
+The piece sha1s cost about as much CPU as the sha256 and xxh3 next to nothing (benchmarks.md,
+"Hashing a blob"), so a caller that will never publish metainfo (a standalone
 `agent fetch` without a tracker) passes `pieces=False`: `BlobHashes.pieces` is then empty and
 consumers that need metainfo re-hash (as for blobs huggingface_hub wrote).
 

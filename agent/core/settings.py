@@ -364,8 +364,8 @@ class SwarmSettings:
     send_buffer_watermark: int = 2 * MiB
     """Bytes queued per peer connection before reading from disk pauses (default 500 KB). Several
     times a DC link's bandwidth-delay product (10 Gb/s x 0.5 ms = 625 KB), and the kernel's socket
-    buffer adds its own. It is anonymous memory per connection: 8 MiB x 28 connections of a lease
-    holder serving 7 peers 4 blobs made the agent's RssAnon ~240 MiB in the benchmark."""
+    buffer adds its own. It is anonymous memory per connection, which a lease holder serving many peers
+    and blobs pays many times (benchmarks.md, "The BitTorrent path")."""
 
     send_buffer_low_watermark: int = 512 * 1024
     """Bytes per peer below which the send buffer is refilled, so a fast peer never drains it."""
@@ -374,9 +374,8 @@ class SwarmSettings:
     """The kernel's receive buffer of each peer connection (SO_RCVBUF; 0 = the kernel's autotuning, up
     to net.ipv4.tcp_rmem's maximum, 6-32 MiB). libtorrent sizes a connection's own receive buffer to what
     the kernel has queued for it, so an agent that falls behind its sockets (8 agents on 2 cores in the
-    benchmark; one network thread at 100 Gb/s) copied each connection's backlog into anonymous memory:
-    60 of 147 MiB of an agent's peak heap (heaptrack, warm round of bench.swarm). Peak RssAnon there:
-    191-209 MiB autotuned, 154-174 at 1 MiB, 130-133 at 512 KiB, in the same times.
+    benchmark; one network thread at 100 Gb/s) copied each connection's backlog into anonymous memory,
+    the largest part of its peak heap; 512 KiB cuts that in the same times (benchmarks.md, "Memory").
     512 KiB is a window of ~1 GB/s per connection at a 0.5 ms round trip, and a node has a connection
     per peer and blob. The kernel caps it at net.core.rmem_max (208 KiB on a stock kernel)."""
 
@@ -387,14 +386,14 @@ class SwarmSettings:
     disk_io: str = "pread"
     """libtorrent's disk I/O: "pread" (pread/pwrite with a cache of its own), "mmap" (libtorrent's
     default on Linux: blocks are written into a memory map of the file) or "posix" (plain reads and
-    writes). pread: the warm 8-node benchmark 10-13 % faster in three runs on two busy cores (bench.swarm
-    weightswarm_mmap), and a seeded file's pages no longer count in the agent's RSS."""
+    writes). pread: warm starts faster than with mmap (benchmarks.md, "Settings measured with bench.swarm"),
+    and a seeded file's pages no longer count in the agent's RSS."""
 
     aio_threads: int = 8
     """Disk I/O threads, at most one per usable CPU beyond two, none on a node of two CPUs or fewer
     (agent.swarm.ltkit.helper_threads). NVMe serves many parallel reads; more gain little. Writes into
-    one file take turns on its inode lock: receiving one blob on two cores, the second thread spent
-    7.8 % of libtorrent's CPU spinning on it (bench.relay_cpu --bittorrent)."""
+    one file take turns on its inode lock, so on a small node a second thread spins on it rather than
+    writing (benchmarks.md, "The BitTorrent path")."""
 
     hashing_threads: int = 4
     """Piece-hashing threads (libtorrent's default 1), bounded as `aio_threads`: SHA-1 of a 10 Gb/s
@@ -409,9 +408,8 @@ class SwarmSettings:
     extension handshake (libtorrent's max_allowed_in_request_queue, default 2,000), and libtorrent caps
     its requests to a peer at what that peer advertises, over its own max_out_request_queue: the depth
     is set where the blocks come from, so both are set to this. At 2,000 (31 MiB a connection) blocks
-    that waited in a deep queue at one peer were asked of another as well, and both copies came: in a
-    warm 4-node round (bench.swarm, BitTorrent only; libtorrent's count of redundant bytes) 4.5-6 % of a
-    1 GiB model's bytes came twice and 4-15 % of a 256 MiB one's; at 250, 0.3-2.3 %."""
+    that waited in a deep queue at one peer were asked of another as well, and both copies came
+    (benchmarks.md, "The BitTorrent path")."""
 
     unchoke_slots_limit: int = -1
     """Peers uploaded to at once; -1 = all. A private swarm has no free riders to punish with choking."""
@@ -503,12 +501,11 @@ class SwarmSettings:
     (agent.relay.directory "Parts"). How many do is measured per blob (agent.relay.admission): the first
     node leads and pulls the parts in order; a second probes with the last part, and the others join
     only if the lead kept its origin rate meanwhile, as from an origin that caps each client (a CDN's
-    per-connection or per-IP limit): a one-shard cold start was then 4.0-4.3 x faster with 8 than with one
-    holder. Otherwise (an origin that caps its total, a cluster behind one NAT address) the lead pulls
+    per-connection or per-IP limit), where a one-shard cold start was several times faster with 8 than with
+    one holder. Otherwise (an origin that caps its total, a cluster behind one NAT address) the lead pulls
     the rest. 1 (one holder per blob, no parts) by default: with several blobs pulled at once from an
     origin capped in total, the lead's rate moves as other clients come and go, and the verdict was
-    wrong for one or two shards of four in each of four runs (cold 1.20-1.54 x the bound against
-    1.17-1.35 x with one holder).
+    wrong for some shards (benchmarks.md, "An origin that caps each client: a blob in parts").
     Needs the relay (`relay_fanout` > 0)."""
 
     origin_part_min: int = 64 * MiB

@@ -219,8 +219,8 @@ class FetchEngine:
             self.progress.set_total(sum(e.size for e in missing))
             # Largest first: the long poles start early. Small files have a lane of their own: behind
             # `files_at_once` shards they waited for a shard to finish, then went one after another,
-            # each a few round trips (in a swarm a lease, a torrent, a peer): 4-7 s of a 20-s cold
-            # start of 8 nodes (bench.swarm, a model of 4 shards and 7 small files).
+            # each a few round trips (in a swarm a lease, a torrent, a peer), a visible part of a cold
+            # start (benchmarks.md, "Faults during a cold fetch (8 nodes)").
             order = sorted(missing, key=lambda e: -e.size)
             large = [e for e in order if not e.small]
             small = [e for e in order if e.small]
@@ -375,7 +375,7 @@ def fetch_snapshot(
             lambda origin, _cached: plan_from_origin(origin, repo_id, revision, include, exclude),
             f"{repo_id}@{revision}",
         )
-        # Standalone: nothing here publishes metainfo, so no piece sha1s (~40% of the hashing CPU);
+        # Standalone: nothing here publishes metainfo, so no piece sha1s (a large part of the hashing CPU);
         # the daemon's path (agent.fetch.job) keeps OriginSource's default and computes them.
         source = OriginSource(client, f, piece_hashes=False)
 

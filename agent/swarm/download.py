@@ -9,11 +9,11 @@ metainfo of a blob id. The publisher computed it from bytes it had verified (the
 hashes sha256 and pieces in one stream; `agent publish` hashes its own files), and `check_info`
 pins name and size, but a buggy or compromised node could still publish pieces of other bytes, and
 then every node would install the same wrong "verified" weights in silence. The re-read catches that
-(`BadMetainfo`, proven; the fetch policy recovers: agent.swarm.trust). Its cost with SHA-NI is
-~0.6 CPU-s/GiB (+0.15 for xxh3), once per blob per node. Hashing in piece order while the download
-runs would hide it, but pieces arrive in rarest-first order, and sequential downloading would make
-every node want the same pieces at once. The piece SHA-1s are not recomputed (the metainfo has them):
-they were the larger part of this pass (~1.1 CPU-s/GiB).
+(`BadMetainfo`, proven; the fetch policy recovers: agent.swarm.trust). It costs one sha256 of the
+blob, once per blob per node (benchmarks.md, "Hashing a blob"). Hashing in piece order while the
+download runs would hide it, but pieces arrive in rarest-first order, and sequential downloading would
+make every node want the same pieces at once. The piece SHA-1s are not recomputed (the metainfo has
+them): they were the larger part of this pass.
 """
 
 from __future__ import annotations
