@@ -11,8 +11,8 @@ place of uvicorn's 400. The body's clock is the connection's one timer, as its o
 Zero-copy send: an app that finds `ZEROCOPY` in `scope["extensions"]` may send the body as
 `{"type": ZEROCOPY, "file": <file object or descriptor>, "offset": N, "count": N, "more_body": bool}`
 after its `http.response.start` (with a Content-Length). The bytes go from the file to the socket in
-the kernel (`os.sendfile`): no read into Python, no copy into the transport's buffer. A relay seed
-sent a blob at about 0.9 CPU-s per GiB through a Python loop of reads and writes.
+the kernel (`os.sendfile`): no read into Python, no copy into the transport's buffer, which a relay seed
+otherwise paid for every byte (benchmarks.md, "The relay: seed and receiver").
 
 uvloop's `loop.sendfile` is not implemented, so the protocol does it itself: once the transport's own
 buffer is empty (the head, earlier bodies), a short span (`INLINE_SPAN`) goes out from the event loop as

@@ -2,9 +2,9 @@
 
 `uvicorn.Server` sleeps 0.1 s between looks at its exit flag, and refreshes the Date header it sends on
 every tenth look. An idle daemon has two of them (its admin socket and its network API): their twenty
-wake-ups a second were half of what an idle agent cost (0.3 of 0.7 % of a core), on every GPU node, all
-the time. `QuietServer` looks once a second, when the Date header changes, and at once when told to stop
-(`exit_now`, or a signal while it runs the loop in the main thread).
+wake-ups a second were half of what an idle agent cost (benchmarks.md, "Other scripts": idle), on every
+GPU node, all the time. `QuietServer` looks once a second, when the Date header changes, and at once
+when told to stop (`exit_now`, or a signal while it runs the loop in the main thread).
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ class TrackerSettings:
     """Seconds after the store lost the swarm state under a running tracker (a Redis restarted without
     its data: `Store.epoch` changed) during which leases go back only to the nodes that held them (their
     next heartbeat reclaims them), not to the first node that asks: that node would start the blob over
-    from the origin while the holder finishes it (2 x S of origin egress measured)."""
+    from the origin while the holder finishes it, and the origin would send the blob twice."""
 
     quarantine_hold: float = 3600.0
     """Seconds after a node reported a blob's info dict wrong (`/v1/blobs/<id>/metainfo/report`) during
