@@ -224,7 +224,7 @@ def test_a_retry_line_goes_above_the_progress_block_and_fits_60_columns(tmp_path
     loop_until(lambda: (pty.read_available(0), hub.egress_bytes >= 3 * MiB)[1], timeout=30,
                what="a few MiB downloaded")
     hub.faults.status_methods = frozenset({"GET"})
-    hub.faults.status_queue.append((503, {"Retry-After": "5"}))  # 5 s or more: a WARNING (agent.origin.client)
+    hub.faults.status_queue.append((503, {"Retry-After": "5"}))  # 5 s or more: a WARNING
     finish(proc, pty, timeout=60)
     assert proc.returncode == 0, pty.lines()[-8:]
     assert snapshot_contents(Path(proc.stdout.read().decode().strip().splitlines()[-1])) == files
