@@ -18,7 +18,7 @@ over (huggingface_hub truncates its partial file then) instead of appending good
 A reader that checks the blob end to end itself (another agent, over the relay: agent.relay.directory) is
 served the last byte as soon as it is written (`available(pos, checked=True)`): held back, it waited
 for this node's check and install, and the nodes of a relay chain took their last bytes one after the
-other (0.2-0.4 s a hop, measured).
+other, a wait per hop (benchmarks.md, "Warm starts over the relay").
 
 A producer that starts the file over (libtorrent given up for the origin engine, a blob discarded
 after a failed check) calls `restart` first: `ready` drops to 0 and readers wait again, so a reader

@@ -3,17 +3,14 @@
 glibc gives a thread that finds the main heap locked an arena of its own, up to eight per core, and
 each keeps what its thread freed. The daemon runs many threads that allocate block buffers at once
 (libtorrent's disk and hashing threads, fetch workers, the HTTP servers), so its anonymous memory grew
-with the arenas. 8 namespace nodes, 512 MiB (bench.swarm --nodes 8 --size 512MiB --shards 2
---scenarios warm), peak RssAnon per agent, three runs without, four with two arenas: cold 109-126 ->
-86-98 MiB, warm 148-178 -> 123-158 MiB, in the same times.
+with the arenas; two keep it lower in the same times (benchmarks.md, "Memory").
 
 What the arenas keep: a chunk freed in the middle of an arena stays resident (glibc returns only the
 top of a heap), so a burst of block buffers (a warm fetch: the receive, send and disk buffers of
 seven peers and four blobs) left the agent's RssAnon at its high-water mark for good, with two of its
 64 MiB arena heaps fully resident. `trim_heaps` (glibc's malloc_trim, which hands every free page of
-every arena back to the kernel) runs every `TRIM_EVERY` seconds. The 8-node warm round
-(bench.swarm --systems weightswarm --scenarios warm): peak RssAnon 207-225 MiB in eight runs without
-(a ninth 301 MiB), 169-191 MiB in three with, in the same times.
+every arena back to the kernel) runs every `TRIM_EVERY` seconds, which lowers a warm round's peak
+RssAnon in the same times (benchmarks.md, "Memory").
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ class FileSender(BaseHTTPRequestHandler):
         """Up to `count` bytes of `f` from `offset` by sendfile, counted as the kernel takes them.
         (socket.sendfile reports nothing of a call that ends in an error: a response the client closed
         halfway, as the fetch engine closes a hedged range, went uncounted, and a cold start, which cannot
-        take less than one copy, read 0.95 x S of origin egress.)"""
+        take less than one copy, read less.)"""
         sock = self.connection
         out, src = sock.fileno(), f.fileno()
         sent = 0

@@ -22,18 +22,18 @@ READ_BLOCK = 1 << 20
 """Bytes per write, read from the socket straight into a worker's own buffer (no per-block allocation)."""
 READ_STEP = 64 << 10
 """The least bytes per read within a block, after each of which the chunk counts as moving
-(`Reader.seen`). A block read as one takes 1.3 s at 0.8 MB/s (4 nodes' connections sharing a shaped
-10 MB/s origin): a chunk merely slow looked stalled and was hedged, and the origin served its first
-4 MiB twice. A connection's reads grow to what it brings in `STEP_SECONDS` at its mean rate since its
-request (not its last read's: one that found its bytes already queued takes no time), up to a whole
-block: at loopback rates 64 KiB reads cost 20 % more CPU than 1 MiB ones."""
+(`Reader.seen`). A block read as one takes over a second on a slow shared origin: a chunk merely slow
+looked stalled and was hedged, and the origin served its first bytes twice. A connection's reads grow
+to what it brings in `STEP_SECONDS` at its mean rate since its request (not its last read's: one that
+found its bytes already queued takes no time), up to a whole block, since small reads cost more CPU at
+loopback rates (benchmarks.md, "The origin engine on a shared origin")."""
 STEP_SECONDS = 0.1
 WRITE_WITHIN = 0.25
 """Seconds a worker may hold bytes it has read before it writes them (else it writes a whole block).
 The written prefix is what the relay and the HF endpoint stream, and its growth is what a lease
-holder's heartbeats report: on an origin shared by 14 connections at 1 MB/s a 1 MiB block took
-~15 s to fill, so a holder reading steadily showed no progress for longer than `holder_stall` and
-another node took its lease and pulled the blob again (bench.swarm, 2 nodes: 1.46 x S of egress)."""
+holder's heartbeats report: on a slow shared origin a whole block took longer than `holder_stall` to
+fill, so a holder reading steadily showed no progress and another node took its lease and pulled the
+blob again (benchmarks.md, "The origin engine on a shared origin")."""
 
 
 class Cancelled(Exception):

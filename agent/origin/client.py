@@ -179,7 +179,7 @@ class Origin:
         """Whether a request of this origin is waiting (between retries, or out of patience) because it
         answered 429 or 5xx (a Retry-After of 5 s over 6 retries is longer than a stall). A lease
         holder then reports no stall (agent.fetch.sources.policy): another node taking its lease over would be
-        told the same, and both would then pull the blob (1.5 x S measured through a 30-s rate limit).
+        told the same, and both would then pull the blob (benchmarks.md, "Faults during a cold fetch").
         Refused or dropped connections do not count: they may be this node's own trouble."""
         with self._lock:
             return self._told > 0
@@ -193,8 +193,8 @@ class Origin:
         """`call()` (requests with their bounded retries) again while the origin stays unavailable (429,
         5xx, refused or dropped connections), for up to `settings.patience` seconds without progress: a
         change of `moved()` (a range's position) starts the count again. Waiting in place keeps a lease
-        holder's partial blob and its lease; failing hands the lease to a node that starts the blob over
-        (measured at 1.5 x S of origin egress through 503 bursts). `pause(seconds)` waits between asks
+        holder's partial blob and its lease; failing hands the lease to a node that starts the blob over,
+        and the origin sends it again. `pause(seconds)` waits between asks
         and says whether to go on (False: raise the error now); `interrupt` ends the waits too."""
         patience = self.settings.patience
         mark, since = moved(), time.monotonic()

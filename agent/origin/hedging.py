@@ -11,29 +11,28 @@ from agent.origin.chunks import BlobJob, ChunkDone, Reader, cut_response
 HEDGE_AFTER = 1.0
 """Seconds the chunk at the head of the contiguous prefix may bring no byte, while the others keep
 coming, before a free worker asks for the rest of it on its own connection. One stalled connection (a
-lost segment's retransmit backing off, seen for 8 s under tc shaping) otherwise holds the prefix that
-readers stream (the HF endpoint, the relay to other nodes) while the download front runs far ahead."""
+lost segment's retransmit backing off for seconds) otherwise holds the prefix that readers stream (the
+HF endpoint, the relay to other nodes) while the download front runs far ahead."""
 WINDOW = 2
 """How far the download front may run ahead of the head chunk (the one holding the contiguous prefix
 back), in connections' worth of chunks; in order it runs about one ahead. A flow that keeps moving,
 only slowly (one of eight connections on a shaped origin getting a small share for seconds), held a
-lease holder's prefix at 0 for 6.7 s while its front reached 166 MiB; the relayed nodes, whose
-streams each carry a third of a node's uplink, then caught up 2.5-4 s after the holder had the blob
-(bench.swarm, one 512-MiB shard: 1.36 x the bound, against 1.13 x when no head lagged). At the
-window a free worker asks for the head's rest on its own connection (once; `hedge`), and the others
-wait for the head, which leaves it the origin's bandwidth, for at most `WINDOW_PATIENCE` seconds."""
+lease holder's prefix back while its front ran far ahead, and the relayed nodes, whose streams each
+carry a third of a node's uplink, caught up seconds after the holder had the blob (benchmarks.md, "The
+origin engine on a shared origin"). At the window a free worker asks for the head's rest on its own
+connection (once; `hedge`), and the others wait for the head, which leaves it the origin's bandwidth,
+for at most `WINDOW_PATIENCE` seconds."""
 WINDOW_PATIENCE = 5.0
 """Seconds the workers wait at the window after the head was hedged: an origin slow for one range
 only (a CDN fetching it from further away) must not hold the whole download to that range's pace."""
 SLOWER = 4.0
 """A free worker asks for the rest of a chunk whose response brings it this many times slower than the
 worker's own connection brought its last chunk (`hedge`, "slow"). On a shared origin TCP does not
-share evenly: a trace of the 8-node benchmark (ss on the origin) showed each lease holder with one
-connection at 4.6 MB/s and seven at 0.2 MB/s, for as long as they ran. A head chunk on one of those
-took 20 s for its 4 MiB, never quiet for `HEDGE_AFTER` and behind the `WINDOW` for 11 s; the holder's
-prefix stood at 97 MiB while its front reached the end, and its relayed nodes caught up 1.5-2.5 s after
-it had the blob. A free worker on a fast connection that asks for the rest of such a chunk brings it at
-its own rate."""
+share evenly: a lease holder's connections split into one fast and several starved for as long as they
+ran, and a head chunk on a starved one, never quiet for `HEDGE_AFTER` and long behind the `WINDOW`, held
+the holder's prefix and its relayed nodes back until its front reached the end (benchmarks.md, "The
+origin engine on a shared origin"). A free worker on a fast connection that asks for the rest of
+such a chunk brings it at its own rate."""
 SLOW_LEFT = 2.0
 """Seconds the chunk's rest would still take at its response's rate, at least, for that hedge: a slow
 response about to end is left to end."""
@@ -113,9 +112,8 @@ def held_back(job: BlobJob, in_flight: list[int], head: int, at_window: bool, no
     if at_window and now - job.taken.get(head, now) >= HEDGE_AFTER:
         # Slow, not stalled: the others are the proof that the origin has bandwidth for a second flow.
         return "window"
-    # Quiet for longer than reads take here: at 100 KB/s per connection a 256 KiB read took 2.5 s,
-    # and hedging every chunk then pulled the origin's bytes twice (1.2 x S measured, 3 nodes).
-    # A step (`READ_STEP`) takes 0.65 s there.
+    # Quiet for longer than reads take here: on a slow origin one read takes seconds, and hedging every
+    # chunk quiet for `HEDGE_AFTER` then pulled the origin's bytes twice.
     quiet = max(HEDGE_AFTER, 3 * job.read_gap)
     if not job.read_gap:
         # No read has returned yet, so nothing says how long one takes here: a slow start (a loaded
@@ -132,9 +130,9 @@ def settle_hedge(job: BlobJob, idx: int, reader: Reader, asked: int) -> None:
     """The hedge's bytes flow (it asked from byte `asked`): close the response it was sent to replace,
     whose worker takes the next chunk. But a stalled response that came back meanwhile and is past
     `asked` keeps the chunk, and the hedge gives way (`ChunkDone`); the chunk may be hedged again if
-    it stalls again. On an origin shared by 16 connections a hedge took 7 s to its first byte, while
-    the response it was to replace came back after 1.2 s: cut then, at 3 MiB, it had the origin send
-    those 3 MiB twice (bench.swarm at 16 nodes, cold: 1.07 x S of egress)."""
+    it stalls again. On a busy shared origin a hedge can take longer to its first byte than the response
+    it was to replace takes to come back: cut then, it had the origin send what that response had
+    brought twice (benchmarks.md, "The origin engine on a shared origin")."""
     kind, reader.hedge = reader.hedge, ""
     now = time.monotonic()
     with job.cond:

@@ -423,9 +423,9 @@ class OriginSource:
             job.readers.setdefault(idx, []).append(reader)  # until the chunk is done
             if replaced:
                 # A response `SLOWER` than this worker's connection brings little while this request's
-                # first bytes are on their way, and what it brought then came twice: about 150 KB a hedge,
-                # 2 % of S on the shared origin of the benchmark, where nearly every chunk of a
-                # lease holder is hedged (BBR starves all but one of its connections). Closed now.
+                # first bytes are on their way, and what it brought then came twice, on a shared origin
+                # for nearly every chunk of a lease holder (BBR starves all but one of its connections;
+                # benchmarks.md, "The origin engine on a shared origin"). Closed now.
                 reader.hedge = ""
                 for other in replaced:
                     other.cut = True

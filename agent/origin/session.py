@@ -213,7 +213,7 @@ def release(resp: urllib3.BaseHTTPResponse) -> None:
     http.client keeps a HEAD's response open until it is read or collected, and a refused one lives on in
     its error's traceback while the client backs off. The next request on that connection (another
     thread's range) was then sent and answered but failed on the client (ResponseNotReady) and was sent
-    again: a range the origin served twice (a daemon test's egress, 1.08 x S).
+    again: a range the origin served twice.
     """
     try:
         if body_complete(resp):

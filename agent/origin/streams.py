@@ -2,7 +2,7 @@
 refusals; agent.origin.ranges asks before each range and tells it of each refusal.
 
 A download host may refuse a second concurrent stream of one file from one address (403, 429, or a reset
-connection: reported in 2026 of the Hub's CDN as blocking "multi-threaded download acceleration"). That is
+connection: reported of the Hub's CDN as blocking "multi-threaded download acceleration"). That is
 the host's limit, never a failure: the refused range goes back to its file's queue, the file's worker
 retires, and the host's limit becomes the streams that were open when it refused. Later files of the fetch
 start at that limit (their requests are never refused), and the fetch engine spends the stream budget it

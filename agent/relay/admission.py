@@ -22,9 +22,9 @@ apart (it always gets a fair share), but the client already there can, by what i
 
 The limit of the test: it sees one client's rate, not the origin's. A total cap already shared by N
 other clients leaves each N/(N+1) when one more joins, and while several blobs are pulled at once the
-lead's rate also moves as the other blobs' holders come and go (up, when one finishes): in the 8-node
-benchmark with 4 shards it said MORE for one or two shards in each of four runs. So parts are off by
-default (`swarm.origin_holders` 1).
+lead's rate also moves as the other blobs' holders come and go (up, when one finishes), and the
+verdict was wrong for some shards of a model (benchmarks.md, "An origin that caps each client: a blob
+in parts"). So parts are off by default (`swarm.origin_holders` 1).
 """
 
 from __future__ import annotations

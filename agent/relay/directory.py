@@ -32,11 +32,11 @@ BitTorrent. Such a stream moves at link speed, not at the origin's, so each node
 node only (`Arrival.chain`): the receivers form a chain behind each seed, and every node's uplink
 carries the blob at its whole rate while it downloads, which is the lower bound of a broadcast.
 BitTorrent from one seed sends many pieces twice (every receiver asks the seed for what looks rarest to
-it), and measured 1.6-2.3 x the bound with the CPU idle (bench.swarm on scaled links). The chain's
-costs: a node that slows holds up the nodes behind it, and one that stops leaves them to ask another
-source after the stall time; a node that finds no relay source, or whose relay breaks off, takes the
-blob by BitTorrent. Every seed announces its offers at the tracker's interval, as it announces its
-torrents, and a lease holder as soon as it has the blob whole.
+it), even with the CPU idle (benchmarks.md, "Warm with the CPU out of the way: the seed's pieces
+go out twice"). The chain's costs: a node that slows holds up the nodes behind it, and one that stops
+leaves them to ask another source after the stall time; a node that finds no relay source, or whose
+relay breaks off, takes the blob by BitTorrent. Every seed announces its offers at the tracker's
+interval, as it announces its torrents, and a lease holder as soon as it has the blob whole.
 
 A chain has a hop per node, so each hop's cost counts N times, joining it included. A receiver finds
 its place in one look (`place`): it announces on the blob's rank key, and the tracker's leecher count
@@ -44,15 +44,14 @@ in the reply is its rank (the tracker counts a node once); it says where it is o
 (as that key's seeder); and it takes the blob from the node as many ranks before it as the blob has
 seeds, the first receivers from a seed each. So each seed heads a chain, in the order the receivers
 asked. Found by a walk to the chain's end instead, which moves one node at a time, a node's first byte
-came a median 3.9-7.2 s after its first request at 32 nodes, after 20-135 requests (bench.swarm). A
-receiver whose place does not stream to it (its node stopped, another took the place, the tracker
-could not say) walks: a busy node names the nodes it streams to (`NEXT_HEADER`) and the receiver asks
-them next, down to a chain's end in a request a hop. A node that is not ahead of a receiver yet (it
-found its own source a moment ago) makes it wait up to a second rather than refuse it, and bytes are
-handed on within 20 ms of their arrival, the last one included, since every receiver checks the whole
-blob itself (agent.cache.arrivals). Each node waiting for the one before it to check and install its
-copy before the last byte moved on cost 0.2-0.4 s a hop (bench.swarm, 8 nodes: the last node of a
-chain 1.4 s after the first).
+came seconds and tens of requests after its first request at 32 nodes (benchmarks.md, "Scaling: N = 4
+to 32 nodes"). A receiver whose place does not stream to it (its node stopped, another took the place,
+the tracker could not say) walks: a busy node names the nodes it streams to (`NEXT_HEADER`) and the
+receiver asks them next, down to a chain's end in a request a hop. A node that is not ahead of a
+receiver yet (it found its own source a moment ago) makes it wait up to a second rather than refuse
+it, and bytes are handed on within 20 ms of their arrival, the last one included, since every receiver
+checks the whole blob itself (agent.cache.arrivals): each node waiting for the one before it to check
+and install its copy before the last byte moved on cost a wait per hop, which a chain pays N times.
 
 Trust: the relayed bytes are origin bytes passed on, as a direct origin download is; each node
 checks the sha256 end to end before the blob is visible, and discards a blob that fails it (then

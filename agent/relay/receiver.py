@@ -45,9 +45,9 @@ _READ = 1 << 20
 _WRITE_WITHIN = 0.02
 """Seconds received bytes may wait to be written (else up to `_READ` of them are written at once). A node
 relays only what it has written, so bytes held back here hold back every node below it in the tree:
-read a whole MiB at a time (filling a chunk before writing any of it), each hop cost 2 s on a
-0.5 MB/s stream, and the last of 16 nodes, three hops down, finished 6 s after its sources (bench.scaling,
-cold: a 50-s bound). A warm chain has a hop per node: at most 50 writes a second cost little."""
+read a whole MiB at a time (filling a chunk before writing any of it), each hop of a slow stream cost
+seconds, and they added up down the tree (benchmarks.md, "Scaling: N = 4 to 32 nodes"). A warm chain
+has a hop per node: at most 50 writes a second cost little."""
 _NO_SOURCE_WAIT = 3.0
 """Seconds to keep asking for sources when the tracker lists none yet (the holder announces as it starts)."""
 _BUSY_PAUSE = 0.2
@@ -360,8 +360,8 @@ class RelayReceiver:
 
         The body goes from the socket straight into one buffer, a batch per `recv` (agent.relay.batches),
         from which it is written and hashed. httpx's stream parsed every socket read and copied each byte
-        three times: a third of a receiver's CPU (bench.relay_cpu, one run: 6.3 CPU-s a GiB, now 4.2),
-        and a warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
+        three times, a third of a receiver's CPU (benchmarks.md, "The relay: seed and receiver"), and a
+        warm start on two cores is bound by what its receivers cost. Into a mapped whole blob it
         goes from the socket through a pipe into the file instead, a pipe's worth a wait
         (agent.relay.splicing). The request and the reply's head are this module's own (agent.relay.heads)."""
         start, unrecorded, end = r.pos, 0, r.end

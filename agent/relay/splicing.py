@@ -2,13 +2,11 @@
 they are never copied into the receiver's memory and out again (the receiver hashes them from a
 read-only map of the file).
 
-What it saves depends on the memory and the file system. A 1-GiB shard relayed between two agents on
-loopback into ext4 (`bench.relay_cpu --no-prime`): the receiver 1.19 CPU-s against 3.86 written from a
-buffer, into memory as this VM leaves it after other work; into pages freed a moment before (primed)
-the two ways cost the same (1.26-1.41 against 1.36-1.37). Its receiving thread alone
-(`bench.receive_cost`, with the sha256): spliced 0.94-1.27 a GiB in every run on ext4, written from a
-buffer 1.02 at best and up to 3.6. On tmpfs splicing saved less than the hash's read of the pages from
-the page cache then cost (1.35-1.39 against 1.25-1.26), so a file on tmpfs is written from a buffer
+What it saves depends on the memory and the file system (benchmarks.md, "The relay: seed and
+receiver" and "The receiver's way with the bytes"). Into ext4, written from a buffer, the receiver
+cost far more into memory as this VM leaves it after other work, and the same into pages freed a
+moment before; spliced, it cost about the same either way. On tmpfs splicing saved less than the
+hash's read of the pages from the page cache then cost, so a file on tmpfs is written from a buffer
 (`worth_splicing`).
 """
 

@@ -24,10 +24,9 @@ blob)."""
 def helper_threads(wanted: int, cpus: int) -> int:
     """libtorrent's disk I/O or hashing threads on a node with `cpus` usable CPUs: `wanted`, less the
     CPUs spoken for; 0 runs those jobs on the network thread, as aria2c does. A thread that takes each
-    16-KiB block from the network thread hands it back too: 8 agents on 2 CPUs (bench.swarm
-    --systems aria2c_bt,weightswarm_bt --scenarios warm --perf, two runs each) switched 44,551-47,819
-    times per GiB with two of each, and their session cost 1.14-1.26 x aria2c's CPU; with none,
-    3,795-6,713 times and 0.88-0.92 x. With more CPUs the threads are kept: they hash a fast link's
+    16-KiB block from the network thread hands it back too: on 2 CPUs the context switches this costs
+    made libtorrent's session dearer than aria2c's, and without the threads cheaper (benchmarks.md, "The
+    BitTorrent path"). With more CPUs the threads are kept: they hash a fast link's
     stream on several cores and serve peers' reads from disk in parallel, which two CPUs cannot show."""
     return max(0, min(wanted, cpus - CPUS_SPOKEN_FOR))
 
@@ -107,12 +106,12 @@ def settings_pack(s: SwarmSettings) -> dict[str, Any]:
         # The accept queue of the BitTorrent port (libtorrent's default: 5). Every node that starts
         # a model connects to every peer once per blob, so a node takes hundreds of connections at
         # once; past the queue the kernel drops each SYN and the peer's connect waits 1 s, then 3 s,
-        # 7 s (bench.swarm, 32 nodes warm: 2,153 SYNs dropped, 1,049 sent again).
+        # 7 s (benchmarks.md, "The swarm on shaped links (8 nodes)").
         "listen_queue_size": 512,
         # A peer that finishes a blob while connected to us sends "upload only" before its HAVEs
         # are counted, and libtorrent then drops it as an "uninteresting upload-only peer" and only
         # retries after min_reconnect_time: each blob fetched from a lease holder that had just
-        # completed it waited 5 s (netns benchmark; reproduced on loopback). Keep such connections,
+        # completed it waited for that (reproduced on loopback). Keep such connections,
         # reconnect within a second if one goes anyway, and close idle ones after a while instead.
         "close_redundant_connections": False,
         "min_reconnect_time": 1,

@@ -175,7 +175,7 @@ class Swarm:
         Otherwise, without resume data, the torrent is added in seed mode: libtorrent checks each piece
         the first time a peer asks for it, so a corrupt file, or a metainfo of other bytes (the relay
         takes the tracker's piece hashes), is caught without a start-up re-hash. Those checks read and
-        hash each piece once more, and were two thirds of a seed's CPU (bench.relay_cpu --bittorrent).
+        hash each piece once more, most of a seed's CPU (benchmarks.md, "The BitTorrent path").
         """
         blob_path = Path(blob_path)
         ti = torrent_info(info, blob_path.name)
@@ -332,7 +332,7 @@ class Swarm:
         # fast) and recovers all of them; re-downloading them from peers would cost the network
         # what a local read costs the disk. Not force_recheck() after adding: libtorrent ignores
         # it while the torrent still checks its resume data, then trusts the stale list (seen in
-        # CI, and in 1 of 6 plain adds on an idle machine).
+        # CI, and in plain adds on an idle machine).
         log.info("re-checking unfinished %s after an unclean stop", name)
         atp.have_pieces = []
         atp.verified_pieces = []
@@ -436,7 +436,7 @@ class Swarm:
         from the file.
 
         libtorrent says a piece passed once its hash of the received blocks matches; its disk backend
-        writes them later (10-25 ms measured on loopback, or before the file even exists). A reader of
+        writes them milliseconds later (the check may pass before the file even exists). A reader of
         the file in that window got zeros, and the HF endpoint streamed them to a client, which kept a
         corrupt model. So each piece is read back and hashed against the metainfo, once (called while
         someone streams the blob: by one thread per blob)."""

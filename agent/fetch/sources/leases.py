@@ -67,8 +67,8 @@ class Leases:
 
         Nodes asked for a model at once race for its shards' leases, and one fast node could win
         them all: it then pulls every shard from the origin and is the only source of each new
-        piece for all peers, so its uplink saturates and its own origin download slows (measured:
-        8 nodes, one holder of 3 of 4 shards, 1.4x the bound). Waiting `swarm.lease_spread`
+        piece for all peers, so its uplink saturates and its own origin download slows (benchmarks.md,
+        "The swarm on shaped links (8 nodes)"). Waiting `swarm.lease_spread`
         seconds before a second lease lets idle nodes take them; a lone node only loses that.
         """
         with self._lock:

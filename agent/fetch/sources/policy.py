@@ -225,7 +225,7 @@ class SourcePolicy:
             if lease.granted and info is None:
                 # Asking can take seconds (`lease_spread`), and the previous holder may have published
                 # the metainfo and released the lease meanwhile: a grant then is no reason to pull the
-                # blob from the origin a second time (egress 1.25-1.47 S in the 8-node benchmark).
+                # blob from the origin a second time (benchmarks.md, "The swarm on shaped links (8 nodes)").
                 info = self._trust.usable(blob, self.tracker.get_metainfo(blob.blob_id))
             if (
                 lease.granted
@@ -404,8 +404,7 @@ class SourcePolicy:
         `counted`: the seeders the tracker counted when it granted the lease (None: an older tracker
         that does not say). Counted after the grant, it already covers the race the announce is for: 0
         answers at once (a restored torrent's own seeds still count), where the announce's reply took
-        about a second (bench.swarm cold-known: 1.04 s from the grant to the holder's first origin request,
-        0.10 s now).
+        about a second of every cold start.
         """
         if counted is not None and counted > 0:
             return True
@@ -472,7 +471,7 @@ class SourcePolicy:
         if publish and self.tracker is not None:
             # Announce before publishing: nodes waiting on the lease wake up at the metainfo, and if
             # the tracker did not count us as a seeder yet, one of them took the released lease and
-            # pulled the blob from the origin a second time (origin egress 1.14 S in the benchmark).
+            # pulled the blob from the origin a second time.
             self.torrents.announced(ih, seeders=0)
             self._trust.publish(cache.blob_path(blob.blob_id), blob, info)
 
