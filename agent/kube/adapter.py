@@ -26,8 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.core.errors import ConfigError, snippet
 from agent.core.settings import KubeSettings
-from agent.kube.api import ApiError, Kind, Query
-from agent.kube.preheat import GROUP, PLURAL, VERSION
+from agent.kube.api import GROUP, PLURAL, VERSION, ApiError, Kind, Query
 
 _MERGE = "application/merge-patch+json"
 

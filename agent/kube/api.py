@@ -25,6 +25,11 @@ Kind = Literal["pods", "nodes", "modelpreheats"]
 """The objects the agent reads: core/v1 pods and nodes, and the cluster-scoped ModelPreheats
 (weightswarm.io/v1alpha1, agent.kube.preheat)."""
 
+GROUP = "weightswarm.io"
+VERSION = "v1alpha1"
+PLURAL = "modelpreheats"
+"""Where the ModelPreheat custom resource is served (the chart's `crds/modelpreheats.yaml`)."""
+
 
 @dataclass(frozen=True)
 class Query:

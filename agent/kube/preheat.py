@@ -35,11 +35,6 @@ from agent.kube.requests import ModelRef, ModelStatus, parse_model_ref
 
 log = logging.getLogger(__name__)
 
-GROUP = "weightswarm.io"
-VERSION = "v1alpha1"
-PLURAL = "modelpreheats"
-KIND = "ModelPreheat"
-
 
 @dataclass(frozen=True)
 class Preheat:
