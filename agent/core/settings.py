@@ -563,7 +563,7 @@ class SwarmSettings:
 
 @dataclass(frozen=True)
 class KubeSettings:
-    """The pod watcher and status reporter (agent.kube.client): which pods, how often, how patient."""
+    """Pods in and out (agent.kube.pods_in, pods_out): which pods, how often, how patient."""
 
     enabled: bool = False
     """Watch this node's pods and report on them (--kube; `auto` = on when running in a cluster)."""

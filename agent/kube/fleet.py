@@ -22,23 +22,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from agent.cache.layout import is_commit, repo_folder_name
-from agent.core.errors import AnnotationError, WeightswarmError
+from agent.core.errors import WeightswarmError
 from agent.core.modelnames import ModelNames
 from agent.core.settings import KubeSettings
 from agent.fetch.jobs import Job, RequestModel
-from agent.kube.client import ListWatch, describe
+from agent.kube.api import CONFLICT, FORBIDDEN, NOT_FOUND, ApiError, KubeApi, Query, describe, status_of
 from agent.kube.labels import LABEL_PREFIX, model_label_key
-from agent.kube.preheat import GROUP, PLURAL, VERSION, Preheat, node_entry, parse_preheat, summarise
+from agent.kube.listwatch import ListWatch
+from agent.kube.preheat import Preheat, PreheatWatcher, node_entry, summarise
 from agent.kube.requests import ModelRef, ModelStatus
 
 log = logging.getLogger(__name__)
 
-_MERGE = "application/merge-patch+json"
-_CONFLICT = 409
 _COUNT_ATTEMPTS = 5
 """Tries to write a preheat's counts when other agents write at the same time (409 Conflict)."""
 
@@ -46,19 +42,17 @@ _COUNT_ATTEMPTS = 5
 class NodeWatcher(ListWatch):
     """This node's Node object: its labels, as they change."""
 
-    def __init__(self, settings: KubeSettings, api: Any, on_labels: Callable[[dict[str, str]], None]) -> None:
-        super().__init__(settings)
-        self._core = client.CoreV1Api(api)
+    def __init__(
+        self, settings: KubeSettings, api: KubeApi, on_labels: Callable[[dict[str, str]], None]
+    ) -> None:
+        super().__init__(settings, api)
         self._on_labels = on_labels
         self._present = False
         self.what = f"node {settings.node_name}"
         self.rbac_hint = "RBAC: the agent needs get/list/watch on nodes (chart value nodeLabels.enabled)"
 
-    def _list_call(self, **kwargs: Any) -> Any:
-        return self._core.list_node(**kwargs)
-
-    def _selectors(self) -> dict[str, str]:
-        return {"field_selector": f"metadata.name={self._settings.node_name}"}
+    def query(self) -> Query:
+        return Query("nodes", field_selector=f"metadata.name={self._settings.node_name}")
 
     def _key(self, obj: Mapping[str, Any]) -> str | None:
         name = (obj.get("metadata") or {}).get("name")
@@ -81,56 +75,6 @@ class NodeWatcher(ListWatch):
         self._on_labels({})
 
 
-class PreheatWatcher(ListWatch):
-    """Every ModelPreheat object in the cluster (there are few; each names one model)."""
-
-    def __init__(
-        self,
-        settings: KubeSettings,
-        api: Any,
-        on_preheat: Callable[[Preheat], None],
-        on_gone: Callable[[str], None],
-    ) -> None:
-        super().__init__(settings)
-        self._custom = client.CustomObjectsApi(api)
-        self._on_preheat = on_preheat
-        self._on_gone = on_gone
-        self._seen: dict[str, tuple[Any, ...]] = {}
-        self.what = "modelpreheats"
-        self.rbac_hint = "RBAC: the agent needs get/list/watch on modelpreheats (chart value preheat.enabled)"
-
-    def _list_call(self, **kwargs: Any) -> Any:
-        return self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
-
-    def _known(self) -> list[str]:
-        return list(self._seen)
-
-    def _observe(self, obj: Mapping[str, Any]) -> str | None:
-        uid = self._key(obj)
-        if uid is None:
-            return None
-        meta = obj.get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            self._forget(uid)
-            return None
-        seen = (json.dumps(obj.get("spec"), sort_keys=True), meta.get("generation"))
-        if self._seen.get(uid) == seen:
-            return uid  # a status write (ours or another node's): nothing for this node to do
-        self._seen[uid] = seen
-        try:
-            preheat = parse_preheat(obj)
-        except AnnotationError as exc:
-            log.warning("ModelPreheat %s ignored: %s", meta.get("name"), exc)
-            self._on_gone(uid)
-            return uid
-        self._on_preheat(preheat)
-        return uid
-
-    def _forget(self, key: str) -> None:
-        if self._seen.pop(key, None) is not None:
-            self._on_gone(key)
-
-
 class Fleet:
     """Preheats this node is selected by, and the node labels of what it holds (see the module doc).
 
@@ -141,7 +85,7 @@ class Fleet:
     def __init__(
         self,
         settings: KubeSettings,
-        api: Any,
+        api: KubeApi,
         request_model: RequestModel,
         cache_dir: Path,
         pod_models: Callable[[], Mapping[ModelRef, Job]],
@@ -151,8 +95,7 @@ class Fleet:
         """`names`: how log lines name a model (agent.core.modelnames)."""
         self._settings = settings
         self._names = names
-        self._custom = client.CustomObjectsApi(api)
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self._request_model = request_model
         self._cache_dir = cache_dir
         self._pod_models = pod_models
@@ -333,10 +276,10 @@ class Fleet:
             if preheat is not None:
                 self._write_counts(preheat, obj)
             return True
-        except ApiException as exc:
-            if exc.status == 404:
+        except ApiError as exc:
+            if exc.status == NOT_FOUND:
                 return True  # deleted meanwhile: nothing left to write
-            hint = " (RBAC: the agent needs patch on modelpreheats/status)" if exc.status == 403 else ""
+            hint = " (RBAC: the agent needs patch on modelpreheats/status)" if exc.status == FORBIDDEN else ""
             log.warning("status of ModelPreheat %s not updated: %s%s", name, describe(exc), hint)
         except Exception as exc:  # noqa: BLE001 - connection trouble: the next round tries again
             log.warning("status of ModelPreheat %s not updated: %s", name, describe(exc))
@@ -355,30 +298,18 @@ class Fleet:
             try:
                 self._patch_status(preheat.name, {"metadata": {"resourceVersion": rv}, "status": counts})
                 return
-            except ApiException as exc:
-                if exc.status != _CONFLICT:
+            except ApiError as exc:
+                if exc.status != CONFLICT:
                     raise
-            obj = _as_dict(self._custom.get_cluster_custom_object_status(
-                GROUP, VERSION, PLURAL, preheat.name, _request_timeout=self._settings.request_timeout
-            ))
+            obj = self._api.get("modelpreheats", preheat.name, "status")
         log.info("counts of ModelPreheat %s left to the next writer (busy)", preheat.name)
 
     def _wanted_nodes(self, preheat: Preheat) -> list[str]:
-        kwargs: dict[str, Any] = {"_request_timeout": self._settings.request_timeout}
-        if preheat.label_selector:
-            kwargs["label_selector"] = preheat.label_selector
-        nodes: Any = self._core.list_node(_preload_content=False, **kwargs)
-        try:
-            items = json.loads(nodes.data).get("items") or []
-        finally:
-            nodes.release_conn()
+        items, _rv = self._api.list(Query("nodes", label_selector=preheat.label_selector))
         return sorted(str((n.get("metadata") or {}).get("name")) for n in items)
 
     def _patch_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _as_dict(self._custom.patch_cluster_custom_object_status(
-            GROUP, VERSION, PLURAL, name, body,
-            _content_type=_MERGE, _request_timeout=self._settings.request_timeout,
-        ))
+        return self._api.patch("modelpreheats", name, body, subresource="status")
 
     # -- node labels ------------------------------------------------------------------------------
 
@@ -405,14 +336,11 @@ class Fleet:
         if not patch:
             return
         try:
-            self._core.patch_node(
-                self._settings.node_name, {"metadata": {"labels": patch}},
-                _content_type=_MERGE, _request_timeout=self._settings.request_timeout,
-            )
+            self._api.patch("nodes", self._settings.node_name, {"metadata": {"labels": patch}})
             changes = ", ".join(f"{k}={v or '(removed)'}" for k, v in sorted(patch.items()))
             log.info("node labels: %s", changes)
         except Exception as exc:  # noqa: BLE001 - retried at the next round
-            hint = " (RBAC: the agent needs patch on nodes)" if getattr(exc, "status", None) == 403 else ""
+            hint = " (RBAC: the agent needs patch on nodes)" if status_of(exc) == FORBIDDEN else ""
             log.warning("labels of node %s not updated: %s%s", self._settings.node_name, describe(exc), hint)
 
     def _in_cache(self, ref_key: str, commit: str) -> bool:
@@ -422,9 +350,3 @@ class Fleet:
         except OSError:
             return False
 
-
-def _as_dict(obj: object) -> dict[str, Any]:
-    """A custom object as the client returns it (a plain dict; typed `object`)."""
-    if not isinstance(obj, dict):
-        raise TypeError(f"expected a JSON object from the API server, got {type(obj).__name__}")
-    return obj

@@ -1,16 +1,19 @@
-"""Pods on this node → fetch jobs → status on the pods: the glue between agent.kube.client and the daemon.
+"""Pods on this node → fetch jobs → status on the pods: the glue between pods in (agent.kube.pods_in),
+the daemon's jobs and pods out (agent.kube.pods_out).
 
-Flow: the `PodWatcher` (agent.kube.client) calls `on_request(pod, models)` / `on_pod_gone(pod)` from its
-thread; the `RequestTracker` turns those into "nobody wanted this model before" (start one daemon
-job, however many pods ask) and "nobody wants it any more" (unpin it). A supervised loop
-(`run`) looks at the jobs every `KubeSettings.poll_interval`, hands each pod its whole
-`weightswarm.io/status` to the `StatusReporter` (which rate-limits and coalesces the patches)
-and creates the Events, so every Kubernetes write that reflects progress is decided in one place:
+Flow: the `PodWatcher` calls `on_request(pod, models)` / `on_bad_annotation(pod, error)` /
+`on_pod_gone(pod)` from its thread; the `RequestTracker` turns those into "nobody wanted this model
+before" (start one daemon job, however many pods ask) and "nobody wants it any more" (unpin it); a
+bad annotation is reported on its pod at once. A supervised loop (`run`) looks at the jobs every
+`KubeSettings.poll_interval`, hands each pod its whole `weightswarm.io/status` to the
+`StatusReporter` (which rate-limits and coalesces the patches) and creates the Events, so every
+Kubernetes write on a pod is decided in one place:
 
     ModelFetchStarted (Normal)   the pod asked for a model that is not Ready yet
     ModelReady (Normal)          the model is complete and verified in this node's cache
     ModelFetchFailed (Warning)   the fetch failed; the error is in the event and in the status
     ModelCacheFull (Warning)     the model cannot fit under the cache limit (eviction's hook)
+    BadAnnotation (Warning)      the pod's annotation is malformed; its status says why, at once
 
 A model some running pod asked for is pinned (`set_pins`): eviction never removes
 what a workload on this node reads. A failed model is fetched again when another pod asks for
@@ -23,13 +26,23 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
-from agent.core.errors import CacheFullError, WeightswarmError
+from agent.core.errors import AnnotationError, CacheFullError, WeightswarmError
 from agent.core.modelnames import ModelNames
 from agent.core.settings import KubeSettings
 from agent.fetch.jobs import Job, RequestModel
-from agent.kube.requests import FINAL_PHASES, ModelRef, ModelStatus, PodKey, RequestTracker
+from agent.kube.api import KubeApi
+from agent.kube.fleet import Fleet
+from agent.kube.pods_in import PodWatcher
+from agent.kube.pods_out import StatusReporter
+from agent.kube.requests import (
+    FINAL_PHASES,
+    MODELS_ANNOTATION,
+    ModelRef,
+    ModelStatus,
+    PodKey,
+    RequestTracker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +53,7 @@ class PodSync:
     """Serves the models pods on this node ask for, and tells them how it goes.
 
     `start(spawn)` runs the watcher and the status loop as the daemon's supervised tasks;
-    `close()` (after those stopped) flushes the last statuses and releases the API client.
+    `close()` (after those stopped) flushes the last statuses and closes the port.
     """
 
     def __init__(
@@ -49,28 +62,28 @@ class PodSync:
         request_model: RequestModel,
         set_pins: Callable[[set[str]], None],
         names: ModelNames,
-        api_client: Any | None = None,
+        api: KubeApi | None = None,
         cache_dir: Path | None = None,
     ) -> None:
         """`request_model` starts (or joins) a fetch; `set_pins` replaces the models eviction must keep
         for the pods (and the preheats) on this node; `names`: how log lines name a model (the pods'
         own annotations and Events name it as the pod did, agent.core.modelnames). `on_cache_full` is for
         the evictor's cannot-fit hooks. `cache_dir`: the hub cache, for the fleet side (agent.kube.fleet:
-        ModelPreheats, node labels), which runs when the settings ask for it and a cache is given."""
-        # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
-        from agent.kube.client import PodWatcher, StatusReporter, make_api_client
-        from agent.kube.fleet import Fleet
+        ModelPreheats, node labels), which runs when the settings ask for it and a cache is given. `api`:
+        the Kubernetes API (agent.kube.api); None = the kubernetes client (agent.kube.adapter) as the
+        settings say."""
+        if api is None:
+            # Imported here: a daemon without --kube never loads the kubernetes client (slow, large).
+            from agent.kube.adapter import KubernetesApi
 
+            api = KubernetesApi(settings)
         self._settings = settings
         self._names = names
         self._request_model = request_model
         self._set_pins = set_pins
-        self._own_client = api_client is None
-        self._api = make_api_client(settings) if api_client is None else api_client
-        self.reporter = StatusReporter(settings, self._api)
-        self.watcher = PodWatcher(
-            settings, self._api, self.on_request, self.on_pod_gone, reporter=self.reporter
-        )
+        self._api = api
+        self.reporter = StatusReporter(settings, api)
+        self.watcher = PodWatcher(settings, api, self.on_request, self.on_pod_gone, self.on_bad_annotation)
         self.requests = RequestTracker()
         self._lock = threading.Lock()
         self._jobs: dict[ModelRef, Job] = {}
@@ -111,8 +124,7 @@ class PodSync:
         except Exception:  # noqa: BLE001 - shutting down: what is pending still gets flushed below
             log.exception("last pod status sync failed")
         self.reporter.close(timeout)
-        if self._own_client:
-            self._api.close()
+        self._api.close()
 
     # -- watcher callbacks (the watcher's thread) -------------------------------------------------
 
@@ -131,7 +143,14 @@ class PodSync:
         self._update_pins()
         log.info("pod %s asks for %s", pod, self._named(models))
 
+    def on_bad_annotation(self, pod: PodKey, error: AnnotationError) -> None:
+        """A malformed annotation: a Warning Event, and the pod's status says why (the agent carries on)."""
+        log.warning("pod %s: %s", pod, error)
+        self.reporter.event(pod, "BadAnnotation", f"{MODELS_ANNOTATION}: {error}", "Warning")
+        self.reporter.report_keys(pod, {error.entry: ModelStatus(phase="Failed", error=str(error))})
+
     def on_pod_gone(self, pod: PodKey) -> None:
+        self.reporter.forget(pod)
         removed = self.requests.remove_pod(pod)
         with self._lock:
             for model in removed:

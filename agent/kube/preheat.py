@@ -1,4 +1,5 @@
-"""ModelPreheat: "keep this model on every node that matches", free of Kubernetes.
+"""ModelPreheat: "keep this model on every node that matches", and its watcher (through the port,
+agent.kube.api: free of the kubernetes client).
 
 A cluster-scoped custom resource (the CRD ships in the chart, `crds/modelpreheats.yaml`):
 
@@ -19,17 +20,20 @@ matching, unpins the model (it stays in the cache until eviction needs the room)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from agent.core.errors import AnnotationError
+from agent.core.settings import KubeSettings
+from agent.kube.api import KubeApi, Query
+from agent.kube.listwatch import ListWatch
 from agent.kube.requests import ModelRef, ModelStatus, parse_model_ref
 
-GROUP = "weightswarm.io"
-VERSION = "v1alpha1"
-PLURAL = "modelpreheats"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,52 @@ def summarise(preheat: Preheat, nodes: Mapping[str, Any], wanted: list[str]) -> 
         "bytesFromPeers": sum(int(e.get("bytesFromPeers") or 0) for e in entries),
         "observedGeneration": preheat.generation,
     }
+
+
+class PreheatWatcher(ListWatch):
+    """Every ModelPreheat object in the cluster (there are few; each names one model)."""
+
+    def __init__(
+        self,
+        settings: KubeSettings,
+        api: KubeApi,
+        on_preheat: Callable[[Preheat], None],
+        on_gone: Callable[[str], None],
+    ) -> None:
+        super().__init__(settings, api)
+        self._on_preheat = on_preheat
+        self._on_gone = on_gone
+        self._seen: dict[str, tuple[Any, ...]] = {}
+        self.what = "modelpreheats"
+        self.rbac_hint = "RBAC: the agent needs get/list/watch on modelpreheats (chart value preheat.enabled)"
+
+    def query(self) -> Query:
+        return Query("modelpreheats")
+
+    def _known(self) -> list[str]:
+        return list(self._seen)
+
+    def _observe(self, obj: Mapping[str, Any]) -> str | None:
+        uid = self._key(obj)
+        if uid is None:
+            return None
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            self._forget(uid)
+            return None
+        seen = (json.dumps(obj.get("spec"), sort_keys=True), meta.get("generation"))
+        if self._seen.get(uid) == seen:
+            return uid  # a status write (ours or another node's): nothing for this node to do
+        self._seen[uid] = seen
+        try:
+            preheat = parse_preheat(obj)
+        except AnnotationError as exc:
+            log.warning("ModelPreheat %s ignored: %s", meta.get("name"), exc)
+            self._on_gone(uid)
+            return uid
+        self._on_preheat(preheat)
+        return uid
+
+    def _forget(self, key: str) -> None:
+        if self._seen.pop(key, None) is not None:
+            self._on_gone(key)

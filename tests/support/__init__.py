@@ -11,6 +11,8 @@
 - `ocikit`: a real OCI registry (Debian's docker-registry) with Basic or token auth, its access log as
   the count of what it served, a storage host it redirects blob reads to, and the OCI API pusher
   (bench.oci_push, which the registry benchmark shares);
-- `fake_kube`: a loopback Kubernetes API server speaking list/watch, for the pod watcher; `kube_api`:
-  what its patches, selectors, objects and watch events mean, as a real API server means them.
+- `kube_memory`: the in-memory twin of the agent's Kubernetes port (agent.kube.api), for the watchers and
+  podsync without HTTP; `fake_kube`: the same store served over HTTP as a loopback API server speaking
+  list/watch, for the real kubernetes client (agent.kube.adapter); `kube_api`: what their patches,
+  selectors, objects and watch events mean, as a real API server means them.
 """
