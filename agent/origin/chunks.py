@@ -68,6 +68,9 @@ class Reader:
     """When its current request began, and the bytes it has brought since."""
     short: int = 0
     """Answers in a row that ended early at the same byte (`OriginSource._short_answer`)."""
+    stepped_aside: bool = False
+    """Its open response was cut for background work to step aside (`OriginSource._step_aside`): that answer
+    ended early by our doing, not the origin's (guarded by the job's `cond`; cleared as it asks anew)."""
     ended_at: int = -1
 
     def start(self) -> None:

@@ -323,8 +323,11 @@ class OriginSource:
             return
         with job.cond:
             job.pausing = True
-            reading = [r.resp for rs in job.readers.values() for r in rs if r.resp is not None]
-        for resp in reading:
+            reading = [r for rs in job.readers.values() for r in rs if r.resp is not None]
+            for reader in reading:
+                reader.stepped_aside = True
+            cut = [r.resp for r in reading if r.resp is not None]
+        for resp in cut:
             cut_response(resp)
 
     def _worker(self, plan: FetchPlan, cache: RepoCache, job: BlobJob, probe: bool) -> None:
@@ -441,6 +444,7 @@ class OriginSource:
                     raise ChunkDone()
                 if job.pausing:
                     raise Paused()  # cut by `_step_aside` (or about to be): no new request now
+                reader.stepped_aside = False
             url = job.location.url
             streams.asking(job, url)
             try:
@@ -475,7 +479,7 @@ class OriginSource:
                         n = job.write_from(resp, buf, pos, end, reader)
                     except Retryable:
                         with job.cond:
-                            ours = not (idx in job.done or reader.cut or job.pausing)
+                            ours = not (idx in job.done or reader.cut or reader.stepped_aside)
                         if ours:  # the connection dropped mid-answer: an answer ended early too
                             self._short_answer(job, reader, pos)
                         raise
@@ -491,6 +495,9 @@ class OriginSource:
                     with job.cond:
                         if idx in job.done or reader.cut:  # the other worker has it, and cut this one
                             raise ChunkDone()
+                        paused = reader.stepped_aside
+                    if paused:
+                        raise Paused()  # `_step_aside` cut it: no answer of the origin's that ended early
                     self._ended_early(job, reader, pos, f"{pos}-{end - 1}")
                 if not body_complete(resp):
                     raise OriginError(f"{what}: origin sent more bytes than the range asked for")

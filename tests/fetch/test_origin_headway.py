@@ -19,11 +19,14 @@ import psutil
 import pytest
 
 from agent.core.errors import EXIT_INTEGRITY, OriginStalledError
-from agent.core.progress import human_bytes
+from agent.core.progress import Progress, human_bytes
 from agent.core.settings import Settings, default_state_dir
-from agent.fetch.engine import fetch_snapshot
+from agent.fetch.engine import FetchEngine, fetch_snapshot, plan_from_origin
 from agent.hub.server import HubServer
+from agent.origin.chunks import Turn
 from agent.origin.headway import MEAGRE, Headway
+from agent.origin.kinds import open_origin
+from agent.origin.ranges import OriginSource
 from tests.support.cluster import BIN
 from tests.support.fetchkit import (
     REPO,
@@ -245,3 +248,34 @@ def test_a_huge_model_info_json_is_refused_with_bounded_memory(tmp_path: Path, e
     assert handler.sent < 80 * MiB, handler.sent  # the client stopped reading at the cap
     with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5):
         pass  # the origin is still up: it was the client that stopped
+
+
+def test_background_work_that_steps_aside_again_and_again_is_no_origin_ending_answers_early(tmp_path: Path):
+    """A preheat steps aside whenever a pod's model needs the origin: its open range requests are cut
+    (`OriginSource._step_aside`). Those answers end early because we cut them, not the origin: however many
+    there are, they never count towards the rule that ends a blob whose origin cuts its answers short."""
+    root = tmp_path / "origin"
+    files = model(root, total=24 * MiB, shards=1)
+    steps = 0
+    last = [time.monotonic()]
+
+    def due() -> bool:  # every 50 ms, as often as a busy node's pods might ask
+        nonlocal steps
+        if time.monotonic() - last[0] < 0.05:
+            return False
+        last[0] = time.monotonic()
+        steps += 1
+        return True
+
+    with HubServer(root, rate_per_connection=2 * MiB) as srv:
+        settings = settings_for(tmp_path / "node", srv.url)
+        assert settings.fetch.origin_short_answers < 12  # the cuts below outnumber the rule's bound
+        client = open_origin(settings.origin)
+        try:
+            plan = plan_from_origin(client, REPO, "main")
+            source = OriginSource(client, settings.fetch, turn=Turn(due, lambda: time.sleep(0.01)))
+            result = FetchEngine(settings, source, Progress(quiet=True)).run(plan)
+        finally:
+            client.close()
+    assert steps >= 12, steps
+    assert snapshot_contents(result.snapshot_path) == files
