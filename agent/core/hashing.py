@@ -32,11 +32,14 @@ class BlobHashes:
     piece_length: int
     pieces: bytes
     """Concatenated piece sha1s; empty when the hasher was made with `pieces=False`."""
+    md5: str | None = None
+    """Hex MD5 of the bytes, when the hasher was made with `md5=True` (a bucket object's listed check)."""
 
 
 class BlobHasher:
-    def __init__(self, size: int, is_lfs: bool, pieces: bool = True) -> None:
+    def __init__(self, size: int, is_lfs: bool, pieces: bool = True, md5: bool = False) -> None:
         self._content = hashlib.sha256() if is_lfs else hashlib.sha1(b"blob %d\x00" % size)
+        self._md5 = hashlib.md5() if md5 else None  # noqa: S324 - the store's checksum, not ours
         self._xxh = xxhash.xxh3_128()
         self.piece_length = piece_length_for(size)
         self._pieces = PieceHasher(self.piece_length) if pieces else None
@@ -45,6 +48,8 @@ class BlobHasher:
     def update(self, data: bytes | bytearray | memoryview) -> None:
         self._content.update(data)
         self._xxh.update(data)
+        if self._md5 is not None:
+            self._md5.update(data)
         if self._pieces is not None:
             self._pieces.update(data)
         self.consumed += memoryview(data).nbytes
@@ -56,4 +61,5 @@ class BlobHasher:
             xxh3=self._xxh.hexdigest(),
             piece_length=self.piece_length,
             pieces=self._pieces.digest() if self._pieces is not None else b"",
+            md5=self._md5.hexdigest() if self._md5 is not None else None,
         )

@@ -158,7 +158,10 @@ class BucketOrigin:
                 f"(now commit {found.commit[:12]})"
             )
         files = [
-            RemoteFile(o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False)
+            RemoteFile(
+                o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False,
+                content_md5=etag_md5(self.scheme, o.etag),
+            )
             for o in found.objects.values()
         ]
         return Resolved(found.commit, files)
@@ -247,6 +250,19 @@ def quoted_etag(etag: str) -> str:
     """The ETag as If-Match takes it (RFC 9110's entity-tag is quoted): a bare listed one in quotes."""
     etag = etag.strip()
     return etag if etag.startswith(('"', "W/")) else f'"{etag}"'
+
+
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
+def etag_md5(scheme: str, etag: str) -> str | None:
+    """The MD5 of an object's bytes when its ETag is one, else None. S3's ETag of an object written by one
+    PUT is the hex MD5 of its bytes; one written in parts is `<md5 of the parts' md5s>-<parts>`, no
+    content hash (nor is Azure's `0x8D…`). GCS's XML API gives a non-composite object's MD5 as ETag. An
+    SSE-KMS or SSE-C object's single-part ETag is no MD5 either, yet looks like one: relayed bytes then
+    fail the check, and the node takes the object by its sha256 once the reader published it."""
+    bare = bare_etag(etag).lower()
+    return bare if scheme in ("s3", "gs") and _MD5.fullmatch(bare) else None
 
 
 def same_etag(a: str, b: str) -> bool:
