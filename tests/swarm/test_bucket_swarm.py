@@ -10,10 +10,12 @@ import os
 from pathlib import Path
 
 import huggingface_hub
+import psutil
 import pytest
 
 from agent.cache.arrivals import Arrival
 from agent.core.errors import ConfigError
+from agent.origin.bucket import etag_md5
 from tests.support.cluster import admin_request, same_files, wait_until_seeded
 from tests.support.procs import loop_until
 from tests.support.s3kit import FaultProxy, S3Server, write_bucket_model
@@ -215,9 +217,14 @@ def test_a_reader_that_relays_a_wrong_byte_is_refused_and_the_object_comes_by_it
     first = holder.request_model(REPO, "main", source=url)
     loop_until(lambda: s3_proxy.bytes_served > 0, timeout=30, what="the holder's first store byte")
     receiver = make_agent("receiver", origin, tracker, daemon={"buckets": (url,)}, fetch=FEW)
+    me = psutil.Process()
+    rss, fds = me.memory_info().rss, me.num_fds()
     with caplog.at_level(logging.INFO, logger="agent.relay.receiver"):
         second = receiver.request_model(REPO, "main", source=url)
         assert first.wait(120) and second.wait(120), second.status()
+    # The refusal holds nothing: no buffer of the model's size, no descriptor left open per try.
+    assert me.memory_info().rss - rss < 64 << 20, me.memory_info().rss - rss
+    assert me.num_fds() - fds < 32, me.num_fds() - fds
     refused = [r.getMessage() for r in caplog.records if "fail the blob's listed MD5" in r.getMessage()]
     assert refused, "no relayed object was refused"
     for job in (first, second):
@@ -241,7 +248,8 @@ def test_an_object_written_in_parts_waits_for_the_readers_sha256(
     part = s3.upload_part(Bucket=s3_bucket, Key=key, PartNumber=1, UploadId=up["UploadId"], Body=files[shard])
     s3.complete_multipart_upload(Bucket=s3_bucket, Key=key, UploadId=up["UploadId"],
                                  MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
-    assert s3.head_object(Bucket=s3_bucket, Key=key)["ETag"].endswith('-1"')
+    etag = s3.head_object(Bucket=s3_bucket, Key=key)["ETag"]
+    assert etag.endswith('-1"') and etag_md5("s3", etag) is None
     total = sum(len(d) for d in files.values())
     s3_proxy.rate = SLOW_STORE
     url = f"s3://{s3_bucket}/{PREFIX}"
