@@ -247,7 +247,7 @@ class BucketBench:
         s.wipe(self.c.nodes)
         s.log_prefix = "cold-"
         s.start_tracker(s.workdir / "tracker.db")
-        bench = Bench(self.a, s, self.model, [])
+        bench = Bench(self.a, s, self.model, [], [])
         try:
             s.start_agents(self.c.nodes, ["--bucket", self.url])
             agents = {p.pid: p for p in s.agents.values()}
