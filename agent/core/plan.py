@@ -27,7 +27,7 @@ class FileEntry:
     content_known: bool = True
     """False: `blob_id` only names this listing of the object (agent.origin.bucket `listing_id`); the
     download learns the sha256 and the blob is installed under it (`FetchResult.files` has it)."""
-    content_md5: str | None = None
+    content_etag: str | None = None
     """32 hex: the MD5 of the bytes, as this node's own listing gave it (an S3 single-part ETag), for an
     object whose sha256 is not known yet: what relayed bytes are checked by (agent.fetch.bucket)."""
 

@@ -11,7 +11,7 @@ swarm can share an object, someone must read it and compute its sha256. In a dae
    each object as it arrives under its listing id (agent.relay); it seeds each blob and publishes its
    metainfo and the manifest. The store serves each byte about once.
    - The others take every object whose listing gave its MD5 (S3's single-part ETag:
-     agent.origin.bucket `etag_md5`) from that relay while it arrives, as they take a hub model's
+     agent.origin.bucket `listed_checksum`) from that relay while it arrives, as they take a hub model's
      blob from its lease holder: each checks the bytes against the MD5 and size of its own listing,
      computes the sha256 itself and installs the blob under it, so no byte is installed that only a
      peer vouches for.
@@ -223,7 +223,7 @@ class BucketIndex:
     def _receive(self, plan: FetchPlan, key: str) -> FetchPlan:
         """The plan with the content ids of the objects taken from the relay of the node reading the bucket
         (module doc): each with a listed MD5, largest first as the reader reads them; the rest as listed."""
-        todo = [e for e in plan.files if not e.content_known and e.content_md5]
+        todo = [e for e in plan.files if not e.content_known and e.content_etag]
         if self.relay is None or self.policy.relay is None or not todo:
             return plan
         cache = RepoCache(self.settings.cache_dir, self.settings.state_dir, plan.repo_id)

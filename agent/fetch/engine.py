@@ -80,7 +80,7 @@ def plan_from_origin(
             )
         raise NotFoundError(f"{repo_id}@{revision}: the repository has no files")
     files = tuple(
-        FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known, f.content_md5) for f in chosen
+        FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known, f.content_etag) for f in chosen
     )
     return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
 

@@ -83,7 +83,7 @@ class RemoteFile:
     is_lfs: bool
     content_known: bool = True
     """False for an object store's object: its sha256 is computed by the first node to read it."""
-    content_md5: str | None = None
+    content_etag: str | None = None
     """The MD5 of the bytes the listing gives (an S3 single-part ETag), else None."""
 
 

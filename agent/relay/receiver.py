@@ -162,11 +162,11 @@ class _Part(_Receiving):
 
 def as_listed(entry: FileEntry, hashes: BlobHashes) -> bool:
     """Whether received bytes are the blob the plan names: its content id, or for a bucket object whose
-    sha256 nobody knows yet, the MD5 this node's own listing gave (agent.origin.bucket `etag_md5`); an
+    sha256 nobody knows yet, the MD5 this node's own listing gave (agent.origin.bucket `listed_checksum`); an
     object without one is never taken from a relay unchecked."""
     if entry.content_known:
         return hashes.content_id == entry.blob_id
-    return entry.content_md5 is not None and hashes.md5 == entry.content_md5 and hashes.size == entry.size
+    return entry.content_etag is not None and entry.content_etag in hashes.etags and hashes.size == entry.size
 
 
 class RelayReceiver:
@@ -215,7 +215,7 @@ class RelayReceiver:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
-        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None, md5=not entry.content_known)
+        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None, etag=entry.content_etag)
         r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, chunk=chunk, fd=fd,
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()

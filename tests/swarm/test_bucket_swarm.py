@@ -15,7 +15,7 @@ import pytest
 
 from agent.cache.arrivals import Arrival
 from agent.core.errors import ConfigError
-from agent.origin.bucket import etag_md5
+from agent.origin.bucket import listed_checksum
 from tests.support.cluster import admin_request, same_files, wait_until_seeded
 from tests.support.procs import loop_until
 from tests.support.s3kit import FaultProxy, S3Server, write_bucket_model
@@ -235,11 +235,11 @@ def test_a_reader_that_relays_a_wrong_byte_is_refused_and_the_object_comes_by_it
     assert s3_proxy.bytes_served <= total * 1.05, (s3_proxy.bytes_served, total)
 
 
-def test_an_object_written_in_parts_waits_for_the_readers_sha256(
+def test_an_object_written_in_parts_is_checked_by_its_parts_md5s(
     origin, tracker, make_agent, s3_server, s3_bucket, s3_proxy, bucket_env, caplog
 ):
-    """A multipart ETag (`<md5 of the parts' md5s>-<parts>`) names no content: that object is not taken
-    from the relay, but by its sha256 once the reader published it; the others still come from the relay."""
+    """A multipart ETag is `md5(md5(part 1) || ... || md5(part N))-N`: a receiver that cuts the bytes at the
+    uploader's part size computes it, so such an object comes from the relay too."""
     files = write_bucket_model(s3_server, s3_bucket, PREFIX, REPO, total_bytes=4 << 20, shards=2)
     shard = sorted(p for p in files if p.endswith(".safetensors"))[0]
     s3 = s3_server.admin
@@ -249,7 +249,7 @@ def test_an_object_written_in_parts_waits_for_the_readers_sha256(
     s3.complete_multipart_upload(Bucket=s3_bucket, Key=key, UploadId=up["UploadId"],
                                  MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
     etag = s3.head_object(Bucket=s3_bucket, Key=key)["ETag"]
-    assert etag.endswith('-1"') and etag_md5("s3", etag) is None
+    assert etag.endswith('-1"') and listed_checksum("s3", etag, len(files[shard])) == etag.strip('"')
     total = sum(len(d) for d in files.values())
     s3_proxy.rate = SLOW_STORE
     url = f"s3://{s3_bucket}/{PREFIX}"
@@ -263,4 +263,16 @@ def test_an_object_written_in_parts_waits_for_the_readers_sha256(
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "fail the blob's listed MD5" in m]
     taken = [m for m in said if "objects taken from the reader's relay" in m]
-    assert len(taken) == 2 and all(f"{len(files) - 1} of {len(files)} objects" in m for m in taken), taken
+    assert len(taken) == 2 and all(f"{len(files)} of {len(files)} objects" in m for m in taken), taken
+
+
+def test_which_etags_a_receiver_can_check():
+    """S3's ETag shapes (one PUT: the MD5; N parts: the MD5 of the parts' MD5s, `-N`), Azure's (no hash):
+    an object whose ETag no common part size explains waits for the reader's sha256."""
+    md5 = "9b2cf535f27731c974343645a3985328"
+    assert listed_checksum("s3", f'"{md5}"', 10) == md5
+    assert listed_checksum("s3", f'"{md5}-3"', 20 << 20) == f"{md5}-3"  # 8-MiB parts (boto3, the AWS CLI)
+    assert listed_checksum("s3", f'"{md5}-5"', 30 << 20) is None  # 6-MiB parts: no common size gives 5
+    assert listed_checksum("az", "0x8D88739958C9830", 10) is None
+    assert listed_checksum("az", f'"{md5}"', 10) is None  # only S3 and GCS ETags are MD5s
+    assert listed_checksum("s3", 'W/"abc"', 10) is None
