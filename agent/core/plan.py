@@ -28,8 +28,9 @@ class FileEntry:
     """False: `blob_id` only names this listing of the object (agent.origin.bucket `listing_id`); the
     download learns the sha256 and the blob is installed under it (`FetchResult.files` has it)."""
     content_etag: str | None = None
-    """32 hex: the MD5 of the bytes, as this node's own listing gave it (an S3 single-part ETag), for an
-    object whose sha256 is not known yet: what relayed bytes are checked by (agent.fetch.bucket)."""
+    """The object's ETag as this node's own listing gave it, when it is a hash of the bytes (S3's MD5, or
+    its parts' MD5s: agent.core.hashing `etag_parts`), for an object whose sha256 is not known yet: what
+    relayed bytes are checked by (agent.fetch.bucket)."""
 
     @property
     def small(self) -> bool:

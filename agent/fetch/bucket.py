@@ -10,12 +10,13 @@ swarm can share an object, someone must read it and compute its sha256. In a dae
    engine (parallel ranges, resume, `If-Match` on the listed ETag), hashing as it writes, and relays
    each object as it arrives under its listing id (agent.relay); it seeds each blob and publishes its
    metainfo and the manifest. The store serves each byte about once.
-   - The others take every object whose listing gave its MD5 (S3's single-part ETag:
-     agent.origin.bucket `listed_checksum`) from that relay while it arrives, as they take a hub model's
-     blob from its lease holder: each checks the bytes against the MD5 and size of its own listing,
+   - The others take every object whose listed ETag is a hash of its bytes (S3's: the MD5, or the MD5 of
+     the parts' MD5s; agent.origin.bucket `listed_checksum`) from that relay while it arrives, as they
+     take a hub model's blob from its lease holder: each checks the bytes against the ETag and size of
+     its own listing,
      computes the sha256 itself and installs the blob under it, so no byte is installed that only a
      peer vouches for.
-   - The rest (a multipart or Azure ETag, no content hash; bytes that failed the MD5, as an SSE-KMS
+   - The rest (Azure's ETag, parts of an uncommon size; bytes that failed the check, as an SSE-KMS
      object's would) wait for the manifest (or take the lease over if the holder dies), then come
      through the swarm by their sha256 as for a hub model.
 
@@ -222,7 +223,7 @@ class BucketIndex:
 
     def _receive(self, plan: FetchPlan, key: str) -> FetchPlan:
         """The plan with the content ids of the objects taken from the relay of the node reading the bucket
-        (module doc): each with a listed MD5, largest first as the reader reads them; the rest as listed."""
+        (module doc): each with a listed checksum, largest first as the reader reads; the rest as listed."""
         todo = [e for e in plan.files if not e.content_known and e.content_etag]
         if self.relay is None or self.policy.relay is None or not todo:
             return plan
@@ -254,7 +255,7 @@ class BucketIndex:
         return dataclasses.replace(plan, files=files)
 
     def _receive_one(self, plan: FetchPlan, cache: RepoCache, entry: FileEntry, key: str) -> str | None:
-        """One object from the reader's relay, checked against this node's listed MD5 and size, installed
+        """One object from the reader's relay, checked against this node's listed ETag and size, installed
         under the sha256 computed here and seeded: its content id; None when the relay did not bring it
         (the reader finished or died first, or the bytes failed the check)."""
         assert self.relay is not None
@@ -280,7 +281,7 @@ class BucketIndex:
             finally:
                 arrivals.end(arrival)
             if not cache.incomplete_path(entry.blob_id).exists():
-                return None  # received whole and failed the listed MD5 (discarded): by its sha256 later
+                return None  # received whole and failed the listed ETag (discarded): by its sha256 later
             if not self._still_read(plan, key):
                 return None
             self.stopping.wait(_POLL)

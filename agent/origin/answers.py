@@ -84,7 +84,7 @@ class RemoteFile:
     content_known: bool = True
     """False for an object store's object: its sha256 is computed by the first node to read it."""
     content_etag: str | None = None
-    """The MD5 of the bytes the listing gives (an S3 single-part ETag), else None."""
+    """The listed ETag when it is a hash of the bytes (agent.origin.bucket `listed_checksum`), else None."""
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ class _Part(_Receiving):
 
 def as_listed(entry: FileEntry, hashes: BlobHashes) -> bool:
     """Whether received bytes are the blob the plan names: its content id, or for a bucket object whose
-    sha256 nobody knows yet, the MD5 this node's own listing gave (agent.origin.bucket `listed_checksum`); an
+    sha256 nobody knows yet, the ETag this node's own listing gave (agent.origin.bucket `listed_checksum`); an
     object without one is never taken from a relay unchecked."""
     if entry.content_known:
         return hashes.content_id == entry.blob_id
@@ -261,7 +261,7 @@ class RelayReceiver:
             hashes = dataclasses.replace(hashes, pieces=pieces)
         if not as_listed(entry, hashes):
             cache.discard_partial(entry.blob_id)
-            kind = "sha256" if entry.content_known else "listed MD5"
+            kind = "sha256" if entry.content_known else "listed ETag"
             log.warning("%s: relayed bytes fail the blob's %s; discarded, fetching it again", entry.path,
                         kind)
             return None

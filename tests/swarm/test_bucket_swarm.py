@@ -225,7 +225,7 @@ def test_a_reader_that_relays_a_wrong_byte_is_refused_and_the_object_comes_by_it
     # The refusal holds nothing: no buffer of the model's size, no descriptor left open per try.
     assert me.memory_info().rss - rss < 64 << 20, me.memory_info().rss - rss
     assert me.num_fds() - fds < 32, me.num_fds() - fds
-    refused = [r.getMessage() for r in caplog.records if "fail the blob's listed MD5" in r.getMessage()]
+    refused = [r.getMessage() for r in caplog.records if "fail the blob's listed ETag" in r.getMessage()]
     assert refused, "no relayed object was refused"
     for job in (first, second):
         st = job.status().to_json()
@@ -261,7 +261,7 @@ def test_an_object_written_in_parts_is_checked_by_its_parts_md5s(
         same_files(st["snapshot"], files)
     assert s3_proxy.bytes_served <= total * 1.05, (s3_proxy.bytes_served, total)
     said = [r.getMessage() for r in caplog.records]
-    assert not [m for m in said if "fail the blob's listed MD5" in m]
+    assert not [m for m in said if "fail the blob's listed ETag" in m]
     taken = [m for m in said if "objects taken from the reader's relay" in m]
     assert len(taken) == 2 and all(f"{len(files)} of {len(files)} objects" in m for m in taken), taken
 
