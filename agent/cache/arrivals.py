@@ -99,6 +99,15 @@ class Arrival:
             self.written = self.size
             self.state = "finished"
 
+    def moved(self, final_path: Path) -> None:
+        """The whole blob is installed at `final_path`, but the arrival goes on (not `finish`ed): readers that
+        check the blob themselves read it there. A bucket's first read keeps each object relayed until
+        the read ends (agent.fetch.bucket), for nodes that ask after its last byte."""
+        with self._lock:
+            if self.state == "arriving":
+                self.final_path = final_path
+                self.written = self.size
+
     def fail(self, error: str) -> None:
         with self._lock:
             if self.state == "arriving":

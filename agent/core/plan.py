@@ -30,6 +30,10 @@ class FileEntry:
     archive: str = ""
     """A registry's tar layer, by its media type: `blob_id` is the layer's sha256, and the plan's files
     are unpacked from it before the snapshot is made (agent.fetch.layers); "" for a file."""
+    content_etag: str | None = None
+    """The object's ETag as this node's own listing gave it, when it is a hash of the bytes (S3's MD5, or
+    its parts' MD5s: agent.core.hashing `etag_parts`), for an object whose sha256 is not known yet: what
+    relayed bytes are checked by (agent.fetch.bucket)."""
 
     @property
     def small(self) -> bool:

@@ -82,7 +82,11 @@ def plan_from_origin(
                 f"{repo_id}@{revision}: no file matches --include {list(include)} / --exclude {list(exclude)}"
             )
         raise NotFoundError(f"{repo_id}@{revision}: the repository has no files")
-    files = tuple(FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known, f.archive) for f in chosen)
+    files = tuple(
+        FileEntry(f.path, f.size, f.blob_id, f.is_lfs, f.content_known, archive=f.archive,
+                  content_etag=f.content_etag)
+        for f in chosen
+    )
     return FetchPlan(repo_id, revision, commit, files, frozenset(f.path for f in listing))
 
 

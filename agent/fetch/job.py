@@ -198,9 +198,10 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     cache = RepoCache(settings.cache_dir, settings.state_dir, plan.repo_id)
     ctx.before_fetch(plan)  # make room under the cache limit, or refuse (CacheFullError)
     read_here: set[str] = set()
+    received: set[str] = set()
     listed = plan
     if unknown(plan):
-        plan, read_here = _identify(ctx, job, client, plan, scrub)
+        plan, read_here, received = _identify(ctx, job, client, plan, scrub)
     identified = plan
     turn = ctx.turn_of(job)
     if layered(plan):
@@ -210,6 +211,8 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
     for fp in files:
         if fp.blob_id in read_here:
             fp.done, fp.source, fp.stage = fp.size, "origin", "ready"
+        elif fp.blob_id in received:
+            fp.done, fp.source, fp.stage = fp.size, "peers", "ready"
         elif cache.adopt_blob(fp.blob_id, fp.size):
             fp.done, fp.source, fp.stage = fp.size, "cache", "ready"
     job.set_plan(plan.commit, files)
@@ -240,18 +243,18 @@ def _run(ctx: FetchContext, job: Job, client: Origin, scrub: Scrub) -> None:
 
 def _identify(
     ctx: FetchContext, job: Job, client: Origin, plan: FetchPlan, scrub: Scrub
-) -> tuple[FetchPlan, set[str]]:
-    """A bucket plan with its content ids (agent.fetch.bucket), and the blobs this node read to learn them;
-    the job shows the read's progress file by file."""
+) -> tuple[FetchPlan, set[str], set[str]]:
+    """A bucket plan with its content ids (agent.fetch.bucket), the blobs this node read to learn them and
+    those it took from the reader's relay; the job shows the read's progress file by file."""
     job.set_plan(plan.commit, [JobFile(e.path, e.size, e.blob_id) for e in plan.files])
     index = BucketIndex(
         ctx.settings, ctx.fetcher, client, JobProgress(job), lambda p: _publish_manifest(ctx, p, scrub),
-        ctx.stopping, scrub,
+        ctx.stopping, scrub, ctx.relay,
     )
     try:
-        return index.identify(plan), index.read_here
+        return index.identify(plan), index.read_here, index.received_here
     finally:
-        job.add_bytes(origin=index.bytes_from_origin)
+        job.add_bytes(origin=index.bytes_from_origin, peers=index.bytes_from_peers)
 
 
 def _unpack(

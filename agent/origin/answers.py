@@ -91,6 +91,8 @@ class RemoteFile:
     archive: str = ""
     """A registry's tar layer, by its media type: not a file, its files are unpacked from it
     (agent.fetch.layers); "" for a file."""
+    content_etag: str | None = None
+    """The listed ETag when it is a hash of the bytes (agent.origin.bucket `listed_checksum`), else None."""
 
 
 @dataclass(frozen=True)

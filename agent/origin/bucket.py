@@ -45,6 +45,7 @@ from agent.core.errors import (
     OriginError,
     OriginUnavailableError,
 )
+from agent.core.hashing import etag_parts
 from agent.core.settings import OriginSettings
 from agent.origin.answers import FileMetadata, RemoteFile, Retryable
 from agent.origin.base import Resolved
@@ -158,7 +159,10 @@ class BucketOrigin:
                 f"(now commit {found.commit[:12]})"
             )
         files = [
-            RemoteFile(o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False)
+            RemoteFile(
+                o.path, o.size, listing_id(self.url, o), is_lfs=True, content_known=False,
+                content_etag=listed_checksum(self.scheme, o.etag, o.size),
+            )
             for o in found.objects.values()
         ]
         return Resolved(found.commit, files)
@@ -247,6 +251,17 @@ def quoted_etag(etag: str) -> str:
     """The ETag as If-Match takes it (RFC 9110's entity-tag is quoted): a bare listed one in quotes."""
     etag = etag.strip()
     return etag if etag.startswith(('"', "W/")) else f'"{etag}"'
+
+
+def listed_checksum(scheme: str, etag: str, size: int) -> str | None:
+    """An object's ETag when it is a hash of its bytes a receiver can check (agent.core.hashing
+    `etag_parts`), else None. S3's ETag of an object written by one PUT is the hex MD5 of its bytes; one
+    written in N parts is `<md5 of the parts' md5s>-N`, checkable when the parts are of a common size.
+    Azure's (`0x8D…`) is no hash. GCS's XML API gives a non-composite object's MD5. An SSE-KMS or SSE-C
+    object's ETag is no MD5 either, yet looks like one: relayed bytes then fail the check, and the node
+    takes the object by its sha256 once the reader published it."""
+    bare = bare_etag(etag).lower()
+    return bare if scheme in ("s3", "gs") and etag_parts(size, bare) is not None else None
 
 
 def same_etag(a: str, b: str) -> bool:

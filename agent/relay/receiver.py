@@ -160,6 +160,15 @@ class _Part(_Receiving):
         return self.share.cancelled
 
 
+def as_listed(entry: FileEntry, hashes: BlobHashes) -> bool:
+    """Whether received bytes are the blob the plan names: its content id, or for a bucket object whose
+    sha256 nobody knows yet, the ETag this node's own listing gave (agent.origin.bucket `listed_checksum`); an
+    object without one is never taken from a relay unchecked."""
+    if entry.content_known:
+        return hashes.content_id == entry.blob_id
+    return entry.content_etag is not None and entry.content_etag in hashes.etags and hashes.size == entry.size
+
+
 class RelayReceiver:
     """One per daemon; `receive` is called per blob by a fetch job's thread."""
 
@@ -206,7 +215,7 @@ class RelayReceiver:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise CacheError(f"cannot write {path}: {exc.strerror}") from exc
-        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None)
+        hasher = BlobHasher(entry.size, entry.is_lfs, pieces=pieces is None, etag=entry.content_etag)
         r = _Whole(entry, entry.blob_id, 0, entry.size, plan=plan, cache=cache, chunk=chunk, fd=fd,
                    hasher=hasher, progress=progress, prefix=prefix)
         started = time.monotonic()
@@ -250,9 +259,11 @@ class RelayReceiver:
         hashes = hasher.finish()
         if pieces is not None:
             hashes = dataclasses.replace(hashes, pieces=pieces)
-        if hashes.content_id != entry.blob_id:
+        if not as_listed(entry, hashes):
             cache.discard_partial(entry.blob_id)
-            log.warning("%s: relayed bytes fail the blob's sha256; discarded, fetching it again", entry.path)
+            kind = "sha256" if entry.content_known else "listed ETag"
+            log.warning("%s: relayed bytes fail the blob's %s; discarded, fetching it again", entry.path,
+                        kind)
             return None
         took = time.monotonic() - started
         n = len(r.sources)

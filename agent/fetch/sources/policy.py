@@ -475,10 +475,11 @@ class SourcePolicy:
             self.torrents.announced(ih, seeders=0)
             self._trust.publish(cache.blob_path(blob.blob_id), blob, info)
 
-    def seed_installed(self, cache: RepoCache, blob: FileEntry) -> None:
-        """Seed a blob this node installed outside the swarm (a bucket's first read, agent.fetch.bucket)
-        and publish its metainfo, so that other nodes take it from here."""
-        self._seed(cache, blob, recorded_info(cache, blob), publish=True)
+    def seed_installed(self, cache: RepoCache, blob: FileEntry, publish: bool = True) -> None:
+        """Seed a blob this node installed outside the swarm (a bucket's first read, or an object taken from
+        its reader's relay: agent.fetch.bucket) and publish its metainfo (`publish`), so that other nodes
+        take it from here."""
+        self._seed(cache, blob, recorded_info(cache, blob), publish=publish)
 
     def _seed_from_cache(self, cache: RepoCache, blob: FileEntry) -> None:
         digest = seedable_digest(cache, blob.blob_id)
