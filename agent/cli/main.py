@@ -15,7 +15,8 @@ import click
 
 from agent.cli.common import choose_daemon, handle_errors, interruptible, local_agent_url, with_origin
 from agent.cli.ops import register
-from agent.core.settings import DISK_IO, Settings
+from agent.core.settings import Settings
+from agent.core.swarm_settings import DISK_IO
 from clikit import SectionedCommand, env_option
 
 # The headings that `agent fetch --help` and `agent serve --help` list their options under (the

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import libtorrent as lt
 
 from agent.cache.layout import write_atomic
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.filter import PeerFilter
 from agent.swarm.ltkit import bdecode_dict, fsync_file_and_dir, redact_tracker_url
 from agent.swarm.status import BlobStatus, Records, TorrentRecord, WebSeedRefusal

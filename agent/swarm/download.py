@@ -30,7 +30,7 @@ from agent.core.errors import IntegrityError, SwarmError, WaitTimeoutError, Weig
 from agent.core.hashing import BlobHasher
 from agent.core.metainfo import infohash
 from agent.core.plan import FileEntry
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.session import Swarm
 from agent.swarm.status import BlobStatus, WebSeed
 from agent.swarm.trust import BadMetainfo

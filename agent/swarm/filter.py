@@ -12,7 +12,7 @@ from typing import Any
 
 import libtorrent as lt
 
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.status import Records, WebSeed
 from agent.swarm.webseed import WebSeedHosts, check_credentials
 

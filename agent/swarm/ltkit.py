@@ -13,7 +13,7 @@ import libtorrent as lt
 
 from agent.core.cpus import usable_cpus
 from agent.core.errors import SwarmError
-from agent.core.settings import DISK_IO, SwarmSettings
+from agent.core.swarm_settings import DISK_IO, SwarmSettings
 
 CPUS_SPOKEN_FOR = 2
 """CPUs a node's own work needs before disk and hashing threads can run beside it rather than take

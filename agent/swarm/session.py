@@ -46,7 +46,7 @@ from typing import Any
 import libtorrent as lt
 
 from agent.core.errors import SwarmError, WaitTimeoutError
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.alerts import CLEAN_KEY, FINAL_NAME_KEY, RESUME_SUFFIX, TICK, AlertLoop
 from agent.swarm.filter import PeerFilter
 from agent.swarm.ltkit import (

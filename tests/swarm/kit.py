@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.core.metainfo import PieceHasher, info_dict
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.session import Swarm
 from wirekit.bencode import bencode
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from tests.support.procs import loop_until
 from tests.support.stock import add_blob, stock_session
 from tests.swarm.kit import MiB, make_blob, open_swarm, write_blob

@@ -16,7 +16,7 @@ import pytest
 
 from agent.core.errors import SwarmError
 from agent.core.metainfo import PieceHasher, info_dict
-from agent.core.settings import SwarmSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.swarm.session import Swarm
 from tests.support.procs import loop_until, require
 from tests.support.stock import add_blob, stock_session

@@ -138,7 +138,7 @@ def test_lease_holder_takes_a_seeder_its_own_swarm_found_over_the_origin(
     knows). The lease holder must take the bytes from it, not pull them from the origin."""
     import hashlib
 
-    from agent.core.settings import SwarmSettings
+    from agent.core.swarm_settings import SwarmSettings
     from agent.swarm.session import Swarm
 
     a = make_agent("a", origin, tracker)

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from agent.core import hashing
-from agent.core.settings import DaemonSettings, SwarmSettings
+from agent.core.settings import DaemonSettings
+from agent.core.swarm_settings import SwarmSettings
 from agent.relay.directory import (
     NEXT_HEADER,
     RELAY_PATH,

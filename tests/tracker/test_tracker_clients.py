@@ -257,7 +257,7 @@ def test_agent_swarm_logs_tracker_refusals_without_the_passkey(
 ) -> None:
     """The agent's libtorrent adapter logs a refused announce (the operator must see a wrong
     passkey) with the passkey part of the URL redacted: libtorrent's own message holds it."""
-    from agent.core.settings import SwarmSettings
+    from agent.core.swarm_settings import SwarmSettings
     from agent.swarm.session import Swarm
 
     caplog.set_level(logging.INFO, logger="agent.swarm.session")
