@@ -53,6 +53,44 @@ class StreamRecord(NamedTuple):
     """Files with a body going to `client` once it was admitted (itself included), or as it was refused."""
 
 
+class OpenStreams:
+    """Bodies of each path going to each client address at once, and a record of every one asked for: how a
+    download host that allows a few streams of a file per address counts (the test hub's CDN, and the
+    tests' store proxy). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: Counter[tuple[str, str]] = Counter()
+        self._log: list[StreamRecord] = []
+
+    @property
+    def log(self) -> list[StreamRecord]:
+        with self._lock:
+            return list(self._log)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._log.clear()
+
+    @contextlib.contextmanager
+    def body(self, client: str, path: str, limit: int) -> Iterator[bool]:
+        """One body of `path` to `client` while the block runs; yields False when it is one more than
+        `limit` (0: any number)."""
+        key = (client, path)
+        with self._lock:
+            admitted = not limit or self._open[key] < limit
+            self._open[key] += admitted
+            files = sum(1 for (c, _), n in self._open.items() if c == client and n)
+            streams = self._open[key] + (not admitted)
+            self._log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._lock:
+                    self._open[key] -= 1
+
+
 class HubState:
     """What both listeners of a hub share: its settings, repos, access rules, counters and records
     (`HubServer` adds the listeners).
@@ -127,8 +165,7 @@ class HubState:
         self._egress = 0
         self._requests: list[RequestRecord] = []
         self._cdn_blobs: dict[str, str] = {}
-        self._streams: Counter[tuple[str, str]] = Counter()
-        self._stream_log: list[StreamRecord] = []
+        self._streams = OpenStreams()
         self._connections: set[socket.socket] = set()
         self._accepted = 0
         self._listeners: list[ThreadingHTTPServer] = []
@@ -210,8 +247,7 @@ class HubState:
     def cdn_streams(self) -> list[StreamRecord]:
         """Every CDN GET of a file body: how many of that file's bodies went to that address at once with
         it (itself included), and whether it was refused (`Faults.streams_per_file`)."""
-        with self._lock:
-            return list(self._stream_log)
+        return self._streams.log
 
     def reset_counters(self) -> None:
         """Zero egress, requests and connections (rate-limit windows run on: they are the Hub's state)."""
@@ -219,7 +255,7 @@ class HubState:
             self._egress = 0
             self._accepted = 0
             self._requests.clear()
-            self._stream_log.clear()
+        self._streams.clear()
 
     def commit_for(self, repo_id: str, revision: str = "main") -> str:
         snapshot = self.store.resolve(repo_id, revision)
@@ -254,23 +290,9 @@ class HubState:
         with self._lock:
             self._cdn_blobs[path] = sha256
 
-    @contextlib.contextmanager
-    def _cdn_stream(self, client: str, path: str) -> Iterator[bool]:
+    def _cdn_stream(self, client: str, path: str) -> contextlib.AbstractContextManager[bool]:
         """One CDN body of `path` to `client` while the block runs; yields False when it is one too many."""
-        key = (client, path)
-        with self._lock:
-            limit = self.faults.streams_per_file
-            admitted = not limit or self._streams[key] < limit
-            self._streams[key] += admitted
-            files = sum(1 for (c, _), n in self._streams.items() if c == client and n)
-            streams = self._streams[key] + (not admitted)
-            self._stream_log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
-        try:
-            yield admitted
-        finally:
-            if admitted:
-                with self._lock:
-                    self._streams[key] -= 1
+        return self._streams.body(client, path, self.faults.streams_per_file)
 
     def _served_on_cdn(self, path: str) -> str | None:
         with self._lock:

@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +40,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
-from agent.hub.state import StreamRecord
+from agent.hub.state import OpenStreams, StreamRecord
 from tests.support.cluster import write_model
 from tests.support.procs import free_port, listening, loop_until, require, require_module, stop_process
 
@@ -235,8 +234,7 @@ class FaultProxy:
         self.streams_answer = "503"
         """"503" (the store's throttle: S3's SlowDown, Azure's ServerBusy), "429", or "reset" (the
         connection closed unanswered)."""
-        self._open: Counter[tuple[str, str]] = Counter()
-        self._stream_log: list[StreamRecord] = []
+        self._streams = OpenStreams()
         self._httpd = _ProxyHTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.proxy = self
         self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
@@ -264,31 +262,17 @@ class FaultProxy:
     def streams(self) -> list[StreamRecord]:
         """Every GET of an object: how many GETs of it that address had open with it (itself included),
         whether it was admitted (`streams_per_object`), and how many objects the address was reading."""
-        with self._lock:
-            return list(self._stream_log)
+        return self._streams.log
 
     def reset_counters(self) -> None:
         with self._lock:
             self._bytes_served = 0
             self._requests.clear()
-            self._stream_log.clear()
+        self._streams.clear()
 
-    @contextlib.contextmanager
-    def _stream(self, client: str, path: str) -> Iterator[bool]:
+    def _stream(self, client: str, path: str) -> contextlib.AbstractContextManager[bool]:
         """One GET of object `path` by `client` while the block runs; yields False when it is one too many."""
-        key = (client, path)
-        with self._lock:
-            admitted = not self.streams_per_object or self._open[key] < self.streams_per_object
-            self._open[key] += admitted
-            files = sum(1 for (c, _), n in self._open.items() if c == client and n)
-            streams = self._open[key] + (not admitted)
-            self._stream_log.append(StreamRecord(time.monotonic(), client, path, streams, admitted, files))
-        try:
-            yield admitted
-        finally:
-            if admitted:
-                with self._lock:
-                    self._open[key] -= 1
+        return self._streams.body(client, path, self.streams_per_object)
 
     def slowdown(self, n: int = 1) -> None:
         """The next `n` GETs of objects get 503 SlowDown with Retry-After: 1, as S3 throttles."""
