@@ -98,6 +98,14 @@ class OneRun:
     error: str = ""
 
 
+TARGET_BOUND, TARGET_EGRESS = 1.2, 1.05
+"""Issue 66's targets for the cold round: the last node within 1.2 x the bound, 1.05 x S from the store."""
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
 class BucketBench:
     def __init__(self, args: argparse.Namespace, stack: Stack, fs: Path, model: Model) -> None:
         self.a = args
@@ -255,6 +263,10 @@ class BucketBench:
                 f"{r.cpu:>13.1f}{r.moto_cpu:>11.1f}{wire:>9}  {r.error[:80]}"
             )
         print(f"{'bound':<17}{'S/U':<8}{bound1:>8.1f}{size / bound1 / 1e6:>7.1f}{1:>8.2f}")
+        shaped = {r.client: r.seconds for r in self.runs if r.link != "unshaped (lo)" and not r.error}
+        if "agent" in shaped and "s5cmd" in shaped:
+            print(f"target (issue 66): agent no slower than s5cmd on the shaped link: "
+                  f"{shaped['agent'] / shaped['s5cmd']:.2f} x, {_met(shaped['agent'] <= shaped['s5cmd'])}")
         for r in self.runs:
             if r.link == "unshaped (lo)" and not r.error:
                 rate = size / r.seconds / 1e6
@@ -290,6 +302,8 @@ class BucketBench:
                 f"{len(row.failures):>7}{row.cpu_busy * 100:>4.0f}%{row.cpu_steal * 100:>5.0f}%"
                 f"{cold.agents_cpu:>13.1f}{cold.source_cpu:>11.1f}{anon:>9}"
             )
+            print(f"target (issue 66): max/bnd <= {TARGET_BOUND:.2f}, store egress/S <= {TARGET_EGRESS:.2f}: "
+                  f"{_met(row.worst / row.bound <= TARGET_BOUND and row.egress / row.size <= TARGET_EGRESS)}")
             print(f"nodes that read the store (their jobs' bytes_from_origin): {readers or 'none reported'}")
             print(f"leases the tracker handed over from a holder whose bytes stood still: {cold.takeovers}")
             for node, why in sorted(row.failures.items()):

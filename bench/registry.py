@@ -163,6 +163,11 @@ class RegistryBench:
                 f"{agents:>13}{r.source_cpu:>15.1f}"
             )
         for r in self.rounds:
+            if r.row.system == "weightswarm":
+                met = r.row.worst / r.row.bound <= 1.2 and r.row.egress / size <= 1.05
+                print(f"target (issue 64): last/bnd <= 1.20, registry egress/S <= 1.05: "
+                      f"{'met' if met else 'NOT met'}")
+        for r in self.rounds:
             if r.reported:
                 readers = ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in sorted(r.reported.items()) if b)
                 print(f"{r.row.system}: nodes that read the registry: {readers}; "
