@@ -31,6 +31,7 @@ import tarfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,29 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
+
+class _Served:
+    """A quiet threaded HTTP server on host:port that hands every GET and HEAD to `answer`, until `stop`."""
+
+    def __init__(self, host: str, port: int, answer: Callable[[BaseHTTPRequestHandler], None]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                answer(self)
+
+            do_HEAD = do_GET  # noqa: N815
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
 class TokenService:
     """distribution's token auth spec, the service side: GET /token?service=&scope= with Basic auth of a
     known user -> {"token": RS256 JWT}; `grants`: user -> the actions it gets on every repository."""
@@ -93,23 +117,10 @@ class TokenService:
         self.port = free_port()
         self.realm = f"http://127.0.0.1:{self.port}/token"
         self.issued = 0
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                service._answer(self)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
-        self._thread.start()
+        self._server = _Served("127.0.0.1", self.port, self._answer)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)
+        self._server.stop()
 
     def token(self, user: str, scopes: list[str]) -> str:
         access = []
@@ -222,25 +233,10 @@ class Storage:
         """(path, its Authorization header or None) of every request."""
         self.refuse = False
         self.bytes_served = 0
-        storage = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                storage._answer(self)
-
-            do_HEAD = do_GET  # noqa: N815
-
-        self._httpd = ThreadingHTTPServer((host, self.port), Handler)
-        self._thread = threading.Thread(target=lambda: self._httpd.serve_forever(0.05), daemon=True)
-        self._thread.start()
+        self._server = _Served(host, self.port, self._answer)
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(10)
+        self._server.stop()
 
     def _answer(self, h: BaseHTTPRequestHandler) -> None:
         path = urlsplit(h.path).path
